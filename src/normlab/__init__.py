@@ -1,0 +1,24 @@
+"""normlab: normalization layers for PyTorch.
+
+Exact drop-ins for torch.nn's normalization layers, with the math written
+plainly and the gradients derived by hand.
+
+>>> import torch, normlab
+>>> ln = normlab.nn.LayerNorm(6)
+>>> y = ln(torch.randn(4, 6))
+"""
+
+from . import functional, nn
+from ._backend import available_backends, get_backend, set_backend, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "functional",
+    "nn",
+    "set_backend",
+    "use_backend",
+    "get_backend",
+    "available_backends",
+    "__version__",
+]

@@ -1,0 +1,96 @@
+"""Backend choice: which implementation of an op serves a tensor.
+
+Backends by name:
+
+- ``"ref"``  -- the reference math in plain torch ops (``ops/<family>.py``); serves
+  every device and dtype.
+- ``"auto"`` -- the fastest registered backend that serves the tensor (the default).
+
+Further backends (fused CPU kernels) register themselves with
+:func:`register_backend`. An explicit request that cannot serve a tensor raises
+an error that lists what is available.
+
+The choice comes from, in order of precedence: :func:`use_backend` (a context
+manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable, and
+finally ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Callable, Iterator
+
+import torch
+
+# name -> predicate "can this backend serve this tensor?"; kept in priority order
+# (first registered = lowest priority, so "auto" walks the list backwards).
+_BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
+
+_state = threading.local()
+_global_choice: str | None = None
+
+
+def register_backend(name: str, serves: Callable[[torch.Tensor], bool]) -> None:
+    """Make backend ``name`` available; ``serves(x)`` tells whether it can run on ``x``."""
+    _BACKENDS[name] = serves
+
+
+def available_backends() -> list[str]:
+    """Names a user may request: ``"auto"`` and every registered backend."""
+    return ["auto", *_BACKENDS]
+
+
+def _validate(name: str) -> str:
+    if not isinstance(name, str) or (name != "auto" and name not in _BACKENDS):
+        raise ValueError(
+            f"normlab: unknown backend {name!r}; expected one of {available_backends()}"
+        )
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Set the process-wide backend (``"auto"``, ``"ref"``, ...)."""
+    global _global_choice
+    _global_choice = _validate(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Use backend ``name`` inside a ``with`` block (this thread only)."""
+    _validate(name)
+    previous = getattr(_state, "choice", None)
+    _state.choice = name
+    try:
+        yield
+    finally:
+        _state.choice = previous
+
+
+def get_backend() -> str:
+    """The backend currently requested (may be ``"auto"``)."""
+    choice = getattr(_state, "choice", None) or _global_choice
+    if choice is None:
+        choice = _validate(os.environ.get("NORMLAB_BACKEND", "auto").strip() or "auto")
+    return choice
+
+
+def resolve(x: torch.Tensor, op: str) -> str:
+    """The concrete backend that will run ``op`` on ``x``.
+
+    Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
+    """
+    choice = get_backend()
+    if choice == "auto":
+        for name in reversed(list(_BACKENDS)):
+            if _BACKENDS[name](x):
+                return name
+        return "ref"  # pragma: no cover - "ref" serves everything
+    if not _BACKENDS[choice](x):
+        serving = [n for n, serves in _BACKENDS.items() if serves(x)]
+        raise RuntimeError(
+            f"normlab {op}: backend {choice!r} cannot serve a {x.dtype} tensor on "
+            f"{x.device}; backends that can: {serving} (or 'auto')"
+        )
+    return choice

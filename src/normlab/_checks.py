@@ -1,0 +1,87 @@
+"""Argument checks shared by ``normlab.functional`` and ``normlab.nn``.
+
+Every check runs before any computation and raises the exception class that
+``torch.nn`` raises for the same mistake, with a message that says what was
+expected, what was given and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def normalized_shape_tuple(fn: str, normalized_shape) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of ints (an int ``n`` means ``(n,)``)."""
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        return (int(normalized_shape),)
+    if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
+        dims = tuple(normalized_shape)
+        if all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims):
+            return tuple(int(d) for d in dims)
+    raise TypeError(
+        f"{fn}: expected normalized_shape to be an int or a sequence of ints, "
+        f"got {normalized_shape!r}"
+    )
+
+
+def check_input(fn: str, x) -> None:
+    """``x`` is a floating-point tensor (torch raises NotImplementedError for integer input)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: expected input to be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise NotImplementedError(
+            f"{fn}: expected a floating-point input (float16, bfloat16, float32 or "
+            f"float64), got {x.dtype}; convert it first, e.g. x.float()"
+        )
+
+
+def check_param(
+    fn: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...], shape_hint: str
+) -> None:
+    """A parameter/statistic tensor ``p`` (or None) fits input ``x``.
+
+    Shape must equal ``shape`` exactly (nothing is broadcast); dtype must equal
+    ``x``'s, or be float32 when ``x`` is float16/bfloat16 (torch's mixed-precision
+    rule); the device must be ``x``'s.
+    """
+    if p is None:
+        return
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{fn}: expected {name} to be a torch.Tensor or None, got {type(p).__name__}")
+    if tuple(p.shape) != tuple(shape):
+        raise RuntimeError(
+            f"{fn}: expected {name} of shape {list(shape)} ({shape_hint}), "
+            f"got {name} of shape {list(p.shape)}"
+        )
+    if p.device != x.device:
+        raise RuntimeError(
+            f"{fn}: expected {name} on the input's device ({x.device}), got {p.device}; "
+            f"move the module or tensor with .to({str(x.device)!r})"
+        )
+    if p.dtype != x.dtype and not (x.dtype in _LOW_PRECISION and p.dtype == torch.float32):
+        allowed = f"{x.dtype}" + (" or torch.float32" if x.dtype in _LOW_PRECISION else "")
+        raise RuntimeError(
+            f"{fn}: mixed dtypes: expected {name} of dtype {allowed} to match the "
+            f"input ({x.dtype}), got {p.dtype}; cast the module with .to({x.dtype}) "
+            f"or the input with .to({p.dtype})"
+        )
+
+
+def check_min_dim(fn: str, x: torch.Tensor, n: int, what: str) -> None:
+    if x.dim() < n:
+        raise RuntimeError(
+            f"{fn}: expected an input with at least {n} dims {what}, got input of shape {list(x.shape)}"
+        )
+
+
+def check_eps(fn: str, eps) -> None:
+    if eps is None:
+        return
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"{fn}: expected eps to be a non-negative number, got {eps!r}")

@@ -1,0 +1,222 @@
+"""normlab.functional: the normalizations as functions, with torch.nn.functional's signatures.
+
+Each function checks its arguments first (raising the exception class torch
+raises for the same mistake, with what was expected and what was given), then
+picks a backend (``normlab.set_backend``) and calls the family's op in
+``normlab.ops``. Nothing is broadcast silently: a weight must have exactly the
+shape the op expects.
+
+>>> import torch, normlab.functional as NF
+>>> x = torch.randn(4, 6)
+>>> y = NF.layer_norm(x, (6,))
+>>> torch.allclose(y, torch.nn.functional.layer_norm(x, (6,)), atol=1e-6)
+True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import _backend
+from ._checks import check_eps, check_input, check_param, normalized_shape_tuple
+from .ops import batch_norm as _bn
+from .ops import group_norm as _gn
+from .ops import layer_norm as _ln
+
+__all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]
+
+
+def _check_normalized_shape(fn: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if len(shape) == 0:
+        raise RuntimeError(
+            f"{fn}: expected normalized_shape to have at least one dim, got normalized_shape = []"
+        )
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise RuntimeError(
+            f"{fn}: given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], got input of shape {list(x.shape)}; "
+            f"normalized_shape names the trailing dims of the input"
+        )
+
+
+def layer_norm(
+    input: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """LayerNorm over the trailing ``normalized_shape`` dims: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    Statistics per sample (biased variance), in float32 for float16/bfloat16/float32
+    input and float64 for float64 input; output in the input's dtype.
+    """
+    fn = "layer_norm"
+    check_input(fn, input)
+    shape = normalized_shape_tuple(fn, normalized_shape)
+    _check_normalized_shape(fn, input, shape)
+    check_param(fn, "weight", weight, input, shape, "normalized_shape")
+    check_param(fn, "bias", bias, input, shape, "normalized_shape")
+    check_eps(fn, eps)
+    return _ln.layer_norm(input, shape, weight, bias, float(eps), _backend.resolve(input, fn))
+
+
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """RMSNorm over the trailing ``normalized_shape`` dims: ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    ``eps=None`` uses the machine epsilon of the accumulation dtype
+    (``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 input).
+    """
+    fn = "rms_norm"
+    check_input(fn, input)
+    shape = normalized_shape_tuple(fn, normalized_shape)
+    _check_normalized_shape(fn, input, shape)
+    check_param(fn, "weight", weight, input, shape, "normalized_shape")
+    check_eps(fn, eps)
+    eps = None if eps is None else float(eps)
+    return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn))
+
+
+def _check_momentum(fn: str, momentum) -> None:
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or math.isnan(momentum):
+        raise TypeError(f"{fn}: expected momentum to be a float, got {momentum!r}")
+
+
+def _values_per_channel(x: torch.Tensor) -> int:
+    return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+
+
+def batch_norm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """BatchNorm over every dim but the channel dim 1 of an ``(N, C, *)`` input.
+
+    ``training=True`` normalises with the batch's statistics (biased variance)
+    and, when running statistics are given, updates them in place::
+
+        running_mean = (1 - momentum) * running_mean + momentum * batch_mean
+        running_var  = (1 - momentum) * running_var  + momentum * batch_var * n / (n - 1)
+
+    (the running variance takes the *unbiased* batch variance). ``training=False``
+    normalises with ``running_mean``/``running_var``.
+    """
+    fn = "batch_norm"
+    check_input(fn, input)
+    if input.dim() < 2:
+        raise RuntimeError(
+            f"{fn}: expected an input of shape (N, C, *) with at least 2 dims, "
+            f"got input of shape {list(input.shape)}"
+        )
+    if (running_mean is None) != (running_var is None):
+        raise ValueError(
+            f"{fn}: running_mean and running_var must either both be None or neither be None"
+        )
+    if not training and running_mean is None:
+        raise RuntimeError(
+            f"{fn}: running_mean must be defined in evaluation mode (training=False); "
+            f"pass training=True to normalise with the batch's own statistics"
+        )
+    c = input.shape[1]
+    for name, p in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
+    _check_momentum(fn, momentum)
+    check_eps(fn, eps)
+    if training and _values_per_channel(input) <= 1:
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got input size {input.size()}"
+        )
+    return _bn.batch_norm(
+        input, running_mean, running_var, weight, bias, bool(training), float(momentum),
+        float(eps), _backend.resolve(input, fn),
+    )
+
+
+def group_norm(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """GroupNorm: the ``C`` channels of an ``(N, C, *)`` input split into ``num_groups``
+    groups, each group of each sample normalised with its own mean and biased variance;
+    then a per-channel affine ``weight``/``bias``."""
+    fn = "group_norm"
+    check_input(fn, input)
+    if input.dim() < 2:
+        raise RuntimeError(
+            f"{fn}: expected an input of shape (N, C, *) with at least 2 dims, "
+            f"got input of shape {list(input.shape)}"
+        )
+    if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool) or num_groups <= 0:
+        raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
+    c = input.shape[1]
+    if c % num_groups != 0:
+        raise RuntimeError(
+            f"{fn}: expected the number of channels ({c}, input.shape[1] of input shape "
+            f"{list(input.shape)}) to be divisible by num_groups ({num_groups})"
+        )
+    check_param(fn, "weight", weight, input, (c,), "one value per channel, C = input.shape[1]")
+    check_param(fn, "bias", bias, input, (c,), "one value per channel, C = input.shape[1]")
+    check_eps(fn, eps)
+    return _gn.group_norm(input, int(num_groups), weight, bias, float(eps), _backend.resolve(input, fn))
+
+
+def instance_norm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None = None,
+    running_var: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """InstanceNorm: each channel of each sample of an ``(N, C, *spatial)`` input normalised
+    over its spatial dims. With ``use_input_stats`` and running statistics given, these are
+    updated in place with the batch average of the per-instance statistics (unbiased variance)."""
+    fn = "instance_norm"
+    check_input(fn, input)
+    if input.dim() < 3:
+        raise ValueError(
+            f"{fn}: expected an input of shape (N, C, *spatial) with at least 3 dims, "
+            f"got input of shape {list(input.shape)}; add a batch dim with x.unsqueeze(0)"
+        )
+    if (running_mean is None) != (running_var is None):
+        raise ValueError(
+            f"{fn}: running_mean and running_var must either both be None or neither be None"
+        )
+    if not use_input_stats and running_mean is None:
+        raise RuntimeError(
+            f"{fn}: expected running_mean and running_var when use_input_stats=False, got None"
+        )
+    c = input.shape[1]
+    for name, p in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
+    _check_momentum(fn, momentum)
+    check_eps(fn, eps)
+    if use_input_stats and math.prod(input.shape[2:]) <= 1:
+        raise ValueError(
+            f"Expected more than 1 spatial element when training, got input size {input.size()}"
+        )
+    return _gn.instance_norm(
+        input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum),
+        float(eps), _backend.resolve(input, fn),
+    )

@@ -1,0 +1,245 @@
+"""LayerNorm and RMSNorm: the math, its hand-derived backward, the autograd wiring.
+
+Both normalise each *row* of ``x`` viewed as ``(n_rows, n_cols)``, where
+``n_cols`` is the product of ``normalized_shape`` (the trailing dims) and
+``n_rows`` the product of every leading dim. No value from another row is ever
+read, which is why the output of a sample does not depend on its batch.
+
+LayerNorm::
+
+    mean  = sum(x) / n_cols                          # (n_rows, 1)
+    var   = sum((x - mean)^2) / n_cols               # (n_rows, 1)  biased
+    rstd  = 1 / sqrt(var + eps)                      # (n_rows, 1)
+    x_hat = (x - mean) * rstd                        # (n_rows, n_cols)
+    y     = x_hat * w + b                            # (n_rows, n_cols)
+
+RMSNorm (no centring, no bias)::
+
+    rstd  = 1 / sqrt(sum(x^2) / n_cols + eps)        # (n_rows, 1)
+    x_hat = x * rstd
+    y     = x_hat * w
+
+Numerics: statistics and every sum are computed in float32 for
+float16/bfloat16/float32 input and in float64 for float64 input; the output is
+cast to the input's dtype once, at the end. The variance is the biased one
+(divide by ``n_cols``), as in ``torch.nn.LayerNorm``. The mean and variance come
+from a shifted two-pass algorithm (``ops/_common.shifted_mean_var``), never from
+``E[x^2] - E[x]^2``. RMSNorm's default ``eps`` (``None``) is the machine epsilon
+of the accumulation dtype, as in ``torch.nn.functional.rms_norm``.
+
+The derivation of the backward is in ``docs/derivations/layer_norm.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import acc_dtype, shifted_mean_var, to_acc
+
+# --------------------------------------------------------------------------
+# Reference forward: the formula in plain torch ops, in the accumulation dtype
+# --------------------------------------------------------------------------
+
+
+def layer_norm_stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ``mean`` and ``rstd`` of a 2-D ``x`` (already in its accumulation dtype)."""
+    mean, var, _ = shifted_mean_var(x, dim=(-1,))  # (n_rows, 1) each
+    rstd = torch.rsqrt(var + eps)  # (n_rows, 1)
+    return mean, rstd
+
+
+def layer_norm_ref(
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    b: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm of a 2-D ``x`` (n_rows, n_cols); returns ``(y, mean, rstd)``.
+
+    ``y`` has ``x``'s dtype; ``mean`` and ``rstd`` (n_rows, 1) are in the
+    accumulation dtype and are what the backward needs besides ``x``.
+    """
+    xa = to_acc(x)  # (n_rows, n_cols)
+    mean, var, xc = shifted_mean_var(xa, dim=(-1,))  # (n_rows, 1), (n_rows, 1), (n_rows, n_cols)
+    rstd = torch.rsqrt(var + eps)  # (n_rows, 1)
+    x_hat = xc * rstd  # (n_rows, n_cols)
+    y = x_hat
+    if w is not None:
+        y = y * to_acc(w)  # (n_rows, n_cols)
+    if b is not None:
+        y = y + to_acc(b)  # (n_rows, n_cols)
+    return y.to(x.dtype), mean, rstd
+
+
+def rms_norm_stats(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-row ``rstd`` of a 2-D ``x`` (already in its accumulation dtype)."""
+    mean_sq = (x * x).mean(dim=-1, keepdim=True)  # (n_rows, 1)
+    return torch.rsqrt(mean_sq + eps)  # (n_rows, 1)
+
+
+def rms_norm_ref(
+    x: torch.Tensor, w: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of a 2-D ``x`` (n_rows, n_cols); returns ``(y, rstd)``."""
+    xa = to_acc(x)  # (n_rows, n_cols)
+    rstd = rms_norm_stats(xa, eps)  # (n_rows, 1)
+    y = xa * rstd  # x_hat, (n_rows, n_cols)
+    if w is not None:
+        y = y * to_acc(w)
+    return y.to(x.dtype), rstd
+
+
+# --------------------------------------------------------------------------
+# Analytic backward (see docs/derivations/layer_norm.md)
+# --------------------------------------------------------------------------
+
+
+def layer_norm_backward_ref(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    need_dx: bool = True,
+    need_dw: bool = True,
+    need_db: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of LayerNorm for 2-D ``x``; returns ``(dx, dw, db)``.
+
+    With ``g = dy * w`` (the gradient arriving at ``x_hat``)::
+
+        dx = rstd * ( g                              # term 1: through x directly
+                      - mean(g)                      # term 2: through the mean
+                      - x_hat * mean(g * x_hat) )    # term 3: through the variance
+        dw = sum over rows of dy * x_hat
+        db = sum over rows of dy
+
+    Written in differentiable torch ops, so the backward has a backward
+    (double backward) when it runs under ``create_graph=True``.
+    """
+    dya = to_acc(dy)  # (n_rows, n_cols)
+    x_hat = (to_acc(x) - mean) * rstd  # (n_rows, n_cols)
+    dx = dw = db = None
+    if need_dx:
+        g = dya * to_acc(w) if w is not None else dya  # (n_rows, n_cols)
+        term1 = g
+        term2 = g.mean(dim=-1, keepdim=True)  # (n_rows, 1)
+        term3 = x_hat * (g * x_hat).mean(dim=-1, keepdim=True)  # (n_rows, n_cols)
+        dx = (rstd * (term1 - term2 - term3)).to(x.dtype)
+    if need_dw and w is not None:
+        dw = (dya * x_hat).sum(dim=0).to(w.dtype)  # (n_cols,)
+    if need_db:
+        db = dya.sum(dim=0)  # (n_cols,), cast by the caller to b's dtype
+    return dx, dw, db
+
+
+def rms_norm_backward_ref(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    rstd: torch.Tensor,
+    need_dx: bool = True,
+    need_dw: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of RMSNorm for 2-D ``x``; returns ``(dx, dw)``.
+
+    With ``g = dy * w`` and ``x_hat = x * rstd``::
+
+        dx = rstd * ( g                              # term 1: through x directly
+                      - x_hat * mean(g * x_hat) )    # term 2: through the mean square
+        dw = sum over rows of dy * x_hat
+    """
+    dya = to_acc(dy)  # (n_rows, n_cols)
+    x_hat = to_acc(x) * rstd  # (n_rows, n_cols)
+    dx = dw = None
+    if need_dx:
+        g = dya * to_acc(w) if w is not None else dya  # (n_rows, n_cols)
+        term1 = g
+        term2 = x_hat * (g * x_hat).mean(dim=-1, keepdim=True)  # (n_rows, n_cols)
+        dx = (rstd * (term1 - term2)).to(x.dtype)
+    if need_dw and w is not None:
+        dw = (dya * x_hat).sum(dim=0).to(w.dtype)  # (n_cols,)
+    return dx, dw
+
+
+# --------------------------------------------------------------------------
+# Autograd wiring
+# --------------------------------------------------------------------------
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm on a 2-D ``x`` with the hand-derived backward.
+
+    Saves ``x``, ``w``, ``mean`` and ``rstd`` -- not ``x_hat``, which the backward
+    recomputes in one fused expression. Under ``create_graph=True`` the backward
+    recomputes ``mean``/``rstd`` from ``x`` with differentiable ops, so the
+    second derivative sees how the statistics depend on ``x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        y, mean, rstd = layer_norm_ref(x, w, b, eps)
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.eps = eps
+        ctx.b_dtype = b.dtype if b is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, mean, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: statistics as functions of x
+            mean, rstd = layer_norm_stats(to_acc(x), ctx.eps)
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx, dw, db = layer_norm_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
+        if db is not None:
+            db = db.to(ctx.b_dtype)
+        return dx, dw, db, None
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm on a 2-D ``x`` with the hand-derived backward (saves ``x``, ``w``, ``rstd``)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        y, rstd = rms_norm_ref(x, w, eps)
+        ctx.save_for_backward(x, w, rstd)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: rstd as a function of x
+            rstd = rms_norm_stats(to_acc(x), ctx.eps)
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dx, dw = rms_norm_backward_ref(dy, x, w, rstd, need_dx, need_dw)
+        return dx, dw, None
+
+
+# --------------------------------------------------------------------------
+# Entry points (called by normlab.functional after its argument checks)
+# --------------------------------------------------------------------------
+
+
+def _rows(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> torch.Tensor:
+    n_cols = 1
+    for s in normalized_shape:
+        n_cols *= s
+    return x.reshape(-1, n_cols)  # (n_rows, n_cols); copies only if it must
+
+
+def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
+    """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    w2 = w.reshape(-1) if w is not None else None
+    b2 = b.reshape(-1) if b is not None else None
+    y = LayerNormFunction.apply(_rows(x, normalized_shape), w2, b2, eps)
+    return y.reshape(x.shape)
+
+
+def rms_norm(x, normalized_shape, w, eps, backend="ref"):
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    if eps is None:
+        eps = torch.finfo(acc_dtype(x.dtype)).eps
+    w2 = w.reshape(-1) if w is not None else None
+    y = RMSNormFunction.apply(_rows(x, normalized_shape), w2, eps)
+    return y.reshape(x.shape)
