@@ -10,12 +10,15 @@ plainly and the gradients derived by hand.
 
 from . import functional, nn
 from ._backend import available_backends, get_backend, set_backend, use_backend
+from .nn.convert import convert, revert
 
 __version__ = "0.1.0"
 
 __all__ = [
     "functional",
     "nn",
+    "convert",
+    "revert",
     "set_backend",
     "use_backend",
     "get_backend",
