@@ -1,0 +1,85 @@
+"""The ``normlab`` command line: a thin shell over functions the tests also call.
+
+Every command is a module with ``run(**options) -> dict`` and
+``render(result) -> str`` (optionally ``add_arguments(parser)`` for its own
+options). The command prints ``render(run(...))``, or ``json.dumps(run(...))``
+with ``--json``. No math here.
+
+Adding a command is one line in ``COMMANDS``: ``"bench": Leaf("normlab.bench", "...")``,
+or one line in a ``Group`` (``normlab demo TOPIC``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import NamedTuple, Sequence, Union
+
+from . import __version__
+
+
+class Leaf(NamedTuple):
+    """A command that runs one module: ``run``, ``render``, optional ``add_arguments``."""
+
+    module: str
+    help: str
+
+
+class Group(NamedTuple):
+    """A command with topics: ``normlab NAME TOPIC``."""
+
+    help: str
+    topics: dict[str, Leaf]
+
+
+COMMANDS: dict[str, Union[Leaf, Group]] = {
+    "demo": Group("recompute a source chapter's script with normlab beside torch.nn", {
+        "layernorm": Leaf("normlab.demos.layernorm", "LayerNorm chapter: layernorm_manual.py"),
+        "batchnorm": Leaf("normlab.demos.batchnorm", "BatchNorm chapter: batchnorm_train_eval.py"),
+        "shapes": Leaf("normlab.demos.shapes", "LayerNorm(512) on a [32, 10, 512] tensor: shapes, batch size 1"),
+    }),
+    "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
+}
+
+
+def _add_leaf(subparsers, name: str, leaf: Leaf) -> None:
+    p = subparsers.add_parser(name, help=leaf.help, description=leaf.help)
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a report")
+    module = importlib.import_module(leaf.module)
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(p)
+    p.set_defaults(_module=module)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="normlab", description="normlab: normalization layers for PyTorch, checked against torch.nn.")
+    parser.add_argument("--version", action="version", version=f"normlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, entry in COMMANDS.items():
+        if isinstance(entry, Group):
+            group = sub.add_parser(name, help=entry.help, description=entry.help)
+            topics = group.add_subparsers(dest="topic", metavar="TOPIC", required=True)
+            for topic, leaf in entry.topics.items():
+                _add_leaf(topics, topic, leaf)
+        else:
+            _add_leaf(sub, name, entry)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 on success)."""
+    args = vars(build_parser().parse_args(argv))
+    module = args.pop("_module")
+    as_json = args.pop("json")
+    args.pop("command")
+    args.pop("topic", None)
+    result = module.run(**args)
+    sys.stdout.write((json.dumps(result) if as_json else module.render(result)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
