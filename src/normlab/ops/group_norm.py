@@ -1,9 +1,362 @@
-"""GroupNorm and InstanceNorm (placeholder until the room lands)."""
+"""GroupNorm and InstanceNorm: the math, its hand-derived backward, the autograd wiring.
+
+GroupNorm splits the ``C`` channels of an ``(N, C, *)`` input into ``G``
+groups of ``Cg = C / G`` consecutive channels and normalises each group of
+each sample on its own. Every function below works on the *grouped view*::
+
+    x  (N, C, *)  ->  (N, G, Cg, S)      S = product of the spatial dims (1 for (N, C))
+
+so a "group" is one ``(n, g)`` slice of ``Cg * S`` values. Per group::
+
+    mean  = sum(x) / (Cg * S)                        # (N, G, 1, 1)
+    var   = sum((x - mean)^2) / (Cg * S)             # (N, G, 1, 1)  biased
+    rstd  = 1 / sqrt(var + eps)                      # (N, G, 1, 1)
+    x_hat = (x - mean) * rstd                        # (N, G, Cg, S)
+    y     = x_hat * w[c] + b[c]                      # (N, G, Cg, S)  per-channel affine
+
+``w`` and ``b`` have one value per channel and are viewed as ``(G, Cg, 1)``.
+
+InstanceNorm is GroupNorm with ``G = C`` (one channel per group, ``Cg = 1``):
+each channel of each sample is normalised over its spatial dims. On top of
+that it may keep running statistics (see ``instance_norm``):
+
+- ``use_input_stats=True``: normalise with the input's own statistics; when
+  ``running_mean``/``running_var`` are given, update them in place with the
+  batch average of the per-instance mean and of the per-instance *unbiased*
+  variance (``var * S / (S - 1)``), weighted by ``momentum``::
+
+      running = (1 - momentum) * running + momentum * stat
+
+- ``use_input_stats=False``: normalise with ``running_mean``/``running_var``.
+  The statistics are then constants and the op is a per-channel linear map,
+  whose backward has only the first term of GroupNorm's.
+
+Numerics: statistics and every sum are computed in float32 for
+float16/bfloat16/float32 input and in float64 for float64 input; the output is
+cast to the input's dtype once, at the end. Normalisation always uses the
+biased variance (divide by ``Cg * S``), as ``torch.nn.GroupNorm`` and
+``torch.nn.InstanceNorm*d`` do; only the running variance takes the unbiased
+one. Mean and variance come from a shifted two-pass algorithm
+(``ops/_common.shifted_mean_var``), never ``E[x^2] - E[x]^2``, so a constant
+group has ``x - mean == 0`` exactly and its output is exactly ``b``.
+float16/bfloat16 input may come with float32 ``w``/``b`` (and float32 running
+statistics); gradients of ``w``/``b`` come back in their own dtype.
+
+Memory format, as torch on CPU: GroupNorm returns a channels_last
+(channels_last_3d) output for a 4-D (5-D) input whose strides are
+channels_last-like, and a contiguous output otherwise; InstanceNorm always
+returns a contiguous output.
+
+The derivation of the backward is in ``docs/derivations/group_norm.md``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import shifted_mean_var, to_acc
+
+_GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
+
+# --------------------------------------------------------------------------
+# Reference forward: the formula in plain torch ops, in the accumulation dtype
+# --------------------------------------------------------------------------
+
+
+def group_norm_stats(
+    x: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group ``(mean, var, rstd, xc)`` of a grouped ``x`` (N, G, Cg, S) in its accumulation dtype.
+
+    ``var`` is the biased variance; ``xc = x - mean`` are the centred values.
+    """
+    if x.shape[2] == 0 or x.shape[3] == 0:
+        # Empty groups (C = 0 or a spatial size 0): nothing to shift by; the
+        # statistics are NaN (0/0) and there is no value to normalise.
+        mean = x.mean(dim=_GROUP_DIMS, keepdim=True)  # (N, G, 1, 1)
+        var = mean.clone()  # (N, G, 1, 1)
+        xc = x - mean  # (N, G, Cg, S), empty
+    else:
+        mean, var, xc = shifted_mean_var(x, dim=_GROUP_DIMS)  # (N, G, 1, 1) x2, (N, G, Cg, S)
+    rstd = torch.rsqrt(var + eps)  # (N, G, 1, 1)
+    return mean, var, rstd, xc
+
+
+def _affine(x_hat: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:
+    """``x_hat * w + b`` with per-channel ``w``/``b`` (G, Cg, 1), either may be None."""
+    y = x_hat
+    if w is not None:
+        y = y * to_acc(w)  # (N, G, Cg, S)
+    if b is not None:
+        y = y + to_acc(b)  # (N, G, Cg, S)
+    return y
+
+
+def _group_norm_forward(x, w, b, eps):
+    """GroupNorm of a grouped ``x``; returns ``(y, mean, var, rstd)`` (see ``group_norm_ref``)."""
+    xa = to_acc(x)  # (N, G, Cg, S)
+    mean, var, rstd, xc = group_norm_stats(xa, eps)  # (N, G, 1, 1) x3, (N, G, Cg, S)
+    x_hat = xc * rstd  # (N, G, Cg, S)
+    y = _affine(x_hat, w, b)  # (N, G, Cg, S)
+    return y.to(x.dtype), mean, var, rstd
+
+
+def group_norm_ref(
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    b: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GroupNorm of a grouped ``x`` (N, G, Cg, S); returns ``(y, mean, rstd)``.
+
+    ``w``/``b`` are per-channel, viewed as ``(G, Cg, 1)``. ``y`` has ``x``'s
+    dtype; ``mean`` and ``rstd`` (N, G, 1, 1) are in the accumulation dtype and
+    are what the backward needs besides ``x``.
+    """
+    y, mean, _, rstd = _group_norm_forward(x, w, b, eps)
+    return y, mean, rstd
+
+
+def instance_norm_eval_ref(
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    b: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> torch.Tensor:
+    """InstanceNorm with fixed statistics: ``(x - mean) * rstd * w + b``.
+
+    ``x`` is the grouped view (N, C, 1, S); ``mean``/``rstd`` (1, C, 1, 1) come
+    from the running statistics and are in the accumulation dtype.
+    """
+    x_hat = (to_acc(x) - mean) * rstd  # (N, C, 1, S)
+    return _affine(x_hat, w, b).to(x.dtype)
+
+
+# --------------------------------------------------------------------------
+# Analytic backward (see docs/derivations/group_norm.md)
+# --------------------------------------------------------------------------
+
+
+def _param_grads(dya, x_hat, need_dw, need_db):
+    """``dw = sum over (N, S) of dy * x_hat`` and ``db = sum over (N, S) of dy``, as (G, Cg, 1)."""
+    dw = (dya * x_hat).sum(dim=(0, 3)).unsqueeze(-1) if need_dw else None  # (G, Cg, 1)
+    db = dya.sum(dim=(0, 3)).unsqueeze(-1) if need_db else None  # (G, Cg, 1)
+    return dw, db
+
+
+def group_norm_backward_ref(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    need_dx: bool = True,
+    need_dw: bool = True,
+    need_db: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of GroupNorm for a grouped ``x`` (N, G, Cg, S); returns ``(dx, dw, db)``.
+
+    With ``g = dy * w[c]`` (the gradient arriving at ``x_hat``) and
+    ``mean_grp`` the mean over one group's ``Cg * S`` values::
+
+        dx = rstd * ( g                                   # term 1: through x directly
+                      - mean_grp(g)                       # term 2: through the mean
+                      - x_hat * mean_grp(g * x_hat) )     # term 3: through the variance
+        dw[c] = sum over N and S of dy * x_hat
+        db[c] = sum over N and S of dy
+
+    ``dx`` is in ``x``'s dtype; ``dw``/``db`` (G, Cg, 1) stay in the
+    accumulation dtype, cast by the caller to the parameters' dtypes. Written
+    in differentiable torch ops, so the backward has a backward (double
+    backward) when it runs under ``create_graph=True``.
+    """
+    dya = to_acc(dy)  # (N, G, Cg, S)
+    x_hat = (to_acc(x) - mean) * rstd  # (N, G, Cg, S)
+    dx = None
+    if need_dx:
+        g = dya * to_acc(w) if w is not None else dya  # (N, G, Cg, S)
+        term1 = g
+        term2 = g.mean(dim=_GROUP_DIMS, keepdim=True)  # (N, G, 1, 1)
+        term3 = x_hat * (g * x_hat).mean(dim=_GROUP_DIMS, keepdim=True)  # (N, G, Cg, S)
+        dx = (rstd * (term1 - term2 - term3)).to(x.dtype)
+    dw, db = _param_grads(dya, x_hat, need_dw and w is not None, need_db)
+    return dx, dw, db
+
+
+def instance_norm_eval_backward_ref(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    need_dx: bool = True,
+    need_dw: bool = True,
+    need_db: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of InstanceNorm with fixed (running) statistics; returns ``(dx, dw, db)``.
+
+    ``mean`` and ``rstd`` do not depend on ``x``, so only GroupNorm's term 1
+    survives: ``dx = rstd * dy * w[c]``. ``dw``/``db`` as in GroupNorm.
+    """
+    dya = to_acc(dy)  # (N, C, 1, S)
+    x_hat = (to_acc(x) - mean) * rstd  # (N, C, 1, S)
+    dx = None
+    if need_dx:
+        g = dya * to_acc(w) if w is not None else dya  # (N, C, 1, S)
+        dx = (rstd * g).to(x.dtype)  # term 1 only
+    dw, db = _param_grads(dya, x_hat, need_dw and w is not None, need_db)
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------
+# Autograd wiring
+# --------------------------------------------------------------------------
+
+
+def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None or like is None else t.to(like.dtype)
+
+
+class GroupNormFunction(torch.autograd.Function):
+    """GroupNorm on a grouped ``x`` (N, G, Cg, S) with the hand-derived backward.
+
+    Returns ``(y, mean, var)``; ``mean`` and ``var`` (N, G, 1, 1, biased,
+    accumulation dtype) are non-differentiable outputs that InstanceNorm uses
+    to update its running statistics. Saves ``x``, ``w``, ``mean``, ``rstd``.
+    Under ``create_graph=True`` the backward recomputes ``mean``/``rstd`` from
+    ``x`` with differentiable ops, so the second derivative sees how the
+    statistics depend on ``x``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        y, mean, var, rstd = _group_norm_forward(x, w, b, eps)
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.eps = eps
+        ctx.b_dtype = b.dtype if b is not None else None
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _dvar):
+        x, w, mean, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: statistics as functions of x
+            mean, _, rstd, _ = group_norm_stats(to_acc(x), ctx.eps)
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_db = need_db and ctx.b_dtype is not None
+        dx, dw, db = group_norm_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
+        db = db.to(ctx.b_dtype) if db is not None else None
+        return dx, _cast(dw, w), db, None
+
+
+class InstanceNormEvalFunction(torch.autograd.Function):
+    """InstanceNorm with fixed statistics ``mean``/``rstd`` (1, C, 1, 1): a per-channel linear map."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, mean, rstd):
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.b_dtype = b.dtype if b is not None else None
+        return instance_norm_eval_ref(x, w, b, mean, rstd)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, mean, rstd = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_db = need_db and ctx.b_dtype is not None
+        dx, dw, db = instance_norm_eval_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
+        db = db.to(ctx.b_dtype) if db is not None else None
+        return dx, _cast(dw, w), db, None, None
+
+
+# --------------------------------------------------------------------------
+# Entry points (called by normlab.functional after its argument checks)
+# --------------------------------------------------------------------------
+
+
+def _channels_last_like(shape, strides, order) -> bool:
+    """torch's ``is_channels_last_strides_2d/3d``: do the strides walk the dims in ``order``?
+
+    ``order`` lists the dims from fastest to slowest (``(1, 3, 2, 0)`` for
+    NHWC). Ambiguous cases (a channel stride of 0, size-1 dims with equal
+    strides) fall back to contiguous, as in torch.
+    """
+    if strides[1] == 0:
+        return False
+    lowest = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < lowest:
+            return False
+        if d == 0 and lowest == strides[1]:  # N111-like: call it contiguous
+            return False
+        lowest = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def output_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format torch's CPU GroupNorm gives its output (``x.suggest_memory_format()``)."""
+    if x.dim() == 4 and _channels_last_like(x.shape, x.stride(), (1, 3, 2, 0)):
+        return torch.channels_last
+    if x.dim() == 5 and _channels_last_like(x.shape, x.stride(), (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _grouped(x: torch.Tensor, num_groups: int) -> torch.Tensor:
+    n, c = x.shape[0], x.shape[1]
+    s = math.prod(x.shape[2:])
+    return x.reshape(n, num_groups, c // num_groups, s)  # (N, G, Cg, S); copies only if it must
+
+
+def _per_channel(t: torch.Tensor | None, num_groups: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(num_groups, -1, 1)  # (G, Cg, 1)
 
 
 def group_norm(x, num_groups, w, b, eps, backend="ref"):
-    raise NotImplementedError("normlab group_norm is not implemented yet")
+    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups (arguments already checked)."""
+    fmt = output_memory_format(x)
+    y, _, _ = GroupNormFunction.apply(
+        _grouped(x, num_groups), _per_channel(w, num_groups), _per_channel(b, num_groups), eps
+    )
+    # The grouped view may keep x's strides (a view, not a copy), and elementwise
+    # ops keep them too: settle the layout torch gives, once, at the end.
+    return y.reshape(x.shape).contiguous(memory_format=fmt)
 
 
 def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps, backend="ref"):
-    raise NotImplementedError("normlab instance_norm is not implemented yet")
+    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
+
+    ``use_input_stats=True``: GroupNorm with one group per channel; when
+    running statistics are given they are updated in place, under
+    ``torch.no_grad()``, with the batch average of the per-instance mean and
+    unbiased variance::
+
+        running_mean = (1 - momentum) * running_mean + momentum * mean_n(mean)
+        running_var  = (1 - momentum) * running_var  + momentum * mean_n(var * S / (S - 1))
+
+    ``use_input_stats=False``: ``(x - running_mean) / sqrt(running_var + eps) * w + b``.
+    The output is contiguous.
+    """
+    c = x.shape[1]
+    x4 = _grouped(x, c)  # (N, C, 1, S)
+    w3, b3 = _per_channel(w, c), _per_channel(b, c)  # (C, 1, 1)
+    if use_input_stats:
+        y, mean, var = GroupNormFunction.apply(x4, w3, b3, eps)
+        if running_mean is not None:
+            s = x4.shape[3]
+            with torch.no_grad():
+                mean_stat = mean.reshape(x4.shape[0], c).mean(dim=0)  # (C,)
+                var_stat = (var.reshape(x4.shape[0], c) * (s / (s - 1))).mean(dim=0)  # (C,) unbiased
+                new_mean = (1 - momentum) * to_acc(running_mean) + momentum * mean_stat
+                new_var = (1 - momentum) * to_acc(running_var) + momentum * var_stat
+                running_mean.copy_(new_mean)
+                running_var.copy_(new_var)
+    else:
+        with torch.no_grad():  # the running statistics are constants of this map
+            # (a copy: the backward must not see later in-place updates of the buffer)
+            mean = to_acc(running_mean).reshape(1, c, 1, 1).clone()  # (1, C, 1, 1)
+            rstd = torch.rsqrt(to_acc(running_var).reshape(1, c, 1, 1) + eps)  # (1, C, 1, 1)
+        y = InstanceNormEvalFunction.apply(x4, w3, b3, mean, rstd)
+    return y.reshape(x.shape).contiguous()  # torch's instance_norm output is contiguous
