@@ -23,16 +23,9 @@ from typing import Callable
 
 from torch import nn
 
+from . import batch_norm as _bn
+from . import group_norm as _gn
 from . import layer_norm as _ln
-
-try:
-    from . import batch_norm as _bn
-except ImportError:  # pragma: no cover - transitional
-    _bn = None
-try:
-    from . import group_norm as _gn
-except ImportError:  # pragma: no cover - transitional
-    _gn = None
 
 
 def _has_bias(m) -> bool:
@@ -64,14 +57,12 @@ def _twins() -> list[tuple[type, type, Callable]]:
     pairs = [
         (nn.LayerNorm, _ln.LayerNorm, _layer_norm_args),
         (nn.RMSNorm, _ln.RMSNorm, _rms_norm_args),
+        (nn.GroupNorm, _gn.GroupNorm, _group_norm_args),
     ]
-    if _bn is not None:
-        pairs += [(getattr(nn, n), getattr(_bn, n), _running_norm_args)
-                  for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")]
-    if _gn is not None:
-        pairs += [(nn.GroupNorm, _gn.GroupNorm, _group_norm_args)]
-        pairs += [(getattr(nn, n), getattr(_gn, n), _running_norm_args)
-                  for n in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")]
+    pairs += [(getattr(nn, n), getattr(_bn, n), _running_norm_args)
+              for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")]
+    pairs += [(getattr(nn, n), getattr(_gn, n), _running_norm_args)
+              for n in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")]
     return pairs
 
 
