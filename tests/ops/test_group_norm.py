@@ -378,7 +378,6 @@ def test_empty_input(x_shape):
 def test_empty_spatial_instance_norm_op():
     """The op itself serves a spatial size of 0 in training, as torch does."""
     x = torch.zeros(2, 4, 0)
-    rm, rv = torch.zeros(4), torch.ones(4)
     y = gn_ops.instance_norm(x, None, None, None, None, True, 0.1, 1e-5)
     assert y.shape == TF.instance_norm(x).shape == (2, 4, 0)
 

@@ -10,22 +10,17 @@ use and with what momentum.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .. import functional as F
+from ._base import _NormBase
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 
-class _BatchNorm(nn.Module):
+class _BatchNorm(_NormBase):
     """Shared body of ``BatchNorm1d/2d/3d``; subclasses only say which input ranks they take.
 
-    State:
-
-    - ``weight`` (gamma, ones) and ``bias`` (beta, zeros), shape ``(C,)``, when
-      ``affine``; ``bias=False`` registers ``bias`` as None.
-    - ``running_mean`` (zeros), ``running_var`` (ones) and ``num_batches_tracked``
-      (a long scalar, 0) when ``track_running_stats``; None otherwise.
+    State (parameters, buffers, ``state_dict`` versioning): ``_NormBase``.
 
     ``forward`` normalises with the batch's statistics in training mode (and in
     eval mode when there are no running statistics), with the running ones
@@ -35,10 +30,6 @@ class _BatchNorm(nn.Module):
     ``num_batches_tracked``; ``momentum=None`` makes the running statistics the
     plain average of every batch seen (weight ``1 / num_batches_tracked``).
     """
-
-    _version = 2
-    __constants__ = ["track_running_stats", "momentum", "eps", "num_features", "affine"]
-    _expected_dims: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -52,49 +43,7 @@ class _BatchNorm(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
-        factory_kwargs = {"device": device, "dtype": dtype}
-        super().__init__()
-        self.num_features = num_features
-        self.eps = eps
-        self.momentum = momentum
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_features, **factory_kwargs))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(num_features, **factory_kwargs))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if track_running_stats:
-            self.register_buffer("running_mean", torch.zeros(num_features, **factory_kwargs))
-            self.register_buffer("running_var", torch.ones(num_features, **factory_kwargs))
-            # a count, never a float: it keeps only the device of factory_kwargs
-            self.register_buffer(
-                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
-            )
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        self.reset_parameters()
-
-    def reset_running_stats(self) -> None:
-        """``running_mean`` to 0, ``running_var`` to 1, ``num_batches_tracked`` to 0."""
-        if self.track_running_stats:
-            self.running_mean.zero_()
-            self.running_var.fill_(1)
-            self.num_batches_tracked.zero_()
-
-    def reset_parameters(self) -> None:
-        """Reset the running statistics, then gamma to ones and beta to zeros."""
-        self.reset_running_stats()
-        if self.affine:
-            nn.init.ones_(self.weight)
-            if self.bias is not None:
-                nn.init.zeros_(self.bias)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         raise NotImplementedError
@@ -139,31 +88,6 @@ class _BatchNorm(nn.Module):
         if tracking:
             self.num_batches_tracked.add_(1)
         return y
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"affine={self.affine}, bias={self.bias is not None}, "
-            f"track_running_stats={self.track_running_stats}"
-        )
-
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ) -> None:
-        version = local_metadata.get("version", None)
-        if (version is None or version < 2) and self.track_running_stats:
-            # Checkpoints before version 2 have no num_batches_tracked: keep ours (or 0).
-            key = prefix + "num_batches_tracked"
-            if key not in state_dict:
-                nbt = self.num_batches_tracked
-                state_dict[key] = (
-                    nbt
-                    if nbt is not None and nbt.device != torch.device("meta")
-                    else torch.tensor(0, dtype=torch.long)
-                )
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
 
 
 class BatchNorm1d(_BatchNorm):

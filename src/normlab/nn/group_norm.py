@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import _NormBase, register_affine, reset_affine
 
 
 class GroupNorm(nn.Module):
@@ -49,23 +50,12 @@ class GroupNorm(nn.Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, affine, bias, factory_kwargs)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """gamma (``weight``) to ones, beta (``bias``) to zeros: the identity affine."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        reset_affine(self)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
@@ -77,7 +67,7 @@ class GroupNorm(nn.Module):
         )
 
 
-class _InstanceNorm(nn.Module):
+class _InstanceNorm(_NormBase):
     """Shared body of InstanceNorm1d/2d/3d (torch's ``_NormBase`` + ``_InstanceNorm``).
 
     Normalises with the input's own statistics when ``self.training or not
@@ -88,8 +78,6 @@ class _InstanceNorm(nn.Module):
     torch, never incremented, and ``momentum=None`` means ``momentum=0``.
     """
 
-    _version = 2
-    __constants__ = ["track_running_stats", "momentum", "eps", "num_features", "affine"]
     _dims: int  # number of dims of an unbatched input: (C, *spatial)
 
     def __init__(
@@ -104,48 +92,7 @@ class _InstanceNorm(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
-        factory_kwargs = {"device": device, "dtype": dtype}
-        super().__init__()
-        self.num_features = num_features
-        self.eps = eps
-        self.momentum = momentum
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_features, **factory_kwargs))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(num_features, **factory_kwargs))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if track_running_stats:
-            self.register_buffer("running_mean", torch.zeros(num_features, **factory_kwargs))
-            self.register_buffer("running_var", torch.ones(num_features, **factory_kwargs))
-            self.register_buffer(
-                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
-            )
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        self.reset_parameters()
-
-    def reset_running_stats(self) -> None:
-        """``running_mean`` to zeros, ``running_var`` to ones, ``num_batches_tracked`` to 0."""
-        if self.track_running_stats:
-            self.running_mean.zero_()
-            self.running_var.fill_(1)
-            self.num_batches_tracked.zero_()
-
-    def reset_parameters(self) -> None:
-        """Running statistics reset; ``weight`` to ones and ``bias`` to zeros."""
-        self.reset_running_stats()
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() not in (self._dims, self._dims + 1):
@@ -182,13 +129,6 @@ class _InstanceNorm(nn.Module):
         )
         return y.squeeze(0) if unbatched else y
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"affine={self.affine}, bias={self.bias is not None}, "
-            f"track_running_stats={self.track_running_stats}"
-        )
-
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ) -> None:
@@ -212,16 +152,6 @@ class _InstanceNorm(nn.Module):
                 )
                 for key in keys:
                     state_dict.pop(key)
-        # Version 2 added num_batches_tracked; older checkpoints get the current value (or 0).
-        if (version is None or version < 2) and self.track_running_stats:
-            key = prefix + "num_batches_tracked"
-            if key not in state_dict:
-                nbt = self.num_batches_tracked
-                state_dict[key] = (
-                    nbt
-                    if nbt is not None and nbt.device != torch.device("meta")
-                    else torch.tensor(0, dtype=torch.long)
-                )
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

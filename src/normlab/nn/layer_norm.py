@@ -7,6 +7,7 @@ from torch import nn
 
 from .. import functional as F
 from .._checks import normalized_shape_tuple
+from ._base import register_affine, reset_affine
 
 
 class LayerNorm(nn.Module):
@@ -40,23 +41,12 @@ class LayerNorm(nn.Module):
         self.normalized_shape = normalized_shape_tuple("LayerNorm", normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory_kwargs))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory_kwargs))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, self.normalized_shape, elementwise_affine, bias, factory_kwargs)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """gamma (``weight``) to ones, beta (``bias``) to zeros: the identity affine."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        reset_affine(self)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -95,16 +85,12 @@ class RMSNorm(nn.Module):
         self.normalized_shape = normalized_shape_tuple("RMSNorm", normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory_kwargs))
-        else:
-            self.register_parameter("weight", None)
+        register_affine(self, self.normalized_shape, elementwise_affine, False, factory_kwargs)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """``weight`` to ones."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
+        reset_affine(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
