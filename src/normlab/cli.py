@@ -41,6 +41,7 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
         "shapes": Leaf("normlab.demos.shapes", "LayerNorm(512) on a [32, 10, 512] tensor: shapes, batch size 1"),
     }),
     "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
+    "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
 }
 
 
