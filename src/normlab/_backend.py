@@ -7,8 +7,11 @@ Backends by name:
 - ``"auto"`` -- the fastest registered backend that serves the tensor (the default).
 
 Further backends (fused CPU kernels) register themselves with
-:func:`register_backend`. An explicit request that cannot serve a tensor raises
-an error that lists what is available.
+:func:`register_backend`, naming the ops they implement: ``"cpu"`` is
+registered by each ``ops`` family that has kernels (``ops/layer_norm`` for
+``layer_norm``, ``rms_norm``, ``add_layer_norm``, ``add_rms_norm``). An
+explicit request that cannot serve a tensor (or does not implement the op)
+raises an error that lists what is available.
 
 The choice comes from, in order of precedence: :func:`use_backend` (a context
 manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable, and
@@ -20,21 +23,40 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 # name -> predicate "can this backend serve this tensor?"; kept in priority order
 # (first registered = lowest priority, so "auto" walks the list backwards).
 _BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
+# name -> the ops it implements (None: every op)
+_OPS: dict[str, frozenset[str] | None] = {"ref": None}
 
 _state = threading.local()
 _global_choice: str | None = None
 
 
-def register_backend(name: str, serves: Callable[[torch.Tensor], bool]) -> None:
-    """Make backend ``name`` available; ``serves(x)`` tells whether it can run on ``x``."""
+def register_backend(
+    name: str, serves: Callable[[torch.Tensor], bool], ops: Iterable[str] | None = None
+) -> None:
+    """Make backend ``name`` available; ``serves(x)`` tells whether it can run on ``x``.
+
+    ``ops`` names the ops it implements (``None``: every op). Registering a
+    name again adds its ``ops`` to those already registered (each family
+    registers the kernels it has) and replaces ``serves``.
+    """
+    ops = frozenset(ops) if ops is not None else None
+    if name in _OPS:
+        before = _OPS[name]
+        ops = None if before is None or ops is None else before | ops
     _BACKENDS[name] = serves
+    _OPS[name] = ops
+
+
+def _serves(name: str, x: torch.Tensor, op: str) -> bool:
+    ops = _OPS.get(name)
+    return (ops is None or op in ops) and _BACKENDS[name](x)
 
 
 def available_backends() -> list[str]:
@@ -84,13 +106,17 @@ def resolve(x: torch.Tensor, op: str) -> str:
     choice = get_backend()
     if choice == "auto":
         for name in reversed(list(_BACKENDS)):
-            if _BACKENDS[name](x):
+            if _serves(name, x, op):
                 return name
         return "ref"  # pragma: no cover - "ref" serves everything
-    if not _BACKENDS[choice](x):
-        serving = [n for n, serves in _BACKENDS.items() if serves(x)]
+    if not _serves(choice, x, op):
+        serving = [n for n in _BACKENDS if _serves(n, x, op)]
+        ops = _OPS.get(choice)
+        what = (
+            f"does not implement {op}" if ops is not None and op not in ops
+            else f"cannot serve a {x.dtype} tensor on {x.device}"
+        )
         raise RuntimeError(
-            f"normlab {op}: backend {choice!r} cannot serve a {x.dtype} tensor on "
-            f"{x.device}; backends that can: {serving} (or 'auto')"
+            f"normlab {op}: backend {choice!r} {what}; backends that can: {serving} (or 'auto')"
         )
     return choice

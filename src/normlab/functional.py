@@ -26,7 +26,15 @@ from .ops import batch_norm as _bn
 from .ops import group_norm as _gn
 from .ops import layer_norm as _ln
 
-__all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]
+__all__ = [
+    "layer_norm",
+    "rms_norm",
+    "add_layer_norm",
+    "add_rms_norm",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+]
 
 
 def _check_normalized_shape(fn: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -85,6 +93,84 @@ def rms_norm(
     return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn))
 
 
+def _check_residual(fn: str, x: torch.Tensor, residual) -> None:
+    """``residual`` is added to ``x`` elementwise: same shape, dtype and device, nothing broadcast."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"{fn}: expected residual to be a torch.Tensor, got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise RuntimeError(
+            f"{fn}: expected residual of the input's shape {list(x.shape)}, got residual of "
+            f"shape {list(residual.shape)}; residual is added elementwise, without broadcasting"
+        )
+    if residual.dtype != x.dtype:
+        raise RuntimeError(
+            f"{fn}: expected residual of the input's dtype {x.dtype}, got {residual.dtype}; "
+            f"cast one of them, e.g. residual.to({x.dtype})"
+        )
+    if residual.device != x.device:
+        raise RuntimeError(
+            f"{fn}: expected residual on the input's device ({x.device}), got {residual.device}; "
+            f"move it with residual.to({str(x.device)!r})"
+        )
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then LayerNorm, fused: returns ``(y, h)`` with ``h = x + residual``
+    and ``y = layer_norm(h, normalized_shape, weight, bias, eps)``.
+
+    The pre-norm transformer step ``h = x + residual; y = norm(h)`` in one pass
+    over memory on the ``"cpu"`` backend. ``h`` is rounded to the input dtype
+    before it is normalised, exactly as ``torch.add`` followed by the norm.
+    Gradients reach ``x`` and ``residual`` through both outputs.
+
+    >>> import torch, normlab.functional as NF
+    >>> x, r = torch.randn(4, 6), torch.randn(4, 6)
+    >>> y, h = NF.add_layer_norm(x, r, (6,))
+    >>> torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
+    True
+    """
+    fn = "add_layer_norm"
+    check_input(fn, x)
+    _check_residual(fn, x, residual)
+    shape = normalized_shape_tuple(fn, normalized_shape)
+    _check_normalized_shape(fn, x, shape)
+    check_param(fn, "weight", weight, x, shape, "normalized_shape")
+    check_param(fn, "bias", bias, x, shape, "normalized_shape")
+    check_eps(fn, eps)
+    return _ln.add_layer_norm(
+        x, residual, shape, weight, bias, float(eps), _backend.resolve(x, fn)
+    )
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm, fused: returns ``(y, h)`` with ``h = x + residual``
+    and ``y = rms_norm(h, normalized_shape, weight, eps)`` (``h`` rounded to the
+    input dtype first; ``eps=None`` as in :func:`rms_norm`).
+    """
+    fn = "add_rms_norm"
+    check_input(fn, x)
+    _check_residual(fn, x, residual)
+    shape = normalized_shape_tuple(fn, normalized_shape)
+    _check_normalized_shape(fn, x, shape)
+    check_param(fn, "weight", weight, x, shape, "normalized_shape")
+    check_eps(fn, eps)
+    eps = None if eps is None else float(eps)
+    return _ln.add_rms_norm(x, residual, shape, weight, eps, _backend.resolve(x, fn))
+
+
 def _check_momentum(fn: str, momentum) -> None:
     if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or math.isnan(momentum):
         raise TypeError(f"{fn}: expected momentum to be a float, got {momentum!r}")
@@ -137,7 +223,7 @@ def batch_norm(
         check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
     _check_momentum(fn, momentum)
     check_eps(fn, eps)
-    if training and _values_per_channel(input) <= 1:
+    if training and _values_per_channel(input) == 1:
         raise ValueError(
             f"Expected more than 1 value per channel when training, got input size {input.size()}"
         )
@@ -175,6 +261,11 @@ def group_norm(
     check_param(fn, "weight", weight, input, (c,), "one value per channel, C = input.shape[1]")
     check_param(fn, "bias", bias, input, (c,), "one value per channel, C = input.shape[1]")
     check_eps(fn, eps)
+    if input.shape[0] * (c // num_groups) * math.prod(input.shape[2:]) == 1:
+        raise ValueError(  # each group would hold a single value: its variance is 0
+            f"Expected more than 1 value per channel when training, got input size "
+            f"{[input.shape[0] * c // num_groups, num_groups, *input.shape[2:]]}"
+        )
     return _gn.group_norm(input, int(num_groups), weight, bias, float(eps), _backend.resolve(input, fn))
 
 
@@ -193,7 +284,7 @@ def instance_norm(
     updated in place with the batch average of the per-instance statistics (unbiased variance)."""
     fn = "instance_norm"
     check_input(fn, input)
-    if input.dim() < 3:
+    if input.dim() < 2 or (use_input_stats and input.dim() < 3):
         raise ValueError(
             f"{fn}: expected an input of shape (N, C, *spatial) with at least 3 dims, "
             f"got input of shape {list(input.shape)}; add a batch dim with x.unsqueeze(0)"
@@ -212,7 +303,7 @@ def instance_norm(
         check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
     _check_momentum(fn, momentum)
     check_eps(fn, eps)
-    if use_input_stats and math.prod(input.shape[2:]) <= 1:
+    if use_input_stats and math.prod(input.shape[2:]) == 1:
         raise ValueError(
             f"Expected more than 1 spatial element when training, got input size {input.size()}"
         )

@@ -8,6 +8,7 @@ import torch.nn.functional as TF
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import normlab
 import normlab.functional as NF
 from tests.oracle import assert_within_rounding, rel_err
 
@@ -87,7 +88,8 @@ def test_backward_is_the_hand_written_function(fn, name):
     """The graph holds our Function and no recorded reductions of the forward composite."""
     x = torch.randn(3, 4, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
-    names = _graph_nodes(fn(x, w))
+    with normlab.use_backend("ref"):
+        names = _graph_nodes(fn(x, w))
     assert any(name in n for n in names), names
     assert not any(n.startswith(("Mean", "Sum", "Rsqrt", "Var", "Sub")) for n in names), names
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import acc_dtype, shifted_mean_var, to_acc
+from .._common import shifted_mean_var, to_acc
 
 # --------------------------------------------------------------------------
 # Reference forward: the formula in plain torch ops, in the accumulation dtype
@@ -214,32 +214,3 @@ class RMSNormFunction(torch.autograd.Function):
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx, dw = rms_norm_backward_ref(dy, x, w, rstd, need_dx, need_dw)
         return dx, dw, None
-
-
-# --------------------------------------------------------------------------
-# Entry points (called by normlab.functional after its argument checks)
-# --------------------------------------------------------------------------
-
-
-def _rows(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> torch.Tensor:
-    n_cols = 1
-    for s in normalized_shape:
-        n_cols *= s
-    return x.reshape(-1, n_cols)  # (n_rows, n_cols); copies only if it must
-
-
-def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
-    """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
-    w2 = w.reshape(-1) if w is not None else None
-    b2 = b.reshape(-1) if b is not None else None
-    y = LayerNormFunction.apply(_rows(x, normalized_shape), w2, b2, eps)
-    return y.reshape(x.shape)
-
-
-def rms_norm(x, normalized_shape, w, eps, backend="ref"):
-    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
-    if eps is None:
-        eps = torch.finfo(acc_dtype(x.dtype)).eps
-    w2 = w.reshape(-1) if w is not None else None
-    y = RMSNormFunction.apply(_rows(x, normalized_shape), w2, eps)
-    return y.reshape(x.shape)

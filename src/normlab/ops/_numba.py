@@ -1,0 +1,120 @@
+"""Numba for the ``"cpu"`` backend: imported lazily, compiled once, cached on disk.
+
+Importing ``normlab`` never imports numba: a family's ``kernels.py`` (the only
+importer of numba, with ``ops/_bf16.py``) is loaded on the first call that runs
+a kernel. Kernels are compiled with :data:`KERNEL_OPTIONS` -- ``cache=True``
+writes the machine code next to the source (``__pycache__/*.nbi, *.nbc``), so a
+second process loads it instead of compiling it (cold: ~15-25 s for the
+LayerNorm kernels' four dtypes; warm: well under a second).
+
+Caveat of numba's cache: it is keyed on the kernel's own source file. Editing
+a helper in another module (``_bf16.py``) does not invalidate kernels cached
+from ``kernels.py``; delete the ``.nbi``/``.nbc`` files after such an edit.
+(An installed release changes every file, so users are not affected.)
+
+Also here, because several families need them: :func:`serves_cpu` (which
+tensors the ``"cpu"`` backend takes), :func:`sync_threads` (numba uses as many
+threads as torch) and :func:`rows_per_chunk` (fixed chunk boundaries for
+reductions over rows, so results do not depend on the number of threads).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import torch
+
+# parallel: prange loops run on numba's thread pool.
+# cache: machine code kept on disk, keyed on the source file.
+# fastmath=False: no reassociation (the shifted two-pass statistics rely on the
+#   order of operations) and NaN/Inf propagate exactly as in torch.
+# error_model="numpy": x / 0 gives inf/nan like torch, no ZeroDivisionError check
+#   in every loop.
+KERNEL_OPTIONS = dict(parallel=True, cache=True, fastmath=False, nogil=True, error_model="numpy")
+# the same for small functions that kernels call (inlined by LLVM)
+HELPER_OPTIONS = dict(cache=True, fastmath=False, nogil=True, error_model="numpy")
+
+CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+# Reductions over rows (dweight, dbias, later BatchNorm statistics) give each
+# chunk of consecutive rows its own partial sum and merge the partials in chunk
+# order. A chunk holds about CHUNK_ELEMS values and at least MIN_CHUNK_ROWS rows
+# (so the partials stay small next to the input).
+CHUNK_ELEMS = 65536
+MIN_CHUNK_ROWS = 16
+
+_numba = None
+_threads = threading.local()  # .n: the thread count last given to numba on this thread
+
+
+def available() -> bool:
+    """Whether numba is installed (checked without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def numba():
+    """The numba module, imported on first use (~0.2 s)."""
+    global _numba
+    if _numba is None:
+        import numba as _nb
+
+        _numba = _nb
+    return _numba
+
+
+def kernel(fn):
+    """Decorator for a kernel: ``numba.njit(**KERNEL_OPTIONS)``."""
+    return numba().njit(**KERNEL_OPTIONS)(fn)
+
+
+def helper(fn):
+    """Decorator for a function that kernels call: ``numba.njit(**HELPER_OPTIONS)``."""
+    return numba().njit(**HELPER_OPTIONS)(fn)
+
+
+def serves_cpu(x: torch.Tensor) -> bool:
+    """The ``"cpu"`` backend takes CPU tensors of the four float dtypes (numba installed)."""
+    return x.device.type == "cpu" and x.dtype in CPU_DTYPES
+
+
+# Below this many elements a kernel runs on the calling thread alone (torch's
+# GRAIN_SIZE): waking a second thread costs more than the work, and on a busy
+# machine a parallel region waits until every one of its threads gets a core.
+SERIAL_ELEMS = 32768
+
+
+def sync_threads(numel: int | None = None) -> None:
+    """Make numba's thread count (for this thread) match ``torch.get_num_threads()``.
+
+    One thread when ``numel`` (the elements the kernel touches) is below
+    :data:`SERIAL_ELEMS`. Results never depend on this (fixed chunks). The
+    last count set is remembered per thread, so the common call costs no
+    numba call (a ``numba.set_num_threads`` made elsewhere is not noticed).
+    """
+    n_torch = torch.get_num_threads()
+    n = 1 if numel is not None and numel < SERIAL_ELEMS else n_torch
+    if getattr(_threads, "n", None) != n:  # numba's setting is per thread, like ours
+        nb = numba()
+        nb.set_num_threads(max(1, min(n, nb.config.NUMBA_NUM_THREADS)))
+        _threads.n = n
+        if torch.get_num_threads() != n_torch:
+            # numba's "omp" layer shares libgomp with torch: starting its pool can
+            # reset torch's count (seen by `normlab bench`); put it back
+            torch.set_num_threads(n_torch)
+
+
+def rows_per_chunk(n_rows: int, n_cols: int) -> int:
+    """Rows per chunk for a reduction over ``n_rows`` rows of ``n_cols`` values.
+
+    Depends on the shape only -- never on the number of threads -- so partial
+    sums over chunks, merged in chunk order, are bitwise reproducible. Chunk
+    ``c`` holds rows ``[c * rows, min((c + 1) * rows, n_rows))``.
+    """
+    rows = max(MIN_CHUNK_ROWS, -(-CHUNK_ELEMS // max(n_cols, 1)))  # ceil division
+    return max(1, min(rows, n_rows))
+
+
+def n_chunks(n_rows: int, rows: int) -> int:
+    """Number of chunks of ``rows`` rows that cover ``n_rows`` rows."""
+    return (n_rows + rows - 1) // rows

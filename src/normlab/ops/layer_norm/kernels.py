@@ -1,0 +1,206 @@
+"""Numba kernels of the ``"cpu"`` backend for LayerNorm and RMSNorm.
+
+Two kernels serve four ops. RMSNorm is LayerNorm without centring
+(``center=False``: the shift and the mean are 0, there is no bias, and the
+backward loses the ``mean(g)`` term); the fused residual add is the same
+kernel reading ``x + residual`` (``has_res=True``). One source is compiled for
+each storage type of ``x`` (float32, float64, int16 = bfloat16 bits, uint16 =
+float16 bits: see ``ops/_bf16.py``), with the accumulation dtype following it
+(float64 for float64, float32 otherwise).
+
+Memory traffic per element:
+
+- forward:  read x (and residual), write y (and h = x + residual)
+- backward: read x and dy (and dh), write dx; dw/db through per-chunk partials
+
+Each task (a fixed chunk of rows) owns scratch rows in the accumulation dtype.
+A row is converted into scratch once; every further pass runs over scratch in
+L1 cache, as plain elementwise loops that LLVM vectorizes. The row sums
+(:func:`_sum`, :func:`_dot`) are the only code compiled with
+``fastmath={"reassoc"}``: it lets LLVM split a sum into SIMD lanes, which only
+reorders the additions of numbers already computed (no NaN/Inf assumptions,
+no rewriting of the differences that the shifted statistics rely on). The
+order is fixed by the compiled code, so results do not depend on threads.
+
+This module imports numba: ``op.py`` loads it on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .._bf16 import acc_cast, acc_zero, load, store
+from .._numba import HELPER_OPTIONS, kernel
+
+# Plain sums that LLVM may split into SIMD lanes (reassociation only).
+_SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
+
+
+@njit(**_SUM_OPTIONS)
+def _sum(a):
+    """sum_j a_j of a scratch row."""
+    s = acc_zero(a)
+    for j in range(a.shape[0]):
+        s += a[j]
+    return s
+
+
+@njit(**_SUM_OPTIONS)
+def _dot(a, b):
+    """sum_j a_j * b_j of two scratch rows."""
+    s = acc_zero(a)
+    for j in range(a.shape[0]):
+        s += a[j] * b[j]
+    return s
+
+
+# --------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------
+
+
+@kernel
+def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
+    """LayerNorm (``center``) or RMSNorm of every row, optionally of ``x + res``.
+
+    x     (n_rows, n_cols)  input, storage dtype
+    res   (n_rows, n_cols)  residual, same dtype (read if ``has_res``)
+    h     (n_rows, n_cols)  out: x + res rounded to the storage dtype (written if ``has_res``)
+    w, b  (n_cols,)         weight, bias in the accumulation dtype (ones / zeros if absent)
+    y     (n_rows, n_cols)  out: the normalised rows, storage dtype
+    mean  (n_rows,)         out: row means, accumulation dtype (written if ``center``)
+    rstd  (n_rows,)         out: 1 / sqrt(var + eps), accumulation dtype
+    rows  int               rows per task
+
+    The statistics are those of ``ops/_common.shifted_mean_var``::
+
+        d     = x - x[0]            shift by the row's own first value
+        mean  = x[0] + mean(d)
+        xc    = d - mean(d)
+        var   = mean(xc * xc)       biased
+        y     = xc * rstd * w + b
+
+    so a row with a large mean against its spread keeps its digits and a
+    constant row gives exactly ``b``. RMSNorm: shift and mean are 0, ``xc = x``.
+    """
+    n_rows, n_cols = x.shape
+    n_tasks = (n_rows + rows - 1) // rows
+    for t in prange(n_tasks):
+        xc = np.empty_like(w)  # (n_cols,) scratch: the centred row
+        for i in range(t * rows, min((t + 1) * rows, n_rows)):
+            src = x[i]  # (n_cols,)
+            if has_res:  # h = x + res, rounded as torch.add would; normalise h
+                hr = h[i]
+                xr = x[i]
+                rr = res[i]
+                for j in range(n_cols):
+                    store(hr, j, load(xr, j) + load(rr, j))
+                src = hr
+            shift = acc_zero(xc)
+            if center:
+                shift = load(src, 0)
+            for j in range(n_cols):  # d = x - shift
+                xc[j] = load(src, j) - shift
+            mean_d = acc_zero(xc)
+            if center:
+                mean_d = acc_cast(xc, _sum(xc) / n_cols)
+                for j in range(n_cols):  # xc = d - mean(d)
+                    xc[j] = xc[j] - mean_d
+                mean[i] = shift + mean_d
+            var = acc_cast(xc, _dot(xc, xc) / n_cols)  # RMSNorm: the mean square
+            rs = acc_cast(xc, 1.0) / np.sqrt(var + acc_cast(xc, eps))
+            rstd[i] = rs
+            yr = y[i]
+            for j in range(n_cols):  # y = x_hat * w + b
+                store(yr, j, (xc[j] * rs) * w[j] + b[j])
+
+
+# --------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------
+
+
+@kernel
+def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
+    """Gradients of LayerNorm (``center``) or RMSNorm for every row; returns ``(dw, db)``.
+
+    dy       (n_rows, n_cols)    gradient of y, storage dtype
+    x        (n_rows, n_cols)    the forward's input (its h for the fused add)
+    w        (n_cols,)           weight, accumulation dtype (ones if absent)
+    mean     (n_rows,)           saved means (read if ``center``)
+    rstd     (n_rows,)           saved 1 / sqrt(var + eps)
+    dh       (n_rows, n_cols)    gradient arriving at h = x + res (read if ``has_dh``)
+    dx       (n_rows, n_cols)    out: gradient of x (plus dh), storage dtype
+    rows     int                 rows per chunk (``_numba.rows_per_chunk``)
+    returns  dw, db (n_cols,)    sums over rows in the accumulation dtype (size 0 unless ``need_wb``)
+
+    With ``g = dy * w`` and ``x_hat = (x - mean) * rstd``::
+
+        dx = rstd * ( g                            # term 1: through x directly
+                      - mean(g)                    # term 2: through the mean (LayerNorm only)
+                      - x_hat * mean(g * x_hat) )  # term 3: through the variance
+        dw = sum over rows of dy * x_hat,   db = sum over rows of dy
+
+    dw and db are summed over fixed chunks of ``rows`` rows, then the chunk
+    partials are merged in chunk order, in float64: the same bits for any
+    number of threads.
+    """
+    n_rows, n_cols = x.shape
+    n_chunks = (n_rows + rows - 1) // rows
+    n_part = n_chunks if need_wb else 0
+    dw_part = np.empty((n_part, n_cols), w.dtype)  # per-chunk partial sums of dy * x_hat
+    db_part = np.empty((n_part, n_cols), w.dtype)  # per-chunk partial sums of dy
+    n_out = n_cols if need_wb else 0
+    dw = np.empty(n_out, w.dtype)
+    db = np.empty(n_out, w.dtype)
+    for c in prange(n_chunks):
+        x_hat = np.empty_like(w)  # (n_cols,) scratch
+        g = np.empty_like(w)  # (n_cols,) scratch
+        pw = np.zeros_like(w)  # (n_cols,) this chunk's sum of dy * x_hat
+        pb = np.zeros_like(w)  # (n_cols,) this chunk's sum of dy
+        for i in range(c * rows, min((c + 1) * rows, n_rows)):
+            xr = x[i]
+            dyr = dy[i]
+            dxr = dx[i]
+            m = acc_zero(w)
+            if center:
+                m = mean[i]
+            rs = rstd[i]
+            for j in range(n_cols):
+                x_hat[j] = (load(xr, j) - m) * rs
+                g[j] = load(dyr, j) * w[j]
+            mean_g = acc_zero(w)
+            if center:
+                mean_g = acc_cast(w, _sum(g) / n_cols)  # term 2
+            mean_gx = acc_cast(w, _dot(g, x_hat) / n_cols)  # term 3's factor
+            if has_dh:  # fused add: h's own gradient joins dx
+                dhr = dh[i]
+                for j in range(n_cols):
+                    store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx) + load(dhr, j))
+            else:
+                for j in range(n_cols):
+                    store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx))
+            if need_wb:
+                for j in range(n_cols):
+                    dyv = load(dyr, j)
+                    pw[j] += dyv * x_hat[j]
+                    pb[j] += dyv
+        if need_wb:
+            for j in range(n_cols):
+                dw_part[c, j] = pw[j]
+                db_part[c, j] = pb[j]
+    if need_wb:  # merge the partials in chunk order, 256 columns per task
+        for blk in prange((n_cols + 255) // 256):
+            lo = blk * 256
+            hi = min(lo + 256, n_cols)
+            sw = np.zeros(hi - lo, np.float64)
+            sb = np.zeros(hi - lo, np.float64)
+            for c in range(n_chunks):
+                for j in range(lo, hi):
+                    sw[j - lo] += dw_part[c, j]
+                    sb[j - lo] += db_part[c, j]
+            for j in range(lo, hi):
+                dw[j] = sw[j - lo]
+                db[j] = sb[j - lo]
+    return dw, db

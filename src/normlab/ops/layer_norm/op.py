@@ -1,0 +1,482 @@
+"""LayerNorm / RMSNorm ops: the ``"cpu"`` kernels as torch.library custom ops, and the entry points.
+
+Layering (kernel -> launcher -> custom op -> entry point):
+
+- ``kernels.py``: the Numba kernels, on numpy views of the tensors.
+- launchers :func:`_forward` / :func:`_backward`: allocate outputs, pass
+  bfloat16/float16 tensors as their bits (``ops/_bf16.py``), run the kernel
+  with torch's thread count.
+- custom ops ``normlab::layer_norm_fwd``, ``normlab::rms_norm_fwd``,
+  ``normlab::add_layer_norm_fwd``, ``normlab::add_rms_norm_fwd`` (forward,
+  with ``register_autograd``) and ``normlab::layer_norm_bwd``,
+  ``normlab::rms_norm_bwd`` (backward; not differentiable themselves). Each
+  has a fake implementation, so ``torch.compile(fullgraph=True)`` traces them
+  as single nodes.
+- :class:`_EagerNorm`: the same launchers and backward as one
+  ``autograd.Function``, for eager calls; the ``torch.library`` dispatch costs
+  tens of microseconds a call, which is most of a small LayerNorm.
+- entry points :func:`layer_norm`, :func:`rms_norm`, :func:`add_layer_norm`,
+  :func:`add_rms_norm` (called by ``normlab.functional``): the reference path
+  (``reference.py``) for ``backend="ref"``; for ``"cpu"``, the custom ops while
+  ``torch.compile`` traces, :class:`_EagerNorm` otherwise.
+
+The forward saves only ``x`` (``h`` for the fused add), ``mean`` and ``rstd``;
+the backward recomputes ``x_hat``. Under ``create_graph=True`` the backward
+runs the reference analytic backward in differentiable torch ops instead, so
+double backward works for ``"cpu"`` too.
+
+(No ``from __future__ import annotations`` here: ``torch.library`` reads the
+type hints of the custom ops to build their schemas.)
+"""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _numba
+from .._common import acc_dtype, to_acc
+from .reference import (
+    LayerNormFunction,
+    RMSNormFunction,
+    layer_norm_backward_ref,
+    layer_norm_stats,
+    rms_norm_backward_ref,
+    rms_norm_stats,
+)
+
+# --------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------
+
+_kernels = None
+
+
+def _k():
+    """``kernels.py``, imported (numba and all) on the first kernel call."""
+    global _kernels
+    if _kernels is None:
+        from . import kernels
+
+        _kernels = kernels
+    return _kernels
+
+
+_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
+
+
+def _bits(t: Tensor):
+    """A numpy view of ``t``'s storage: bfloat16 as int16 bits, float16 as uint16 bits."""
+    if t.requires_grad:
+        t = t.detach()
+    as_bits = _BITS.get(t.dtype)
+    return (t if as_bits is None else t.view(as_bits)).numpy()
+
+
+_ACC = {torch.float64: torch.float64}  # accumulation dtype; float32 for the rest
+_FILL: dict = {}  # (n_cols, dtype, value) -> read-only array of ones / zeros
+
+
+def _param(p: Optional[Tensor], n_cols: int, acc: torch.dtype, fill: float):
+    """Weight or bias as a contiguous (n_cols,) array in the accumulation dtype (``fill`` if None)."""
+    if p is None:
+        key = (n_cols, acc, fill)
+        arr = _FILL.get(key)
+        if arr is None:
+            if len(_FILL) > 64:
+                _FILL.clear()
+            arr = _FILL[key] = torch.full((n_cols,), fill, dtype=acc).numpy()
+        return arr
+    p = p.detach()
+    if p.dtype != acc or not p.is_contiguous():
+        p = p.to(acc).contiguous()
+    return (p if p.dim() == 1 else p.reshape(-1)).numpy()
+
+
+def _forward(x, res, w, b, eps, center):
+    """Run ``norm_fwd`` on 2-D ``x`` (and ``res``); returns ``(y, h, mean, rstd)``.
+
+    ``h`` is None without ``res``; ``mean`` is empty for RMSNorm (``center=False``).
+    """
+    n_rows, n_cols = x.shape
+    acc = _ACC.get(x.dtype, torch.float32)
+    x = x.contiguous()
+    y = torch.empty_like(x)  # (n_rows, n_cols)
+    h = torch.empty_like(x) if res is not None else None  # (n_rows, n_cols)
+    mean = x.new_empty((n_rows if center else 0,), dtype=acc)  # (n_rows,)
+    rstd = x.new_empty((n_rows,), dtype=acc)  # (n_rows,)
+    if x.numel() == 0:
+        mean.fill_(math.nan)
+        rstd.fill_(math.nan)
+        if h is not None:
+            h.copy_(x + res)
+        return y, h, mean, rstd
+    bx = _bits(x)
+    _numba.sync_threads(x.numel())
+    _k().norm_fwd(
+        bx,
+        _bits(res.contiguous()) if res is not None else bx,
+        _bits(h) if h is not None else bx,
+        _param(w, n_cols, acc, 1.0),
+        _param(b, n_cols, acc, 0.0),
+        _bits(y),
+        mean.numpy(),
+        rstd.numpy(),
+        float(eps),
+        res is not None,
+        center,
+        _numba.rows_per_chunk(n_rows, n_cols),  # rows per task (no effect on results)
+    )
+    return y, h, mean, rstd
+
+
+def _backward(dy, x, w, mean, rstd, dh, center, need_wb):
+    """Run ``norm_bwd``; returns ``(dx, dw, db)`` with dw/db in the accumulation dtype.
+
+    ``dx`` includes ``dh`` when given (the fused add). ``dw``/``db`` are empty
+    (0,) tensors unless ``need_wb``.
+    """
+    n_rows, n_cols = x.shape
+    acc = _ACC.get(x.dtype, torch.float32)
+    x = x.contiguous()
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    dy = dy.contiguous()
+    dx = torch.empty_like(x)  # (n_rows, n_cols)
+    if x.numel() == 0:
+        if dh is not None:
+            dx.copy_(dh)
+        n = n_cols if need_wb else 0
+        return dx, x.new_zeros((n,), dtype=acc), x.new_zeros((n,), dtype=acc)
+    bdy = _bits(dy)
+    _numba.sync_threads(x.numel())
+    dw, db = _k().norm_bwd(
+        bdy,
+        _bits(x),
+        _param(w, n_cols, acc, 1.0),
+        _bits(mean.contiguous()),
+        _bits(rstd.contiguous()),
+        _bits(dh.to(x.dtype).contiguous()) if dh is not None else bdy,
+        _bits(dx),
+        _numba.rows_per_chunk(n_rows, n_cols),
+        dh is not None,
+        center,
+        need_wb,
+    )
+    return dx, torch.from_numpy(dw), torch.from_numpy(db)
+
+
+# --------------------------------------------------------------------------
+# Custom ops: forward
+# --------------------------------------------------------------------------
+
+
+def _stats_like(x: Tensor, n: int) -> Tensor:
+    return x.new_empty((n,), dtype=acc_dtype(x.dtype))
+
+
+@torch.library.custom_op("normlab::layer_norm_fwd", mutates_args=(), device_types="cpu")
+def layer_norm_fwd(
+    x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """LayerNorm of 2-D ``x``: ``(y, mean, rstd)``."""
+    y, _, mean, rstd = _forward(x, None, w, b, eps, center=True)
+    return y, mean, rstd
+
+
+@layer_norm_fwd.register_fake
+def _(x, w, b, eps):
+    return x.new_empty(x.shape), _stats_like(x, x.shape[0]), _stats_like(x, x.shape[0])
+
+
+@torch.library.custom_op("normlab::rms_norm_fwd", mutates_args=(), device_types="cpu")
+def rms_norm_fwd(x: Tensor, w: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+    """RMSNorm of 2-D ``x``: ``(y, rstd)``."""
+    y, _, _, rstd = _forward(x, None, w, None, eps, center=False)
+    return y, rstd
+
+
+@rms_norm_fwd.register_fake
+def _(x, w, eps):
+    return x.new_empty(x.shape), _stats_like(x, x.shape[0])
+
+
+@torch.library.custom_op("normlab::add_layer_norm_fwd", mutates_args=(), device_types="cpu")
+def add_layer_norm_fwd(
+    x: Tensor, residual: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``h = x + residual`` and its LayerNorm in one pass: ``(y, h, mean, rstd)``."""
+    return _forward(x, residual, w, b, eps, center=True)
+
+
+@add_layer_norm_fwd.register_fake
+def _(x, residual, w, b, eps):
+    n = x.shape[0]
+    return x.new_empty(x.shape), x.new_empty(x.shape), _stats_like(x, n), _stats_like(x, n)
+
+
+@torch.library.custom_op("normlab::add_rms_norm_fwd", mutates_args=(), device_types="cpu")
+def add_rms_norm_fwd(
+    x: Tensor, residual: Tensor, w: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``h = x + residual`` and its RMSNorm in one pass: ``(y, h, rstd)``."""
+    y, h, _, rstd = _forward(x, residual, w, None, eps, center=False)
+    return y, h, rstd
+
+
+@add_rms_norm_fwd.register_fake
+def _(x, residual, w, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape), _stats_like(x, x.shape[0])
+
+
+# --------------------------------------------------------------------------
+# Custom ops: backward (not differentiable; see _grads for create_graph=True)
+# --------------------------------------------------------------------------
+
+
+@torch.library.custom_op("normlab::layer_norm_bwd", mutates_args=(), device_types="cpu")
+def layer_norm_bwd(
+    dy: Tensor,
+    x: Tensor,
+    w: Optional[Tensor],
+    mean: Tensor,
+    rstd: Tensor,
+    dh: Optional[Tensor],
+    need_wb: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """LayerNorm gradients ``(dx + dh, dw, db)``; dw/db in the accumulation dtype, empty unless ``need_wb``."""
+    return _backward(dy, x, w, mean, rstd, dh, True, need_wb)
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, w, mean, rstd, dh, need_wb):
+    n = x.shape[1] if need_wb else 0
+    return x.new_empty(x.shape), _stats_like(x, n), _stats_like(x, n)
+
+
+@torch.library.custom_op("normlab::rms_norm_bwd", mutates_args=(), device_types="cpu")
+def rms_norm_bwd(
+    dy: Tensor, x: Tensor, w: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor], need_dw: bool
+) -> tuple[Tensor, Tensor]:
+    """RMSNorm gradients ``(dx + dh, dw)``; dw in the accumulation dtype, empty unless ``need_dw``."""
+    empty = rstd.new_empty((0,))
+    dx, dw, _ = _backward(dy, x, w, empty, rstd, dh, False, need_dw)
+    return dx, dw
+
+
+@rms_norm_bwd.register_fake
+def _(dy, x, w, rstd, dh, need_dw):
+    return x.new_empty(x.shape), _stats_like(x, x.shape[1] if need_dw else 0)
+
+
+# --------------------------------------------------------------------------
+# Autograd of the forward ops
+# --------------------------------------------------------------------------
+
+
+def _ln_grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
+    """``(dx, dw, db)`` of LayerNorm (``ctx.center``) or RMSNorm; ``dx`` includes ``dh``.
+
+    ``eager``: call the launcher directly instead of the backward custom op.
+    """
+    if dy is None:  # only h was used (fused add)
+        return dh, None, None
+    need_dw = need_dw and w is not None
+    need_db = need_db and ctx.center and ctx.b_dtype is not None
+    if torch.is_grad_enabled():  # create_graph=True: the differentiable reference backward
+        xa = to_acc(x)
+        if ctx.center:
+            mean, rstd = layer_norm_stats(xa, ctx.eps)
+            dx, dw, db = layer_norm_backward_ref(dy, x, w, mean, rstd, True, need_dw, need_db)
+        else:
+            rstd = rms_norm_stats(xa, ctx.eps)
+            dx, dw = rms_norm_backward_ref(dy, x, w, rstd, True, need_dw)
+            db = None
+        if dh is not None:
+            dx = dx + dh
+    elif eager:
+        if mean is None:
+            mean = rstd.new_empty((0,))
+        dx, dw, db = _backward(dy, x, w, mean, rstd, dh, ctx.center, need_dw or need_db)
+    elif ctx.center:
+        dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, dh, need_dw or need_db)
+    else:
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, dh, need_dw)
+        db = None
+    dw = (dw if dw.dtype == w.dtype else dw.to(w.dtype)) if need_dw else None
+    db = (db if db.dtype == ctx.b_dtype else db.to(ctx.b_dtype)) if need_db else None
+    return dx, dw, db
+
+
+def _setup(ctx, x, w, b, eps, mean, rstd, center, stats):
+    ctx.save_for_backward(x, w, mean if center else None, rstd)
+    ctx.eps = eps
+    ctx.center = center
+    ctx.b_dtype = b.dtype if b is not None else None
+    ctx.mark_non_differentiable(*stats)
+    ctx.set_materialize_grads(False)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, w, b, eps = inputs
+    _, mean, rstd = output
+    _setup(ctx, x, w, b, eps, mean, rstd, True, (mean, rstd))
+
+
+def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    x, w, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _ln_grads(ctx, dy, None, x, w, mean, rstd, *ctx.needs_input_grad[1:3])
+    return dx, dw, db, None
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, w, eps = inputs
+    _, rstd = output
+    _setup(ctx, x, w, None, eps, None, rstd, False, (rstd,))
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, w, _, rstd = ctx.saved_tensors
+    dx, dw, _ = _ln_grads(ctx, dy, None, x, w, None, rstd, ctx.needs_input_grad[1], False)
+    return dx, dw, None
+
+
+def _add_layer_norm_setup(ctx, inputs, output):
+    _, _, w, b, eps = inputs
+    _, h, mean, rstd = output
+    _setup(ctx, h, w, b, eps, mean, rstd, True, (mean, rstd))
+
+
+def _add_layer_norm_backward(ctx, dy, dh, _dmean, _drstd):
+    h, w, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _ln_grads(ctx, dy, dh, h, w, mean, rstd, *ctx.needs_input_grad[2:4])
+    return dx, dx, dw, db, None  # h = x + residual: both get dh_total
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    _, _, w, eps = inputs
+    _, h, rstd = output
+    _setup(ctx, h, w, None, eps, None, rstd, False, (rstd,))
+
+
+def _add_rms_norm_backward(ctx, dy, dh, _drstd):
+    h, w, _, rstd = ctx.saved_tensors
+    dx, dw, _ = _ln_grads(ctx, dy, dh, h, w, None, rstd, ctx.needs_input_grad[2], False)
+    return dx, dx, dw, None
+
+
+class _EagerNorm(torch.autograd.Function):
+    """The custom ops' eager twin: same launchers, same backward, no dispatcher.
+
+    Eager calls skip ``torch.library``'s Python dispatch (tens of microseconds
+    a call, most of the cost of a small LayerNorm); ``torch.compile`` traces
+    the custom ops instead (see the entry points).
+    """
+
+    @staticmethod
+    def forward(ctx, x, res, w, b, eps, center):
+        y, h, mean, rstd = _forward(x, res, w, b, eps, center)
+        _setup(ctx, h if h is not None else x, w, b, eps, mean, rstd, center, ())
+        ctx.has_res = res is not None
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        x, w, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = _ln_grads(ctx, dy, dh, x, w, mean, rstd, need[2], need[3], eager=True)
+        return dx, (dx if ctx.has_res else None), dw, db, None, None
+
+
+layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+add_layer_norm_fwd.register_autograd(_add_layer_norm_backward, setup_context=_add_layer_norm_setup)
+add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+# --------------------------------------------------------------------------
+# Entry points (called by normlab.functional after its argument checks)
+# --------------------------------------------------------------------------
+
+
+def _rows(x: Tensor, normalized_shape: tuple) -> Tensor:
+    n_cols = 1
+    for s in normalized_shape:
+        n_cols *= s
+    if x.dim() == 2 and x.shape[1] == n_cols:
+        return x  # already (n_rows, n_cols): no view node in the autograd graph
+    return x.reshape(-1, n_cols)  # (n_rows, n_cols); copies only if it must
+
+
+def _eager() -> bool:
+    """True outside ``torch.compile`` tracing: use :class:`_EagerNorm`, not the custom ops."""
+    return not torch.compiler.is_compiling()
+
+
+def _flat(p: Optional[Tensor]) -> Optional[Tensor]:
+    return p.reshape(-1) if p is not None and p.dim() != 1 else p
+
+
+def _like(t: Tensor, x: Tensor) -> Tensor:
+    """``t`` in ``x``'s shape (no view node when it already is)."""
+    return t if t.shape == x.shape else t.reshape(x.shape)
+
+
+def _rms_eps(x: Tensor, eps: Optional[float]) -> float:
+    return torch.finfo(acc_dtype(x.dtype)).eps if eps is None else eps
+
+
+def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
+    """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    if backend == "cpu":
+        x2 = _rows(x, normalized_shape).contiguous()  # the one copy of a non-contiguous x
+        if _eager():
+            y, _ = _EagerNorm.apply(x2, None, _flat(w), _flat(b), eps, True)
+        else:
+            y, _, _ = layer_norm_fwd(x2, _flat(w), _flat(b), eps)
+        return _like(y, x)
+    y = LayerNormFunction.apply(_rows(x, normalized_shape), _flat(w), _flat(b), eps)
+    return _like(y, x)
+
+
+def rms_norm(x, normalized_shape, w, eps, backend="ref"):
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    eps = _rms_eps(x, eps)
+    if backend == "cpu":
+        x2 = _rows(x, normalized_shape).contiguous()
+        if _eager():
+            y, _ = _EagerNorm.apply(x2, None, _flat(w), None, eps, False)
+        else:
+            y, _ = rms_norm_fwd(x2, _flat(w), eps)
+        return _like(y, x)
+    y = RMSNormFunction.apply(_rows(x, normalized_shape), _flat(w), eps)
+    return _like(y, x)
+
+
+def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
+    """``h = x + residual``, ``y = layer_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
+    if backend == "cpu":
+        x2 = _rows(x, normalized_shape).contiguous()
+        r2 = _rows(residual, normalized_shape).contiguous()
+        if _eager():
+            y, h = _EagerNorm.apply(x2, r2, _flat(w), _flat(b), eps, True)
+        else:
+            y, h, _, _ = add_layer_norm_fwd(x2, r2, _flat(w), _flat(b), eps)
+        return _like(y, x), _like(h, x)
+    h = x + residual
+    return layer_norm(h, normalized_shape, w, b, eps, "ref"), h
+
+
+def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref"):
+    """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
+    if backend == "cpu":
+        x2 = _rows(x, normalized_shape).contiguous()
+        r2 = _rows(residual, normalized_shape).contiguous()
+        eps = _rms_eps(x, eps)
+        if _eager():
+            y, h = _EagerNorm.apply(x2, r2, _flat(w), None, eps, False)
+        else:
+            y, h, _ = add_rms_norm_fwd(x2, r2, _flat(w), eps)
+        return _like(y, x), _like(h, x)
+    h = x + residual
+    return rms_norm(h, normalized_shape, w, eps, "ref"), h
