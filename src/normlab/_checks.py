@@ -18,6 +18,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 def normalized_shape_tuple(fn: str, normalized_shape) -> tuple[int, ...]:
     """``normalized_shape`` as a tuple of ints (an int ``n`` means ``(n,)``)."""
+    if type(normalized_shape) is tuple and all(type(d) is int for d in normalized_shape):
+        return normalized_shape  # the modules' own (already checked) tuple: the fast path
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, torch.Size) or isinstance(normalized_shape, Sequence):
