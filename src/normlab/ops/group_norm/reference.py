@@ -1,4 +1,4 @@
-"""GroupNorm and InstanceNorm: the math, its hand-derived backward, the autograd wiring.
+"""GroupNorm and InstanceNorm: the math, its hand-derived backward, the autograd wiring (backend ``"ref"``).
 
 GroupNorm splits the ``C`` channels of an ``(N, C, *)`` input into ``G``
 groups of ``Cg = C / G`` consecutive channels and normalises each group of
@@ -21,9 +21,9 @@ each channel of each sample is normalised over its spatial dims. On top of
 that it may keep running statistics (see ``instance_norm``):
 
 - ``use_input_stats=True``: normalise with the input's own statistics; when
-  ``running_mean``/``running_var`` are given, update them in place with the
-  batch average of the per-instance mean and of the per-instance *unbiased*
-  variance (``var * S / (S - 1)``), weighted by ``momentum``::
+  ``running_mean``/``running_var`` are given, update them in place (``op.py``)
+  with the batch average of the per-instance mean and of the per-instance
+  *unbiased* variance (``var * S / (S - 1)``), weighted by ``momentum``::
 
       running = (1 - momentum) * running + momentum * stat
 
@@ -56,7 +56,7 @@ import math
 
 import torch
 
-from ._common import shifted_mean_var, to_acc
+from .._common import shifted_mean_var, to_acc
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -272,7 +272,7 @@ class InstanceNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# Entry points (called by normlab.functional after its argument checks)
+# Layout helpers of the entry points (``op.py``: group_norm, instance_norm)
 # --------------------------------------------------------------------------
 
 
@@ -312,51 +312,3 @@ def _grouped(x: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 def _per_channel(t: torch.Tensor | None, num_groups: int) -> torch.Tensor | None:
     return None if t is None else t.reshape(num_groups, -1, 1)  # (G, Cg, 1)
-
-
-def group_norm(x, num_groups, w, b, eps, backend="ref"):
-    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups (arguments already checked)."""
-    fmt = output_memory_format(x)
-    y, _, _ = GroupNormFunction.apply(
-        _grouped(x, num_groups), _per_channel(w, num_groups), _per_channel(b, num_groups), eps
-    )
-    # The grouped view may keep x's strides (a view, not a copy), and elementwise
-    # ops keep them too: settle the layout torch gives, once, at the end.
-    return y.reshape(x.shape).contiguous(memory_format=fmt)
-
-
-def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps, backend="ref"):
-    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
-
-    ``use_input_stats=True``: GroupNorm with one group per channel; when
-    running statistics are given they are updated in place, under
-    ``torch.no_grad()``, with the batch average of the per-instance mean and
-    unbiased variance::
-
-        running_mean = (1 - momentum) * running_mean + momentum * mean_n(mean)
-        running_var  = (1 - momentum) * running_var  + momentum * mean_n(var * S / (S - 1))
-
-    ``use_input_stats=False``: ``(x - running_mean) / sqrt(running_var + eps) * w + b``.
-    The output is contiguous.
-    """
-    c = x.shape[1]
-    x4 = _grouped(x, c)  # (N, C, 1, S)
-    w3, b3 = _per_channel(w, c), _per_channel(b, c)  # (C, 1, 1)
-    if use_input_stats:
-        y, mean, var = GroupNormFunction.apply(x4, w3, b3, eps)
-        if running_mean is not None:
-            s = x4.shape[3]
-            with torch.no_grad():
-                mean_stat = mean.reshape(x4.shape[0], c).mean(dim=0)  # (C,)
-                var_stat = (var.reshape(x4.shape[0], c) * (s / (s - 1))).mean(dim=0)  # (C,) unbiased
-                new_mean = (1 - momentum) * to_acc(running_mean) + momentum * mean_stat
-                new_var = (1 - momentum) * to_acc(running_var) + momentum * var_stat
-                running_mean.copy_(new_mean)
-                running_var.copy_(new_var)
-    else:
-        with torch.no_grad():  # the running statistics are constants of this map
-            # (a copy: the backward must not see later in-place updates of the buffer)
-            mean = to_acc(running_mean).reshape(1, c, 1, 1).clone()  # (1, C, 1, 1)
-            rstd = torch.rsqrt(to_acc(running_var).reshape(1, c, 1, 1) + eps)  # (1, C, 1, 1)
-        y = InstanceNormEvalFunction.apply(x4, w3, b3, mean, rstd)
-    return y.reshape(x.shape).contiguous()  # torch's instance_norm output is contiguous

@@ -1,0 +1,449 @@
+"""The ``"cpu"`` backend (Numba kernels) of GroupNorm and InstanceNorm.
+
+Oracles: the reference path (backend ``"ref"``), torch.nn.functional, and a
+float64 computation from the same (rounded) inputs. Low-precision results must
+be within 2x the error of rounding the float64 result to their dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import normlab
+import normlab.functional as NF
+from normlab import _backend
+from tests.oracle import assert_within_rounding, rel_err
+
+HALF = (torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
+CL = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+# (input shape, num_groups, layout)
+GN_CASES = [
+    ((6, 12), 3, "contiguous"),  # (N, C): S = 1
+    ((3, 8, 10), 4, "contiguous"),  # (N, C, L)
+    ((2, 8, 5, 6), 2, "contiguous"),  # NCHW
+    ((2, 8, 5, 6), 4, "channels_last"),  # NHWC kernel
+    ((2, 4, 3, 4, 5), 2, "contiguous"),  # 3-D spatial
+    ((2, 6, 3, 4, 5), 3, "channels_last"),  # channels_last_3d
+]
+
+
+def _layout(t, layout):
+    if layout == "channels_last":
+        return t.contiguous(memory_format=CL[t.dim()])
+    if layout == "sliced":  # every other element of the last dim
+        return torch.cat([t, t], dim=-1)[..., ::2]
+    if layout == "batch_transposed":
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    return t
+
+
+def _inputs(shape, dtype, affine="both", layout="contiguous", seed=0, param_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    pd = param_dtype or dtype
+    c = shape[1]
+    x = _layout((torch.randn(shape, generator=g) * 2 + 1).to(dtype), layout)
+    w = (1 + 0.5 * torch.randn(c, generator=g)).to(pd) if affine in ("both", "weight") else None
+    b = (0.5 * torch.randn(c, generator=g)).to(pd) if affine == "both" else None
+    dy = _layout(torch.randn(shape, generator=g).to(dtype), layout)
+    return x, w, b, dy
+
+
+def _leaf(t):
+    return None if t is None else t.detach().clone().requires_grad_()
+
+
+def _run(backend, fn, tensors, dy):
+    """``fn(*tensors)`` under ``backend``, backward with ``dy``; returns [y, *grads] (None for absent inputs)."""
+    leaves = [_leaf(t) for t in tensors]
+    with normlab.use_backend(backend):
+        y = fn(*leaves)
+    y.backward(dy)
+    return [y.detach()] + [l.grad if l is not None else None for l in leaves]
+
+
+def _f64(t):
+    return None if t is None else t.detach().double()
+
+
+def _check(got, ref, ref64, dtype, what):
+    """float32/float64: close to the reference path; half: the 2x rounding-error rule."""
+    for i, (a, r, r64) in enumerate(zip(got, ref, ref64)):
+        assert (a is None) == (r is None), (what, i)
+        if a is None:
+            continue
+        assert a.dtype == r.dtype, (what, i, a.dtype, r.dtype)
+        if dtype in HALF:
+            assert_within_rounding(a, r64, 2.0, f"{what} #{i}")
+        else:
+            assert rel_err(a, r) < TIGHT[dtype], (what, i, rel_err(a, r))
+
+
+def _strides(t):
+    return [t.stride(i) for i in range(t.dim()) if t.shape[i] > 1]
+
+
+# ----------------------------------------------------------------------------
+# GroupNorm against the reference path, float64 and torch
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", GN_CASES, ids=str)
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_group_norm_matches_reference(dtype, case, affine):
+    shape, groups, layout = case
+    x, w, b, dy = _inputs(shape, dtype, affine, layout)
+
+    def fn(x, w, b):
+        return NF.group_norm(x, groups, w, b)
+
+    got = _run("cpu", fn, (x, w, b), dy)
+    ref = _run("ref", fn, (x, w, b), dy)
+    ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), dy.double())
+    _check(got, ref, ref64, dtype, f"group_norm {shape} G={groups} {layout}")
+    y_torch = TF.group_norm(x, groups, w, b)
+    assert _strides(got[0]) == _strides(y_torch)  # torch's output layout
+    if dtype in (torch.float32, torch.float64):
+        tor = _run("ref", lambda x, w, b: TF.group_norm(x, groups, w, b), (x, w, b), dy)
+        for a, t in zip(got, tor):
+            assert (a is None) == (t is None)
+            if a is not None:
+                assert rel_err(a, t) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["sliced", "batch_transposed"])
+def test_non_contiguous_input(layout):
+    x, w, b, dy = _inputs((3, 6, 4, 5), torch.float32, layout=layout)
+    assert not x.is_contiguous()
+    fn = lambda x, w, b: NF.group_norm(x, 3, w, b)  # noqa: E731
+    for a, r in zip(_run("cpu", fn, (x, w, b), dy), _run("ref", fn, (x, w, b), dy)):
+        assert rel_err(a, r) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_large_groups_stream_through_tiles(dtype, layout):
+    """Groups of 2 x 9216 values: larger than the kernel's cached group (16384), so x is re-read in tiles."""
+    x, w, b, dy = _inputs((2, 4, 96, 96), dtype, layout=layout, seed=3)
+    fn = lambda x, w, b: NF.group_norm(x, 2, w, b)  # noqa: E731
+    got = _run("cpu", fn, (x, w, b), dy)
+    ref = _run("ref", fn, (x, w, b), dy)
+    ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), dy.double())
+    _check(got, ref, ref64, dtype, f"large groups {layout}")
+
+
+def test_mixed_precision_float32_params():
+    """bfloat16/float16 input with float32 weight/bias: y and dx in the input's dtype, dw/db in float32."""
+    for dtype in HALF:
+        x, w, b, dy = _inputs((4, 16, 3, 5), dtype, param_dtype=torch.float32)
+        fn = lambda x, w, b: NF.group_norm(x, 4, w, b)  # noqa: E731
+        got = _run("cpu", fn, (x, w, b), dy)
+        ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), dy.double())
+        assert [t.dtype for t in got] == [dtype, dtype, torch.float32, torch.float32]
+        for i, (a, r64) in enumerate(zip(got, ref64)):
+            # dw/db are float32 here: hold them to the input dtype's rounding rule
+            assert rel_err(a, r64) <= 2 * rel_err(r64.to(dtype), r64), i
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_half_within_2x_rounding_error_at_16x64x16x16(dtype, layout):
+    """Output and every gradient within 2x the error of rounding the float64 result
+    (float64 computed from the same rounded inputs); dw/db sum over 16 samples."""
+    x, w, b, dy = _inputs((16, 64, 16, 16), dtype, layout=layout, seed=7)
+    got = _run("cpu", lambda x, w, b: NF.group_norm(x, 32, w, b), (x, w, b), dy)
+    from normlab.ops.group_norm import group_norm_backward_ref, group_norm_ref
+
+    x4 = x.double().reshape(16, 32, 2, 256)
+    w3, b3 = w.double().reshape(32, 2, 1), b.double().reshape(32, 2, 1)
+    y64, mean, rstd = group_norm_ref(x4, w3, b3, 1e-5)
+    dx64, dw64, db64 = group_norm_backward_ref(dy.double().reshape(x4.shape), x4, w3, mean, rstd)
+    refs = [y64.reshape(x.shape), dx64.reshape(x.shape), dw64.reshape(-1), db64.reshape(-1)]
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], got, refs):
+        assert_within_rounding(a, r64, 2.0, name)
+
+
+# ----------------------------------------------------------------------------
+# InstanceNorm: training with running statistics, eval with them
+# ----------------------------------------------------------------------------
+
+IN_CASES = [((3, 4, 7), "contiguous"), ((2, 5, 4, 6), "contiguous"), ((2, 5, 4, 6), "channels_last"),
+            ((2, 3, 3, 4, 2), "channels_last")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", IN_CASES, ids=str)
+@pytest.mark.parametrize("use_input_stats", [True, False])
+def test_instance_norm_matches_reference(dtype, case, use_input_stats):
+    shape, layout = case
+    c = shape[1]
+    x, w, b, dy = _inputs(shape, dtype, "both", layout, seed=4)
+    stat_dtype = torch.float32 if dtype in HALF else dtype
+    g = torch.Generator().manual_seed(5)
+    rm0 = torch.randn(c, generator=g).to(stat_dtype)
+    rv0 = (torch.rand(c, generator=g) + 0.5).to(stat_dtype)
+    stats = {}
+
+    def make(key, sdt=None):
+        def fn(x, w, b):
+            rm, rv = rm0.to(sdt or stat_dtype, copy=True), rv0.to(sdt or stat_dtype, copy=True)
+            stats[key] = (rm, rv)
+            return NF.instance_norm(x, rm, rv, w, b, use_input_stats, momentum=0.3, eps=1e-4)
+        return fn
+
+    got = _run("cpu", make("cpu"), (x, w, b), dy)
+    ref = _run("ref", make("ref"), (x, w, b), dy)
+    ref64 = _run("ref", make("ref64", torch.float64), (_f64(x), _f64(w), _f64(b)), dy.double())
+    _check(got, ref, ref64, dtype, f"instance_norm {shape} {layout}")
+    assert got[0].is_contiguous()  # torch's instance_norm output is contiguous
+    for s, s_ref, s64 in zip(stats["cpu"], stats["ref"], stats["ref64"]):
+        assert s.dtype == stat_dtype
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+        assert rel_err(s, s_ref) < tol and rel_err(s, s64) < tol
+    if not use_input_stats:
+        assert torch.equal(stats["cpu"][0], rm0) and torch.equal(stats["cpu"][1], rv0)
+
+
+@pytest.mark.parametrize("stat_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_instance_norm_running_stats_in_their_own_dtype(stat_dtype):
+    """bfloat16 input with bfloat16 or float32 running statistics: each step's update is
+    computed from the stored values and rounded once to their dtype (float64 oracle per step)."""
+    g = torch.Generator().manual_seed(8)
+    rm, rv = torch.zeros(6, dtype=stat_dtype), torch.ones(6, dtype=stat_dtype)
+    for _ in range(3):
+        x = (torch.randn(4, 6, 5, 5, generator=g) * 3 + 1).to(torch.bfloat16)
+        rm64, rv64 = rm.double(), rv.double()
+        TF.instance_norm(x.double(), rm64, rv64, momentum=0.2)
+        with normlab.use_backend("cpu"):
+            NF.instance_norm(x, rm, rv, momentum=0.2)
+        for s, s64 in ((rm, rm64), (rv, rv64)):
+            assert s.dtype == stat_dtype
+            assert rel_err(s, s64) <= max(2 * rel_err(s64.to(stat_dtype), s64), 1e-6)
+
+
+def test_instance_norm_running_stats_of_a_non_contiguous_buffer():
+    base_m, base_v = torch.zeros(8), torch.ones(8)
+    rm, rv = base_m[::2], base_v[::2]  # (4,) views with stride 2
+    rm_t, rv_t = rm.clone(), rv.clone()
+    x = torch.randn(3, 4, 10)
+    with normlab.use_backend("cpu"):
+        NF.instance_norm(x, rm, rv, momentum=0.5)
+    TF.instance_norm(x, rm_t, rv_t, momentum=0.5)
+    torch.testing.assert_close(rm, rm_t)
+    torch.testing.assert_close(rv, rv_t)
+    assert torch.equal(base_m[1::2], torch.zeros(4)) and torch.equal(base_v[1::2], torch.ones(4))
+
+
+# ----------------------------------------------------------------------------
+# Gradients: gradcheck, double backward
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gn", "gn_channels_last", "in_train", "in_eval"])
+def test_gradcheck_and_gradgradcheck(name):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 3, 2, generator=g, dtype=torch.float64)
+    if name == "gn_channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    w = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    rm, rv = torch.randn(4, dtype=torch.float64), torch.rand(4, dtype=torch.float64) + 0.5
+    fn = {
+        "gn": lambda x, w, b: NF.group_norm(x, 2, w, b),
+        "gn_channels_last": lambda x, w, b: NF.group_norm(x, 2, w, b),
+        "in_train": lambda x, w, b: NF.instance_norm(x, None, None, w, b),
+        "in_eval": lambda x, w, b: NF.instance_norm(x, rm, rv, w, b, use_input_stats=False),
+    }[name]
+    with normlab.use_backend("cpu"):
+        assert torch.autograd.gradcheck(fn, (x, w, b))
+        assert torch.autograd.gradgradcheck(fn, (x, w, b))
+
+
+# ----------------------------------------------------------------------------
+# Determinism, NaN/Inf, large means, constant groups
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_bitwise_identical_for_1_and_2_threads(dtype, layout):
+    # 8 x 32 x 16 x 16 = 64K values: above the serial threshold, several tasks per thread
+    x, w, b, dy = _inputs((8, 32, 16, 16), dtype, layout=layout, seed=5)
+    fns = [
+        lambda x, w, b: NF.group_norm(x, 8, w, b),
+        lambda x, w, b: NF.instance_norm(x, torch.zeros(32), torch.ones(32), w, b),
+        lambda x, w, b: NF.instance_norm(x, torch.zeros(32), torch.ones(32), w, b, use_input_stats=False),
+    ]
+    before = torch.get_num_threads()
+    try:
+        for fn in fns:
+            results = []
+            for n in (1, 2, 2):
+                torch.set_num_threads(n)
+                results.append(_run("cpu", fn, (x, w, b), dy))
+            for other in results[1:]:
+                for a, o in zip(results[0], other):
+                    assert torch.equal(a, o)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_nan_and_inf_propagate_like_torch(layout):
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(3, 4, 5, 2, generator=torch.Generator().manual_seed(18))
+    x[0, 0, 2, 1] = nan  # poisons group 0 of sample 0 (and instance (0, 0))
+    x[1, 3, 0, 0] = inf  # poisons group 1 of sample 1
+    x[2, 1, 4, 1] = -inf
+    x = _layout(x, layout)
+    dy = _layout(torch.randn(3, 4, 5, 2), layout)
+    for fn, tfn in [
+        (lambda x: NF.group_norm(x, 2), lambda x: TF.group_norm(x, 2)),
+        (lambda x: NF.group_norm(x, 4), lambda x: TF.group_norm(x, 4)),
+        (lambda x: NF.instance_norm(x), lambda x: TF.instance_norm(x)),
+        (lambda x: NF.instance_norm(x, torch.zeros(4), torch.ones(4), use_input_stats=False),
+         lambda x: TF.instance_norm(x, torch.zeros(4), torch.ones(4), use_input_stats=False)),
+    ]:
+        (y, dx), (y_t, dx_t) = _run("cpu", fn, (x,), dy), _run("ref", tfn, (x,), dy)
+        assert y.isnan().any()
+        for a, t in ((y, y_t), (dx, dx_t)):
+            assert torch.equal(a.isnan(), t.isnan())
+            assert torch.equal(a.isinf(), t.isinf())
+            fin = t.isfinite()
+            torch.testing.assert_close(a[fin], t[fin], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "large"])
+def test_large_mean_groups_float32(layout):
+    """Groups with mean 1e4 and std 1: float32 output within 1e-5 of float64 from the same input."""
+    shape = (2, 4, 96, 96) if layout == "large" else (4, 8, 16, 16)
+    g = torch.Generator().manual_seed(13)
+    x = _layout(1e4 + torch.randn(shape, generator=g), "contiguous" if layout == "large" else layout)
+    with normlab.use_backend("cpu"):
+        y, y_in = NF.group_norm(x, 2), NF.instance_norm(x)
+    assert (y.double() - TF.group_norm(x.double(), 2)).abs().max() < 1e-5
+    assert (y_in.double() - TF.instance_norm(x.double())).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_constant_group_gives_exactly_beta(dtype, layout):
+    big = 1e3 if dtype == torch.float16 else 1e4
+    x = torch.empty(3, 6, 2, 2, dtype=dtype)
+    for n, value in enumerate((0.1, big, -3.3)):
+        x[n, :3] = value
+        x[n, 3:] = value / 7 - 1
+    x = _layout(x, layout)
+    w = torch.randn(6).to(dtype)
+    b = torch.randn(6).to(dtype)
+    expected = b[None, :, None, None].expand(3, 6, 2, 2)
+    with normlab.use_backend("cpu"):
+        assert torch.equal(NF.group_norm(x, 2, w, b), expected)
+        assert torch.equal(NF.instance_norm(x, weight=w, bias=b), expected)
+
+
+# ----------------------------------------------------------------------------
+# Integration: torch.compile, saved tensors, backend registry
+# ----------------------------------------------------------------------------
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = normlab.nn.GroupNorm(4, 8)
+        self.inorm = normlab.nn.InstanceNorm2d(8, affine=True, track_running_stats=True)
+        self.inorm_eval = normlab.nn.InstanceNorm2d(8, affine=True, track_running_stats=True).eval()
+
+    def forward(self, x):
+        h = self.gn(self.conv(x))
+        return self.inorm_eval(self.inorm(h).relu()) * 2
+
+
+def _eager_and_compiled(backend, layout=torch.contiguous_format):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 5).contiguous(memory_format=layout)
+    results = []
+    with normlab.use_backend("cpu"):
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            m = _Net()
+            m.inorm_eval.running_mean.uniform_(-1, 1)
+            m.inorm_eval.running_var.uniform_(0.5, 2)
+            model = torch.compile(m, fullgraph=True, backend=backend) if compiled else m
+            for _ in range(2):  # two steps: the running statistics move twice
+                xx = x.clone().requires_grad_()
+                out = model(xx)
+                out.backward(torch.ones_like(out))
+            results.append([out.detach(), xx.grad, *(p.grad.clone() for p in m.parameters()),
+                            *(t.clone() for t in m.buffers())])
+    return results
+
+
+def test_torch_compile_fullgraph_uses_the_custom_ops():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = {}
+
+    def record(name):
+        def compiler(gm, example_inputs):
+            seen.setdefault(name, set()).update(
+                str(n.target) if "normlab" in str(n.target) else str(n.args[0])
+                for n in gm.graph.nodes
+                if "normlab" in str(n.target) or "auto_functionalized" in str(n.target)
+            )
+            return make_boxed_func(gm)
+
+        return compiler
+
+    eager, compiled = _eager_and_compiled(aot_autograd(fw_compiler=record("fw"), bw_compiler=record("bw")))
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+    assert seen["fw"] == {"normlab.group_norm_fwd.default", "normlab.instance_norm_eval_fwd.default",
+                          "normlab.instance_norm_update_stats.default"}
+    assert seen["bw"] == {"normlab.group_norm_bwd.default", "normlab.instance_norm_eval_bwd.default"}
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=str)
+def test_torch_compile_aot_eager_channels_last(layout):
+    eager, compiled = _eager_and_compiled("aot_eager", layout)
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+
+
+def test_torch_compile_inductor_matches_eager():
+    eager, compiled = _eager_and_compiled("inductor")
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_saves_only_x_w_mean_rstd():
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    x = torch.randn(4, 8, 3, 3, requires_grad=True)
+    w, b = torch.ones(8, requires_grad=True), torch.zeros(8, requires_grad=True)
+    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        NF.group_norm(x, 2, w, b)
+    assert sorted(saved) == sorted([(4, 8, 9), (8,), (4, 2), (4, 2)])  # x (N, C, S), w, mean, rstd
+
+
+def test_backend_registry():
+    x = torch.randn(2, 3, 4)
+    with normlab.use_backend("auto"):
+        for op in ("group_norm", "instance_norm"):
+            assert _backend.resolve(x, op) == "cpu"
+            assert _backend.resolve(x.to("meta"), op) == "ref"
+    with normlab.use_backend("cpu"):
+        with pytest.raises(RuntimeError, match="cannot serve a torch.float32 tensor on meta"):
+            _backend.resolve(x.to("meta"), "group_norm")
