@@ -417,11 +417,11 @@ def test_backend_registry():
     with normlab.use_backend("auto"):
         for op in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"):
             assert _backend.resolve(x, op) == "cpu"
-        assert _backend.resolve(x, "batch_norm") == "ref"  # no kernels there yet
+        assert _backend.resolve(x, "batch_norm") == "cpu"
         assert _backend.resolve(x.to("meta"), "layer_norm") == "ref"
     with normlab.use_backend("cpu"):
-        with pytest.raises(RuntimeError, match="does not implement batch_norm"):
-            _backend.resolve(x, "batch_norm")
+        with pytest.raises(RuntimeError, match="does not implement no_such_op"):
+            _backend.resolve(x, "no_such_op")
         with pytest.raises(RuntimeError, match="cannot serve a torch.float32 tensor on meta"):
             _backend.resolve(x.to("meta"), "layer_norm")
 

@@ -1,4 +1,4 @@
-"""BatchNorm: the math, its hand-derived backward, running statistics, the autograd wiring.
+"""BatchNorm reference (backend ``"ref"``): the math, its hand-derived backward, running statistics, the autograd wiring.
 
 BatchNorm normalises each *channel* of an ``(N, C, *spatial)`` input with
 statistics taken over the batch dim and every spatial dim together: for a
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import acc_dtype, shifted_mean_var
+from .._common import acc_dtype, shifted_mean_var
 
 # --------------------------------------------------------------------------
 # Shapes and layouts
@@ -382,24 +382,18 @@ class BatchNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# Entry point (called by normlab.functional after its argument checks)
+# The reference path of the entry point (``op.batch_norm`` with backend "ref")
 # --------------------------------------------------------------------------
 
 
-def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, backend="ref"):
-    """BatchNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
+def batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps):
+    """BatchNorm of an ``(N, C, *spatial)`` ``x`` by the reference math (arguments already checked).
 
     ``training=True``: normalise with the batch's statistics and, when
     ``running_mean``/``running_var`` are given, update them in place with
     weight ``momentum`` (unbiased variance). ``training=False``: normalise with
-    the running statistics, which are left untouched. Only the ``"ref"``
-    backend implements BatchNorm (``_backend.resolve`` picks it).
+    the running statistics, which are left untouched.
     """
-    if backend != "ref":
-        raise RuntimeError(
-            f"normlab batch_norm: backend {backend!r} does not implement batch_norm; "
-            f"available for batch_norm: ['ref']"
-        )
     if not training:
         return BatchNormEvalFunction.apply(x, running_mean, running_var, w, b, eps)
     if x.numel() == 0:

@@ -1,0 +1,725 @@
+"""Numba kernels of the ``"cpu"`` backend for BatchNorm.
+
+Every input reaches the kernels as one 2-D view, ``(R, C * S)`` (``op.py``
+makes it, copying only inputs that are neither contiguous nor channels-last):
+
+- **rows** ``(M, C)``, ``S = 1``: ``(N, C)``, and ``channels_last`` /
+  ``channels_last_3d`` tensors seen as ``(N*H*W, C)`` / ``(N*D*H*W, C)``;
+- **planes** ``(N, C * S)``: contiguous ``(N, C, L)``, NCHW, NCDHW, a sample
+  per row, channel ``c`` at columns ``c*S .. c*S+S`` (``S = prod(spatial)``).
+
+Narrow rows are **folded**: ``F`` consecutive rows read as one row of
+``F * C * S`` columns (a plain reshape), so that a loop runs over ~2000
+values rather than a few dozen; channel ``c`` then owns columns
+``r*C*S + c*S .. + S`` for ``r < F``.
+
+Two kernels, :func:`bn_fwd` (training: statistics then normalise;
+evaluation: normalise with the running statistics) and :func:`bn_bwd`
+(gradients of either), each a serial driver around one parallel pass function
+called once or twice, compiled for the four storage types of ``x`` (float32,
+float64, int16 = bfloat16 bits, uint16 = float16 bits; see ``ops/_bf16.py``),
+with arithmetic in the accumulation dtype (float64 for float64, float32
+otherwise) and per-channel results in float64. Loops run over rows and
+vectorise over columns.
+
+Statistics (training forward)
+-----------------------------
+
+Per *column* first (a column's values all belong to one channel), in tasks of
+``group * sub`` rows by ``cw`` columns, each task's rows cut into **chunks** of
+``sub`` rows that stay in cache; boundaries depend on the shape only
+(``op.geometry``). A chunk's per-column mean and M2 come from two passes over
+it, the corrected two-pass algorithm, in the accumulation dtype::
+
+    pass 1:  m  = x0 + sum(x - x0) / k          shifted by the chunk's first row
+    pass 2:  d  = x - m                         small: x and m are close
+             s1 = sum(d),  s2 = sum(d * d)
+    chunk:   mean = m + s1 / k,  M2 = s2 - s1^2 / k      (float64)
+
+``E[x^2] - E[x]^2`` is never formed: each float sum is of values at the scale
+of the spread and adds at most 256 of them, so a channel with mean 1e4 and std 1
+keeps its digits, and a constant channel gives ``d == 0``, ``M2 == 0`` and its
+own value as the mean, exactly. Partials ``(count, mean, M2)`` are merged with
+Chan's formula in float64, always in the same order::
+
+    delta = mean_b - mean_a,   n = n_a + n_b
+    mean  = mean_a + delta * n_b / n
+    M2    = M2_a + M2_b + delta^2 * n_a * n_b / n
+
+chunks within a task, then the tasks of a column in row order, then a
+channel's ``F * S`` columns (equal counts: the mean of their means, shifted by
+the first, and M2 plus the spread of the means). So statistics, outputs,
+running statistics and gradients are the same bits for any number of threads
+and any run.
+
+Where a block of whole channels with every row fits in cache (contiguous NCHW
+with a modest batch: ``local``), one task computes its channels' statistics
+and then normalises them (or, backward, its sums and then ``dx``) while they
+are in cache: the input is read from memory once. Otherwise a second parallel
+pass normalises (computes ``dx``) row by row, in memory order.
+
+Normalisation
+-------------
+
+The float64 mean is split into ``hi + lo`` (``hi`` = the mean rounded to the
+accumulation dtype, ``lo`` = the rest), and::
+
+    y = ((x - hi) - lo) * a + b = (x - hi) * a + b2,   a = rstd * w,  b2 = b - lo * a
+
+(``a`` and ``b2`` formed in float64 and rounded once). ``x - hi`` is exact when
+``x`` is close to the mean, so float32 inputs with a mean of 1e4 lose nothing
+to the mean's rounding; a constant channel gives ``x - hi == 0``, ``lo == 0``
+and exactly ``b``. (torch folds this into ``x * a + (b - mean * a)``, which
+loses the digits of a large mean.) The output is rounded to the storage dtype
+once.
+
+Backward
+--------
+
+With ``xc = (x - hi) - lo`` (so ``x_hat = xc * rstd``), per channel::
+
+    sum_dy   = sum(dy)                              # db
+    sum_dyxc = sum(dy * (x - hi)) - lo * sum_dy     # dw = rstd * sum_dyxc
+    train:  dx = a * ((dy - m1) - xc * m2),   m1 = sum_dy / n,  m2 = rstd^2 * sum_dyxc / n
+               = (a * dy - k2 * (x - hi)) - k0,     k2 = a * m2,  k0 = a * m1 - k2 * lo
+    eval:   dx = a * dy
+
+which is ``rstd * w * (dy - mean(dy) - x_hat * mean(dy * x_hat))``: the terms
+through ``x`` directly, the batch mean and the batch variance (derivation in
+``docs/derivations/batch_norm.md``). The sums follow the same task and chunk
+structure: float sums over a chunk's rows per column, float64 after that, in
+a fixed order. Training needs the sums before ``dx``; in evaluation ``dx`` is
+written in the same pass as the sums.
+
+NaN and Inf propagate as in torch (``fastmath`` off): a NaN in a channel makes
+its statistics, its whole output and its running statistics NaN.
+
+This module imports numba: ``op.py`` loads it on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .._bf16 import acc_cast, load, store
+from .._numba import HELPER_OPTIONS, kernel
+
+# Sums of finished float64 partials that LLVM may split into SIMD lanes
+# (reassociation of those additions only; the order is fixed by the compiled
+# code, so still the same bits for any number of threads).
+_SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
+
+
+@njit(**_SUM_OPTIONS)
+def _sum64(a):
+    """sum_j a_j of float64 partials."""
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += a[j]
+    return s
+
+
+@njit(**HELPER_OPTIONS)
+def _sum_dev(a, ref):
+    """sum_j (a_j - ref) of float64 partials, in order (no reassociation: it could
+    regroup the differences, and a constant channel must give exactly 0)."""
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += a[j] - ref
+    return s
+
+
+@njit(**_SUM_OPTIONS)
+def _sumsq_dev(a, mu):
+    """sum_j (a_j - mu)^2 of float64 partials."""
+    s = 0.0
+    for j in range(a.shape[0]):
+        d = a[j] - mu
+        s += d * d
+    return s
+
+
+# --------------------------------------------------------------------------
+# Loops over a block of rows r0..r1 and columns c0..c0+n, accumulating per
+# column into scratch arrays indexed 0..n-1. The statistics take four rows at
+# a time: one load and store of each accumulator per four values, the four
+# summed in pairs first (~10% faster training forward).
+# Rows are sliced before indexing (``x[i][c0:c0 + n]``, indices from 0): an
+# index with a runtime offset makes LLVM emit gathers.
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def _acc_shifted(x, r0, r1, c0, n, sh, s1):
+    """s1[u] += sum_i (x[i, c0 + u] - sh[u])."""
+    c1 = c0 + n
+    i = r0
+    while i + 4 <= r1:
+        xa = x[i][c0:c1]
+        xb = x[i + 1][c0:c1]
+        xc = x[i + 2][c0:c1]
+        xd = x[i + 3][c0:c1]
+        for u in range(n):
+            m = sh[u]
+            s1[u] += ((load(xa, u) - m) + (load(xb, u) - m)) + ((load(xc, u) - m) + (load(xd, u) - m))
+        i += 4
+    while i < r1:
+        xa = x[i][c0:c1]
+        for u in range(n):
+            s1[u] += load(xa, u) - sh[u]
+        i += 1
+
+
+@njit(**HELPER_OPTIONS)
+def _acc_centred(x, r0, r1, c0, n, m, s1, s2):
+    """With d = x[i, c0 + u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d."""
+    c1 = c0 + n
+    i = r0
+    while i + 4 <= r1:
+        xa = x[i][c0:c1]
+        xb = x[i + 1][c0:c1]
+        xc = x[i + 2][c0:c1]
+        xd = x[i + 3][c0:c1]
+        for u in range(n):
+            mu = m[u]
+            da = load(xa, u) - mu
+            db = load(xb, u) - mu
+            dc = load(xc, u) - mu
+            dd = load(xd, u) - mu
+            s1[u] += (da + db) + (dc + dd)
+            s2[u] += (da * da + db * db) + (dc * dc + dd * dd)
+        i += 4
+    while i < r1:
+        xa = x[i][c0:c1]
+        for u in range(n):
+            d = load(xa, u) - m[u]
+            s1[u] += d
+            s2[u] += d * d
+        i += 1
+
+
+@njit(**HELPER_OPTIONS)
+def _acc_grad(dy, x, dx, r0, r1, c0, n, hi, a, s1, s2, write_dx):
+    """s1[u] += sum_i dy, s2[u] += sum_i dy * (x - hi[u]).
+
+    ``write_dx`` (evaluation mode): also ``dx = dy * a[u]``, in a loop of its
+    own over the same row (in L1 by then; one loop storing to three arrays has
+    too many possible overlaps for LLVM to check, and would not vectorise).
+    One row at a time: two inputs per accumulator already (unrolling measured
+    no faster, and costs compile time).
+    """
+    c1 = c0 + n
+    for i in range(r0, r1):
+        xa = x[i][c0:c1]
+        ga = dy[i][c0:c1]
+        for u in range(n):
+            v = load(ga, u)
+            s1[u] += v
+            s2[u] += v * (load(xa, u) - hi[u])
+        if write_dx:
+            outr = dx[i][c0:c1]
+            for u in range(n):
+                store(outr, u, load(ga, u) * a[u])
+
+
+# --------------------------------------------------------------------------
+# Elementwise passes over rows r0..r1 and columns c0..c0+n. S == 1: per-column
+# constants (arrays of n, the caller's slice); S > 1: whole planes, a loop over
+# them with per-channel scalars, channel ch0 first (channels cycle: a folded
+# row holds several rows' channels).
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def _normalise(x, y, r0, r1, c0, n, s_len, ch0, hi, a, b2):
+    """y = (x - hi) * a + b2."""
+    n_ch = hi.shape[0]
+    c1 = c0 + n
+    for i in range(r0, r1):
+        xr = x[i][c0:c1]
+        yr = y[i][c0:c1]
+        if s_len == 1:
+            for u in range(n):
+                store(yr, u, (load(xr, u) - hi[u]) * a[u] + b2[u])
+        else:
+            c = ch0
+            for p0 in range(0, n, s_len):
+                xp = xr[p0 : p0 + s_len]
+                yp = yr[p0 : p0 + s_len]
+                h = hi[c]
+                f = a[c]
+                bc = b2[c]
+                for t in range(s_len):
+                    store(yp, t, (load(xp, t) - h) * f + bc)
+                c = c + 1 if c + 1 < n_ch else 0
+
+
+@njit(**HELPER_OPTIONS)
+def _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, a, hi, k2, k0, train):
+    """dx = (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval)."""
+    n_ch = a.shape[0]
+    c1 = c0 + n
+    for i in range(r0, r1):
+        xr = x[i][c0:c1]
+        gr = dy[i][c0:c1]
+        outr = dx[i][c0:c1]
+        if s_len == 1:
+            if train:
+                for u in range(n):
+                    store(outr, u, (a[u] * load(gr, u) - k2[u] * (load(xr, u) - hi[u])) - k0[u])
+            else:
+                for u in range(n):
+                    store(outr, u, load(gr, u) * a[u])
+        else:
+            c = ch0
+            for p0 in range(0, n, s_len):
+                xp = xr[p0 : p0 + s_len]
+                gp = gr[p0 : p0 + s_len]
+                op = outr[p0 : p0 + s_len]
+                f = a[c]
+                if train:
+                    h = hi[c]
+                    q2 = k2[c]
+                    q0 = k0[c]
+                    for t in range(s_len):
+                        store(op, t, (f * load(gp, t) - q2 * (load(xp, t) - h)) - q0)
+                else:
+                    for t in range(s_len):
+                        store(op, t, load(gp, t) * f)
+                c = c + 1 if c + 1 < n_ch else 0
+
+
+@njit(**HELPER_OPTIONS)
+def _tile(e, vals, c0, s_len):
+    """e[u] = vals[((c0 + u) % (C * S)) // S]: per-channel values laid out per column of a row."""
+    n_ch = vals.shape[0]
+    c = (c0 // s_len) % n_ch  # the only divisions
+    t = c0 % s_len  # offset into channel c's columns
+    n = e.shape[0]
+    u = 0
+    while u < n:
+        run = min(s_len - t, n - u)
+        seg = e[u : u + run]
+        v = vals[c]
+        for q in range(run):
+            seg[q] = v
+        u += run
+        c = c + 1 if c + 1 < n_ch else 0
+        t = 0
+
+
+@njit(**HELPER_OPTIONS)
+def _tiled(vals, width, s_len):
+    """``vals`` per column of a row of ``width`` columns when S == 1 (else ``vals`` itself)."""
+    if s_len != 1 or width == vals.shape[0]:
+        return vals
+    e = np.empty(width, vals.dtype)
+    _tile(e, vals, 0, s_len)
+    return e
+
+
+# --------------------------------------------------------------------------
+# A task's reductions: rows t0..t1, columns c0..c0+n, chunk by chunk
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def _task_stats(x, t0, t1, c0, n, sub, w, tm, tq):
+    """Per-column mean (``tm``) and M2 (``tq``), float64, of rows t0..t1: the two-pass
+    statistics of each chunk of ``sub`` rows, merged in chunk order (Chan)."""
+    sh = np.empty(n, w.dtype)  # chunk's first row, then its pass-1 mean
+    s1 = np.empty(n, w.dtype)  # sums of x - sh, then of d
+    s2 = np.empty(n, w.dtype)  # sums of d * d
+    n_a = 0
+    for r0 in range(t0, t1, sub):
+        r1 = min(r0 + sub, t1)
+        k = r1 - r0
+        x0 = x[r0][c0 : c0 + n]
+        for u in range(n):
+            sh[u] = load(x0, u)
+            s1[u] = 0
+        _acc_shifted(x, r0, r1, c0, n, sh, s1)  # pass 1
+        inv_k = acc_cast(w, 1.0 / k)
+        for u in range(n):
+            sh[u] = sh[u] + s1[u] * inv_k  # m: the pass-1 mean
+            s1[u] = 0
+            s2[u] = 0
+        _acc_centred(x, r0, r1, c0, n, sh, s1, s2)  # pass 2
+        # chunk: mean = m + s1 / k, M2 = s2 - s1^2 / k (float64); Chan into the task's
+        inv = 1.0 / k
+        f_b = k / (n_a + k)  # 1 for the first chunk: the merge is a copy
+        f_ab = n_a * f_b
+        for u in range(n):
+            d1 = np.float64(s1[u])
+            q = np.float64(s2[u]) - d1 * d1 * inv
+            q = q if not q < 0.0 else 0.0  # rounding; NaN stays NaN
+            cm = np.float64(sh[u]) + d1 * inv
+            if n_a == 0:
+                tm[u] = cm
+                tq[u] = q
+            else:
+                delta = cm - tm[u]
+                tm[u] += delta * f_b
+                tq[u] += q + delta * delta * f_ab
+        n_a += k
+
+
+@njit(**HELPER_OPTIONS)
+def _task_grad_sums(dy, x, dx, t0, t1, c0, n, sub, eh, ea, ty, tx, fused):
+    """Per-column sums of dy (``ty``) and dy * (x - eh) (``tx``), float64, of rows t0..t1:
+    chunk sums in the accumulation dtype added in chunk order. ``fused``: also dx = dy * ea."""
+    s1 = np.empty(n, eh.dtype)  # chunk sums of dy
+    s2 = np.empty(n, eh.dtype)  # chunk sums of dy * (x - hi)
+    for u in range(n):
+        ty[u] = 0.0
+        tx[u] = 0.0
+    for r0 in range(t0, t1, sub):
+        r1 = min(r0 + sub, t1)
+        for u in range(n):
+            s1[u] = 0
+            s2[u] = 0
+        _acc_grad(dy, x, dx, r0, r1, c0, n, eh, ea, s1, s2, fused)
+        for u in range(n):
+            ty[u] += s1[u]
+            tx[u] += s2[u]
+
+
+@njit(**HELPER_OPTIONS)
+def _channel_stats(tm, tq, start, s_len, fold, period, n_rows):
+    """(mean, biased var) of a channel from its columns' (mean, M2), each of ``n_rows`` values:
+    columns start + r*period .. + S for r < fold (equal counts: the mean of the means,
+    and M2 plus the spread of the means)."""
+    n_col = fold * s_len
+    ref = tm[start]  # shifted by one of the means: a constant channel gives exactly its value
+    tot = 0.0
+    for r in range(fold):
+        lo = start + r * period
+        tot += _sum_dev(tm[lo : lo + s_len], ref)
+    mu = ref + tot / n_col
+    m2 = 0.0
+    spread = 0.0
+    for r in range(fold):
+        lo = start + r * period
+        m2 += _sum64(tq[lo : lo + s_len])
+        spread += _sumsq_dev(tm[lo : lo + s_len], mu)
+    return mu, (m2 + n_rows * spread) / (n_rows * n_col)
+
+
+@njit(**HELPER_OPTIONS)
+def _channel_sums(ty, tx, start, s_len, fold, period):
+    """A channel's sums over its columns (as in :func:`_channel_stats`), in order."""
+    sy = 0.0
+    sx = 0.0
+    for r in range(fold):
+        lo = start + r * period
+        sy += _sum64(ty[lo : lo + s_len])
+        sx += _sum64(tx[lo : lo + s_len])
+    return sy, sx
+
+
+@njit(**HELPER_OPTIONS)
+def _constants(w, b, mean, var, eps, rstd, hi, a, b2, c):
+    """Channel c: rstd = 1 / sqrt(var + eps); y = ((x - hi) - lo) * a + b = (x - hi) * a + b2
+    with hi = the mean rounded, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once)."""
+    rs = 1.0 / np.sqrt(var[c] + eps)
+    rstd[c] = rs
+    h = acc_cast(w, mean[c])
+    f = rs * w[c]
+    hi[c] = h
+    a[c] = acc_cast(w, f)
+    b2[c] = acc_cast(w, b[c] - (mean[c] - h) * f)
+
+
+@njit(**HELPER_OPTIONS)
+def _grad_constants(w, mean, rstd, db, sum_dyxc, cnt, train, hi, a, k2, k0, c):
+    """Channel c: dx = a * ((dy - m1) - xc * m2) = (a * dy - k2 * (x - hi)) - k0 with
+    m1 = mean(dy), m2 = rstd^2 * mean(dy * xc), k2 = a * m2, k0 = a * m1 - k2 * lo."""
+    rs = rstd[c]
+    h = acc_cast(w, mean[c])
+    f = rs * w[c]
+    hi[c] = h
+    a[c] = acc_cast(w, f)
+    if train:
+        q2 = f * (rs * rs * sum_dyxc / cnt)
+        k2[c] = acc_cast(w, q2)
+        k0[c] = acc_cast(w, f * (db / cnt) - q2 * (mean[c] - h))
+    else:
+        k2[c] = 0
+        k0[c] = 0
+
+
+# --------------------------------------------------------------------------
+# Kernels. Each kernel is a serial driver around one parallel pass function,
+# called once or twice: one ``prange`` loop per pass function, each helper
+# called from one place, so that numba and LLVM compile every loop once (the
+# cold compile of the four dtypes is most of the test suite's time).
+# --------------------------------------------------------------------------
+
+
+@kernel
+def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean, pm2, hi, a, b2):
+    """Phase 0: the statistics tasks (row group x column block) into ``pmean``/``pm2``;
+    ``local``: each task then finishes its channels' statistics and constants and
+    normalises them. Phase 1: normalise every row with ``hi``, ``a``, ``b2`` (tiled per
+    column when S == 1)."""
+    n_rows, width = x.shape
+    n_ch = w.shape[0]
+    n_rg = (n_rows + rows - 1) // rows
+    n_cb = (width + cw - 1) // cw
+    per = max(1, 65536 // width)  # phase 1: rows per task (any split: no reduction)
+    n_tasks = n_rg * n_cb if phase == 0 else (n_rows + per - 1) // per
+    mean = stats[0]
+    var = stats[1]
+    rstd = stats[2]
+    for task in prange(n_tasks):
+        r0 = 0
+        r1 = n_rows
+        c0 = 0
+        n = width
+        ch0 = 0
+        if phase == 0:
+            g = task // n_cb
+            c0 = (task - g * n_cb) * cw
+            n = min(cw, width - c0)
+            tm = pmean[g][c0 : c0 + n]
+            tq = pm2[g][c0 : c0 + n]
+            t0 = g * rows
+            _task_stats(x, t0, min(t0 + rows, n_rows), c0, n, sub, w, tm, tq)
+            if local:  # whole channels, every row: finish them here
+                ch0 = c0 // s_len
+                for c in range(ch0, ch0 + n // s_len):
+                    mean[c], var[c] = _channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, n_ch * s_len, n_rows)
+                    _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
+        else:
+            r0 = task * per
+            r1 = min(r0 + per, n_rows)
+        if phase == 1 or local:
+            eh = hi
+            ea = a
+            eb = b2
+            if s_len == 1:  # per column
+                eh = hi[c0 : c0 + n]
+                ea = a[c0 : c0 + n]
+                eb = b2[c0 : c0 + n]
+            _normalise(x, y, r0, r1, c0, n, s_len, ch0, eh, ea, eb)
+
+
+@njit(**HELPER_OPTIONS)
+def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
+    """BatchNorm forward on the 2-D view ``x``; a row holds ``F = width / (C * S)``
+    consecutive rows of ``(R, C * S)`` (``op.py`` folds narrow rows), channel
+    ``c`` at columns ``r*C*S + c*S .. r*C*S + c*S + S``.
+
+    x       (R/F, F*C*S)  input, storage dtype
+    y       (R/F, F*C*S)  out: output, storage dtype
+    w, b    (C,)          weight, bias in the accumulation dtype (ones / zeros if absent)
+    stats   (3, C)        float64 rows mean, var, rstd. train: out, the batch mean and
+                          biased variance; eval: in, the running ones. rstd: out
+    work    (2, G, W)     float64 scratch (train): per-task, per-column partial means and
+                          M2, G = the row groups (``op.py`` keeps it between calls: large
+                          allocations here would be fresh pages, faulted in on every call)
+    eps     float
+    s_len   int           S, values per channel per row of the unfolded view
+    cw      int           columns per task
+    sub     int           rows per chunk (two passes over a chunk in cache)
+    group   int           chunks per task, merged by that task in order
+    local   bool          (train) one task per column block holds every row and whole
+                          channels (F == 1, cw a multiple of S): it computes its
+                          channels' statistics and normalises them while they are in cache
+    train   bool          compute the statistics (else use rows 0, 1 of ``stats``)
+    """
+    n_rows, width = x.shape
+    mean = stats[0]
+    var = stats[1]
+    rstd = stats[2]
+    n_ch = w.shape[0]
+    period = n_ch * s_len
+    fold = width // period
+    rows = sub * group  # rows per task
+    n_rg = (n_rows + rows - 1) // rows  # row groups
+    hi = np.empty_like(w)  # (C,) the mean rounded to the accumulation dtype
+    a = np.empty_like(w)  # (C,) rstd * w
+    b2 = np.empty_like(w)  # (C,) b - lo * a
+    pmean = work[0]  # (G, W) per-task, per-column partial means
+    pm2 = work[1]  # (G, W) per-task, per-column partial M2
+    local = local and train
+    # phase numbers and flags as runtime values: a literal argument would make numba
+    # compile the pass function once more for that constant
+    phase0 = n_rows - n_rows
+    if train:
+        _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase0, pmean, pm2, hi, a, b2)
+        if local:
+            return
+        # per column: the row groups' partials in order (into row 0)
+        tm = pmean[0]
+        tq = pm2[0]
+        n_a = min(rows, n_rows)
+        for g in range(1, n_rg):
+            k = min(rows, n_rows - g * rows)
+            f_b = k / (n_a + k)
+            f_ab = n_a * f_b
+            pg = pmean[g]
+            qg = pm2[g]
+            for u in range(width):
+                delta = pg[u] - tm[u]
+                tm[u] += delta * f_b
+                tq[u] += qg[u] + delta * delta * f_ab
+            n_a += k
+        for c in range(n_ch):  # per channel: its F * S columns
+            mean[c], var[c] = _channel_stats(tm, tq, c * s_len, s_len, fold, period, n_rows)
+    for c in range(n_ch):
+        _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
+    _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local and not train, phase0 + 1, pmean, pm2,
+              _tiled(hi, width, s_len), _tiled(a, width, s_len), _tiled(b2, width, s_len))
+
+
+@kernel
+def _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, fused, phase,
+              pdy, pdx, hi, a, k2, k0, db, dw):
+    """Phase 0: the sums tasks (row group x column block) into ``pdy``/``pdx`` (``fused``:
+    and evaluation's dx); ``local``: each task then finishes its channels' sums and
+    constants and writes their dx. Phase 1: dx of every row."""
+    n_rows, width = x.shape
+    n_ch = w.shape[0]
+    n_rg = (n_rows + rows - 1) // rows
+    n_cb = (width + cw - 1) // cw
+    per = max(1, 65536 // width)
+    n_tasks = n_rg * n_cb if phase == 0 else (n_rows + per - 1) // per
+    mean = stats[0]
+    rstd = stats[2]
+    cnt = n_rows * width // n_ch  # values per channel
+    for task in prange(n_tasks):
+        r0 = 0
+        r1 = n_rows
+        c0 = 0
+        n = width
+        ch0 = 0
+        if phase == 0:
+            g = task // n_cb
+            c0 = (task - g * n_cb) * cw
+            n = min(cw, width - c0)
+            eh = np.empty(n, w.dtype)  # per column: hi, a of its channel
+            ea = np.empty(n, w.dtype)
+            _tile(eh, hi, c0, s_len)
+            _tile(ea, a, c0, s_len)
+            ty = pdy[g][c0 : c0 + n]
+            tx = pdx[g][c0 : c0 + n]
+            t0 = g * rows
+            _task_grad_sums(dy, x, dx, t0, min(t0 + rows, n_rows), c0, n, sub, eh, ea, ty, tx, fused)
+            if local:  # whole channels, every row: finish them here
+                ch0 = c0 // s_len
+                for c in range(ch0, ch0 + n // s_len):
+                    sy, sx = _channel_sums(ty, tx, (c - ch0) * s_len, s_len, 1, n_ch * s_len)
+                    sum_dyxc = sx - (mean[c] - hi[c]) * sy  # minus lo * sum(dy)
+                    db[c] = sy
+                    dw[c] = sum_dyxc * rstd[c]  # sum(dy * x_hat)
+                    _grad_constants(w, mean, rstd, sy, sum_dyxc, cnt, train, hi, a, k2, k0, c)
+        else:
+            r0 = task * per
+            r1 = min(r0 + per, n_rows)
+        if phase == 1 or (local and need_dx and not fused):
+            ea = a
+            eh = hi
+            e2 = k2
+            e0 = k0
+            if s_len == 1:  # per column
+                ea = a[c0 : c0 + n]
+                eh = hi[c0 : c0 + n]
+                e2 = k2[c0 : c0 + n]
+                e0 = k0[c0 : c0 + n]
+            _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, ea, eh, e2, e0, train)
+
+
+@njit(**HELPER_OPTIONS)
+def bn_bwd(dy, x, dx, w, stats, work, s_len, cw, sub, group, local, train, need_dx, need_wb):
+    """BatchNorm backward on the forward's view; returns ``(db, dw)`` in float64.
+
+    dy       (R/F, F*C*S)  gradient of y, storage dtype
+    x        (R/F, F*C*S)  the forward's input
+    dx       (R/F, F*C*S)  out: gradient of x (written if ``need_dx``)
+    w        (C,)          weight in the accumulation dtype (ones if absent)
+    stats    (3, C)        the forward's float64 statistics: rows mean, var, rstd
+    work     (2, G, W)     float64 scratch (train or need_wb): per-task, per-column sums
+    s_len, cw, sub, group, local   geometry, as for :func:`bn_fwd`
+    train    bool          gradient through the batch statistics too
+    returns  db = sum(dy), dw = sum(dy * x_hat)  (C,) float64; (0,) unless
+             ``train`` or ``need_wb``
+
+    Sums per column per chunk in the accumulation dtype, added in float64 per
+    task in chunk order, then over tasks in order, then over a channel's
+    columns in order. ``sum(dy * xc) = sum(dy * (x - hi)) - lo * sum(dy)``.
+    """
+    n_rows, width = x.shape
+    mean = stats[0]
+    rstd = stats[2]
+    n_ch = w.shape[0]
+    period = n_ch * s_len
+    fold = width // period
+    rows = sub * group
+    n_rg = (n_rows + rows - 1) // rows
+    need_sums = train or need_wb
+    fused = need_dx and need_wb and not train  # eval: dx in the same pass as the sums
+    cnt = n_rows * fold * s_len  # values per channel
+    hi = np.empty_like(w)  # (C,) the mean rounded to the accumulation dtype
+    a = np.empty_like(w)  # (C,) rstd * w
+    k2 = np.empty_like(w)  # (C,) see _grad_constants
+    k0 = np.empty_like(w)
+    for c in range(n_ch):
+        _grad_constants(w, mean, rstd, 0.0, 0.0, cnt, False, hi, a, k2, k0, c)
+    n_out = n_ch if need_sums else 0
+    db = np.zeros(n_out, np.float64)
+    dw = np.zeros(n_out, np.float64)
+    pdy = work[0]  # (G, W) per-task, per-column sums of dy
+    pdx = work[1]  # (G, W) ... of dy * (x - hi)
+    local = local and need_sums
+    phase0 = n_rows - n_rows  # runtime values, not literals (see bn_fwd)
+    if need_sums:
+        _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, fused, phase0,
+                  pdy, pdx, hi, a, k2, k0, db, dw)
+        if local:
+            return db, dw
+        ty = pdy[0]  # per column, over tasks in order
+        tx = pdx[0]
+        for g in range(1, n_rg):
+            yg = pdy[g]
+            xg = pdx[g]
+            for u in range(width):
+                ty[u] += yg[u]
+                tx[u] += xg[u]
+        for c in range(n_ch):  # per channel, over its columns in order
+            sy, sx = _channel_sums(ty, tx, c * s_len, s_len, fold, period)
+            sum_dyxc = sx - (mean[c] - hi[c]) * sy  # minus lo * sum(dy)
+            db[c] = sy
+            dw[c] = sum_dyxc * rstd[c]  # sum(dy * x_hat)
+            _grad_constants(w, mean, rstd, sy, sum_dyxc, cnt, train, hi, a, k2, k0, c)
+    if need_dx and not fused:
+        _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local and not need_sums, train, need_dx,
+                  fused, phase0 + 1, pdy, pdx, _tiled(hi, width, s_len), _tiled(a, width, s_len),
+                  _tiled(k2, width, s_len), _tiled(k0, width, s_len), db, dw)
+    return db, dw
+
+
+# --------------------------------------------------------------------------
+# Running statistics
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def update_running(running_mean, running_var, stats, n, momentum):
+    """Blend the batch statistics into the running ones, in place, in the buffers' dtype.
+
+    running_mean, running_var  (C,)    buffers, storage dtype (bits for half)
+    stats                      (3, C)  float64: rows batch mean, *biased* variance (, rstd)
+    n                          int     values per channel
+
+    ``running = (1 - momentum) * running + momentum * stat`` formed in float64
+    with the unbiased variance ``var * n / (n - 1)``, rounded once to the buffer.
+    """
+    keep = 1.0 - momentum
+    bessel = n / (n - 1.0)
+    mean = stats[0]
+    var = stats[1]
+    for j in range(mean.shape[0]):
+        store(running_mean, j, keep * np.float64(load(running_mean, j)) + momentum * mean[j])
+        store(running_var, j, keep * np.float64(load(running_var, j)) + momentum * (var[j] * bessel))

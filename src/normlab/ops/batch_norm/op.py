@@ -1,0 +1,494 @@
+"""BatchNorm ops: the ``"cpu"`` kernels as torch.library custom ops, and the entry point.
+
+Layering (kernel -> launcher -> custom op -> entry point), as in ``ops/layer_norm``:
+
+- ``kernels.py``: the Numba kernels, on a 2-D view of the tensor: rows
+  ``(M, C)`` or planes ``(N, C * S)`` (see its docstring).
+- launchers :func:`_forward` / :func:`_backward`: pick the view, allocate
+  outputs in torch's memory format, pass bfloat16/float16 as their bits,
+  run the kernel with torch's thread count; :func:`_update_running`.
+- custom ops ``normlab::batch_norm_train_fwd`` and
+  ``normlab::batch_norm_eval_fwd`` (with ``register_autograd``),
+  ``normlab::batch_norm_bwd`` (not differentiable itself) and
+  ``normlab::batch_norm_update_stats`` (mutates the running statistics in
+  place; ``torch.library`` allows no autograd formula on a mutating op, so
+  the update is its own op, fed the forward's non-differentiable statistics).
+  Each has a fake implementation, so ``torch.compile(fullgraph=True)`` traces
+  them as single nodes and functionalises the update.
+- :class:`_EagerBatchNorm`: the same launchers and backward as one
+  ``autograd.Function`` for eager calls (no ``torch.library`` dispatch).
+- entry point :func:`batch_norm` (called by ``normlab.functional``): the
+  reference (``reference.py``) for ``backend="ref"``; for ``"cpu"`` the custom
+  ops while ``torch.compile`` traces, else :class:`_EagerBatchNorm` when
+  autograd records the call and the launcher alone when it does not
+  (``torch.no_grad()``, inputs that need no gradient).
+
+Saved for the backward: the input (in its canonical layout), ``w``, and
+``stats``, the forward's ``(3, C)`` float64 statistics (rows mean, biased var,
+rstd; the float64 mean is what lets the kernels split it into ``hi + lo``).
+Under ``create_graph=True`` the backward runs the reference's differentiable
+backward instead (training: statistics recomputed from ``x``), so double
+backward works for ``"cpu"`` too.
+
+Running statistics are written through numpy, so their version counters do
+not move -- as with torch's own ``batch_norm``, whose saved running
+statistics a later update must not invalidate.
+
+(No ``from __future__ import annotations`` here: ``torch.library`` reads the
+type hints of the custom ops to build their schemas.)
+"""
+
+import functools
+import threading
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import _numba
+from .._common import acc_dtype
+from .reference import (
+    _memory_format,
+    _stat_shape,
+    batch_norm_eval_backward_ref,
+    batch_norm_ref,
+    batch_norm_stats,
+    batch_norm_train_backward_ref,
+)
+
+# --------------------------------------------------------------------------
+# Chunk geometry (depends on the shape only: results are the same bits for
+# any number of threads)
+# --------------------------------------------------------------------------
+
+FOLD_WIDTH = 2048  # narrow rows are folded: F consecutive rows read as one of <= 2048 values
+COLUMN_BLOCK = 2048  # columns per task: scratch sums stay in L1, rows are read in runs of 8 KB or more
+CHUNK_ELEMS = 65536  # values per chunk: two passes over it stay in cache (256 KB of float32)
+MAX_CHUNK_ROWS = 256  # rows a per-column float sum adds one by one
+TASK_ELEMS = 1 << 19  # values per task (a group of chunks merged by one task)
+LOCAL_ELEMS = 1 << 18  # a column block of every row up to this size is one task, in cache (1 MB of float32)
+MIN_LOCAL_RUN = 1024  # ... if it reads runs of at least this many values per row
+
+
+@functools.lru_cache(maxsize=256)
+def geometry(n_rows: int, width: int, s_len: int, local_elems: int) -> tuple[int, int, int, int, bool]:
+    """``(fold, cw, sub, group, local)`` for the ``(R, C * S)`` view. Depends on the shape only
+    (the forward and the backward may differ: they share no partial sums).
+
+    - ``fold``: the largest divisor ``F`` of ``R`` with ``F * width <=``
+      :data:`FOLD_WIDTH` -- narrow rows (``(N, C)`` or channels-last with few
+      channels) are read ``F`` at a time as one row of the ``(R / F, F * width)``
+      view, so that loops run over thousands of values instead of a few dozen.
+    - ``local``: a block of whole channels, every row of them at most
+      ``local_elems`` values (:data:`LOCAL_ELEMS` for the forward, half that for
+      the backward, which reads ``x`` and ``dy``) in runs of at least
+      :data:`MIN_LOCAL_RUN` (contiguous NCHW with a batch of modest size), is one
+      task: the statistics (the sums), then the normalisation (``dx``) while
+      the block is in cache -- one read of the input from memory instead of
+      two. ``cw`` is then the block's columns. (Training forward and backward
+      only: evaluation's forward is a single pass in memory order.)
+    - otherwise tasks of about :data:`TASK_ELEMS` values: ``group`` chunks of
+      ``sub`` rows by ``cw`` (at most :data:`COLUMN_BLOCK`) columns, each task
+      writing one float64 partial per column, merged after.
+
+    Chunks hold about :data:`CHUNK_ELEMS` values and at most :data:`MAX_CHUNK_ROWS` rows.
+    """
+    fold = 1
+    for f in range(min(n_rows, max(1, FOLD_WIDTH // width)), 1, -1):
+        if n_rows % f == 0:
+            fold = f
+            break
+    n_rows, width = n_rows // fold, width * fold
+    n_ch = width // s_len
+    per_block = max(1, min(n_ch, local_elems // max(1, n_rows * s_len), -(-COLUMN_BLOCK // s_len)))
+    if fold == 1 and n_rows * s_len <= local_elems and per_block * s_len >= MIN_LOCAL_RUN:
+        n_blocks = -(-n_ch // per_block)
+        cw = -(-n_ch // n_blocks) * s_len  # whole channels, split evenly
+        sub = max(1, min(MAX_CHUNK_ROWS, n_rows, CHUNK_ELEMS // cw))
+        return fold, cw, sub, -(-n_rows // sub), True
+    n_cb = max(1, -(-width // COLUMN_BLOCK))
+    cw = max(1, -(-width // n_cb))
+    sub = max(1, min(MAX_CHUNK_ROWS, n_rows, CHUNK_ELEMS // cw))
+    group = max(1, TASK_ELEMS // (sub * cw))
+    return fold, cw, sub, group, False
+
+
+# --------------------------------------------------------------------------
+# Views and launchers
+# --------------------------------------------------------------------------
+
+_kernels = None
+
+
+def _k():
+    """``kernels.py``, imported (numba and all) on the first kernel call."""
+    global _kernels
+    if _kernels is None:
+        from . import kernels
+
+        _kernels = kernels
+    return _kernels
+
+
+_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
+
+
+def _bits(t: Tensor):
+    """A numpy view of ``t``'s storage: bfloat16 as int16 bits, float16 as uint16 bits."""
+    as_bits = _BITS.get(t.dtype)
+    if as_bits is not None:
+        return t.detach().view(as_bits).numpy()
+    return (t.detach() if t.requires_grad else t).numpy()
+
+
+_FILL: dict = {}  # (n, dtype, value) -> read-only array of ones / zeros
+
+
+def _param(p: Optional[Tensor], n: int, acc: torch.dtype, fill: float):
+    """Weight or bias as a contiguous (C,) array in the accumulation dtype (``fill`` if None)."""
+    if p is None:
+        key = (n, acc, fill)
+        arr = _FILL.get(key)
+        if arr is None:
+            if len(_FILL) > 64:
+                _FILL.clear()
+            arr = _FILL[key] = torch.full((n,), fill, dtype=acc).numpy()
+        return arr
+    if p.dtype != acc or not p.is_contiguous():
+        p = p.detach().to(acc).contiguous()
+    return (p.detach() if p.requires_grad else p).numpy()
+
+
+_scratch = threading.local()  # .work: this thread's float64 scratch for the kernels' partials
+
+
+def _work(n_rows: int, width: int, sub: int, group: int, needed: bool):
+    """``(2, G, W)`` float64 scratch for a kernel's per-task partials (G row groups).
+
+    Kept between calls (per thread; it only grows): freeing and reallocating a
+    megabyte each call hands the kernel fresh pages, whose page faults cost
+    more than the reads they hold.
+    """
+    if not needed:
+        return np.empty((2, 0, 0))
+    n_rg = -(-n_rows // (sub * group))
+    size = 2 * n_rg * width
+    buf = getattr(_scratch, "work", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.work = np.empty(size)
+    return buf[:size].reshape(2, n_rg, width)
+
+
+def _canonical(x: Tensor) -> Tensor:
+    """``x`` in the memory format of torch's output for it (a copy only if it is not already)."""
+    if x.is_contiguous():  # the common cases first: no Python walk over the strides
+        return x
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return x
+    return x.contiguous(memory_format=_memory_format(x))
+
+
+def _view(t: Tensor, n_ch: int) -> tuple:
+    """``(array, S)``: the kernels' 2-D numpy view ``(R, C * S)`` of a canonical ``t``.
+
+    Rows view ``(M, C)``, ``S = 1``, for ``(N, C)`` and channels-last tensors
+    (``(N, *spatial, C)`` in memory); planes view ``(N, C * S)`` for contiguous
+    ``(N, C, *spatial)``, channel ``c`` at columns ``c*S .. c*S+S``. A view of
+    ``t``'s storage (numpy reshapes: cheaper per call than torch's).
+    """
+    a = _bits(t)
+    if a.ndim > 2 and a.strides[1] == a.itemsize:  # channels-last: channels innermost
+        a = a.transpose(0, *range(2, a.ndim), 1)
+        return a.reshape(-1, n_ch, copy=False), 1
+    n = a.shape[0]
+    return a.reshape(n, -1), a.size // (n * n_ch)  # contiguous: always a view
+
+
+def _folded(a, fold: int):
+    """``a`` (R, W) as (R / fold, fold * W): ``fold`` consecutive rows as one (a view)."""
+    return a if fold == 1 else a.reshape(a.shape[0] // fold, -1, copy=False)
+
+
+def _forward(x, w, b, running_mean, running_var, training, eps):
+    """Run the forward kernel on ``x`` (canonical, non-empty); returns ``(y, stats)``.
+
+    ``y`` has ``x``'s strides. ``stats`` (3, C) float64 numpy array: rows mean,
+    biased var, rstd -- the batch's in training, the running ones in evaluation.
+    """
+    n_ch = x.shape[1]
+    acc = acc_dtype(x.dtype)
+    y = torch.empty_like(x)
+    xv, s = _view(x, n_ch)
+    yv, _ = _view(y, n_ch)
+    sn = np.empty((3, n_ch))
+    if not training:
+        for row, r in ((0, running_mean), (1, running_var)):
+            r = r.detach()
+            sn[row] = (r if r.dtype in (torch.float32, torch.float64) else r.float()).numpy()
+    fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS)
+    xf = _folded(xv, fold)
+    work = _work(xf.shape[0], xf.shape[1], sub, group, training)
+    _numba.sync_threads(x.numel())
+    _k().bn_fwd(
+        xf, _folded(yv, fold), _param(w, n_ch, acc, 1.0), _param(b, n_ch, acc, 0.0), sn, work,
+        float(eps), s, cw, sub, group, local, bool(training),
+    )
+    return y, sn
+
+
+def _backward(dy, x, w, stats, training, need_dx, need_wb):
+    """Run the backward kernel; returns ``(dx, dw, db)``: dx in ``x``'s strides (empty (0,) unless
+    ``need_dx``), dw/db (C,) float64 (empty (0,) unless ``training`` or ``need_wb``).
+
+    ``x`` is the forward's canonical input, ``stats`` its statistics.
+    """
+    n_ch = x.shape[1]
+    acc = acc_dtype(x.dtype)
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    if dy.stride() != x.stride():
+        dy = dy.contiguous(memory_format=_memory_format(x))
+        if dy.stride() != x.stride():  # size-1 dims: strides that differ only there
+            dy = torch.empty_like(x).copy_(dy)
+    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
+    xv, s = _view(x, n_ch)
+    dyv, _ = _view(dy, n_ch)
+    dxv = _view(dx, n_ch)[0] if need_dx else dyv  # dyv: a placeholder never written
+    fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS // 2)
+    xf = _folded(xv, fold)
+    work = _work(xf.shape[0], xf.shape[1], sub, group, training or need_wb)
+    _numba.sync_threads(x.numel())
+    db, dw = _k().bn_bwd(
+        _folded(dyv, fold), xf, _folded(dxv, fold), _param(w, n_ch, acc, 1.0), stats.numpy(), work,
+        s, cw, sub, group, local, bool(training), bool(need_dx), bool(need_wb),
+    )
+    return dx, torch.from_numpy(dw), torch.from_numpy(db)
+
+
+def _update_running(running_mean, running_var, stats, n, momentum):
+    """``running = (1 - momentum) * running + momentum * stat`` in place (unbiased var), float64 blend.
+
+    ``stats``: the forward's (3, C) float64 statistics, a numpy array.
+    """
+    rm, rv = running_mean.detach(), running_var.detach()
+    dense = rm.is_contiguous() and rv.is_contiguous()
+    if not dense:
+        rm, rv = rm.contiguous(), rv.contiguous()
+    # written through numpy: the version counters do not move (see the module docstring)
+    _k().update_running(_bits(rm), _bits(rv), stats, int(n), float(momentum))
+    if not dense:
+        with torch.no_grad():
+            running_mean.copy_(rm)
+            running_var.copy_(rv)
+
+
+# --------------------------------------------------------------------------
+# Custom ops
+# --------------------------------------------------------------------------
+
+
+@torch.library.custom_op("normlab::batch_norm_train_fwd", mutates_args=(), device_types="cpu")
+def batch_norm_train_fwd(
+    x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
+    """Training-mode BatchNorm of a canonical ``x``: ``(y, stats)``, stats (3, C) float64 mean, biased var, rstd."""
+    y, sn = _forward(x, w, b, None, None, True, eps)
+    return y, torch.from_numpy(sn)
+
+
+@batch_norm_train_fwd.register_fake
+def _(x, w, b, eps):
+    return torch.empty_like(x), x.new_empty((3, x.shape[1]), dtype=torch.float64)
+
+
+@torch.library.custom_op("normlab::batch_norm_eval_fwd", mutates_args=(), device_types="cpu")
+def batch_norm_eval_fwd(
+    x: Tensor, running_mean: Tensor, running_var: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
+    """Evaluation-mode BatchNorm of a canonical ``x``: ``(y, stats)``, stats (3, C) float64 (the running ones, rstd)."""
+    y, sn = _forward(x, w, b, running_mean, running_var, False, eps)
+    return y, torch.from_numpy(sn)
+
+
+@batch_norm_eval_fwd.register_fake
+def _(x, running_mean, running_var, w, b, eps):
+    return torch.empty_like(x), x.new_empty((3, x.shape[1]), dtype=torch.float64)
+
+
+@torch.library.custom_op(
+    "normlab::batch_norm_update_stats", mutates_args=("running_mean", "running_var"), device_types="cpu"
+)
+def batch_norm_update_stats(
+    running_mean: Tensor, running_var: Tensor, stats: Tensor, n: int, momentum: float
+) -> None:
+    """Blend the batch statistics (``stats`` rows 0, 1: mean, biased var) into the running ones, in place."""
+    _update_running(running_mean, running_var, stats.numpy(), n, momentum)
+
+
+@batch_norm_update_stats.register_fake
+def _(running_mean, running_var, stats, n, momentum):
+    return None
+
+
+@torch.library.custom_op("normlab::batch_norm_bwd", mutates_args=(), device_types="cpu")
+def batch_norm_bwd(
+    dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor, training: bool, need_dx: bool, need_wb: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """BatchNorm gradients ``(dx, dw, db)``; dx empty unless ``need_dx``; dw/db float64, empty unless computed."""
+    return _backward(dy, x, w, stats, training, need_dx, need_wb)
+
+
+@batch_norm_bwd.register_fake
+def _(dy, x, w, stats, training, need_dx, need_wb):
+    c = x.shape[1] if (training or need_wb) else 0
+    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
+    return dx, x.new_empty((c,), dtype=torch.float64), x.new_empty((c,), dtype=torch.float64)
+
+
+# --------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------
+
+
+def _grads(ctx, dy, x, w, stats, need_dx, need_dw, need_db, eager=False):
+    """``(dx, dw, db)`` of BatchNorm (``ctx.training``: through the batch statistics too).
+
+    ``eager``: call the launcher directly instead of the backward custom op.
+    """
+    need_dw = need_dw and w is not None
+    need_db = need_db and ctx.b_dtype is not None
+    if dy is None or not (need_dx or need_dw or need_db):
+        return None, None, None
+    if torch.is_grad_enabled():  # create_graph=True: the differentiable reference backward
+        acc = acc_dtype(x.dtype)
+        if ctx.training:  # the statistics as functions of x
+            mean, _, rstd = batch_norm_stats(x.to(acc), ctx.eps)
+            dx, dw, db = batch_norm_train_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
+        else:
+            shape = _stat_shape(x)
+            mean, rstd = stats[0].to(acc).reshape(shape), stats[2].to(acc).reshape(shape)
+            dx, dw, db = batch_norm_eval_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
+        return dx, dw, (db.to(ctx.b_dtype) if db is not None else None)
+    if eager:
+        dx, dw, db = _backward(dy, x, w, stats, ctx.training, need_dx, need_dw or need_db)
+    else:
+        dx, dw, db = batch_norm_bwd(dy, x, w, stats, ctx.training, need_dx, need_dw or need_db)
+    return (
+        dx if need_dx else None,
+        dw.to(w.dtype) if need_dw else None,
+        db.to(ctx.b_dtype) if need_db else None,
+    )
+
+
+def _setup(ctx, x, w, b, eps, stats, training):
+    ctx.save_for_backward(x, w, stats)
+    ctx.eps = eps
+    ctx.training = training
+    ctx.b_dtype = b.dtype if b is not None else None
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(stats)
+
+
+def _train_setup(ctx, inputs, output):
+    x, w, b, eps = inputs
+    _setup(ctx, x, w, b, eps, output[1], True)
+
+
+def _train_backward(ctx, dy, _dstats):
+    x, w, stats = ctx.saved_tensors
+    dx, dw, db = _grads(ctx, dy, x, w, stats, *ctx.needs_input_grad[:3])
+    return dx, dw, db, None
+
+
+def _eval_setup(ctx, inputs, output):
+    x, _, _, w, b, eps = inputs
+    _setup(ctx, x, w, b, eps, output[1], False)
+
+
+def _eval_backward(ctx, dy, _dstats):
+    x, w, stats = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[3], need[4])
+    return dx, None, None, dw, db, None
+
+
+batch_norm_train_fwd.register_autograd(_train_backward, setup_context=_train_setup)
+batch_norm_eval_fwd.register_autograd(_eval_backward, setup_context=_eval_setup)
+
+
+class _EagerBatchNorm(torch.autograd.Function):
+    """The custom ops' eager twin: same launchers, same backward, no dispatcher.
+
+    Returns ``(y, stats)``; ``stats`` is non-differentiable (training: it
+    feeds the running-statistic update).
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b, running_mean, running_var, training, eps):
+        y, sn = _forward(x, w, b, running_mean, running_var, training, eps)
+        stats = torch.from_numpy(sn)
+        _setup(ctx, x, w, b, eps, stats, training)
+        return y, stats
+
+    @staticmethod
+    def backward(ctx, dy, _dstats):
+        x, w, stats = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[1], need[2], eager=True)
+        return dx, dw, db, None, None, None, None
+
+
+# --------------------------------------------------------------------------
+# Entry point (called by normlab.functional after its argument checks)
+# --------------------------------------------------------------------------
+
+
+def _needs_graph(x, w, b) -> bool:
+    """Whether autograd must record this call (else the launcher runs alone)."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
+    )
+
+
+def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, backend="ref"):
+    """BatchNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
+
+    ``training=True``: normalise with the batch's statistics and, when
+    ``running_mean``/``running_var`` are given, update them in place with
+    weight ``momentum`` (``running = (1 - momentum) * running + momentum *
+    stat``, the *unbiased* variance ``var * n / (n - 1)`` for ``running_var``,
+    blended in float64 and rounded once to each buffer's dtype).
+    ``training=False``: normalise with the running statistics, left untouched.
+
+    ``backend``: ``"ref"`` (``reference.py``) or ``"cpu"`` (the Numba kernels;
+    an empty batch takes the reference path).
+    """
+    if backend == "ref":
+        return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
+    if backend != "cpu":
+        raise RuntimeError(
+            f"normlab batch_norm: backend {backend!r} does not implement batch_norm; "
+            f"available for batch_norm: ['ref', 'cpu']"
+        )
+    if x.numel() == 0:
+        return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
+    xc = _canonical(x)  # the one copy of an input that is neither contiguous nor channels-last
+    update = training and running_mean is not None
+    if not torch.compiler.is_compiling():
+        rm, rv = (None, None) if training else (running_mean, running_var)
+        if _needs_graph(xc, w, b):
+            y, stats = _EagerBatchNorm.apply(xc, w, b, rm, rv, training, eps)
+            sn = stats.numpy()
+        else:
+            y, sn = _forward(xc, w, b, rm, rv, training, eps)
+        if update:
+            _update_running(running_mean, running_var, sn, x.numel() // x.shape[1], momentum)
+        return y
+    if training:
+        y, stats = batch_norm_train_fwd(xc, w, b, eps)
+        if update:
+            batch_norm_update_stats(running_mean, running_var, stats, x.numel() // x.shape[1], momentum)
+    else:
+        y, _ = batch_norm_eval_fwd(xc, running_mean, running_var, w, b, eps)
+    return y

@@ -1,0 +1,473 @@
+"""The ``"cpu"`` backend (Numba kernels) of BatchNorm.
+
+Oracles: the reference path (backend ``"ref"``), torch.nn.functional /
+torch.nn, and a float64 computation from the same (rounded) inputs.
+Low-precision results must be within 2x the error of rounding the float64
+result to their dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as TF
+from torch.autograd import gradcheck, gradgradcheck
+
+import normlab
+import normlab.functional as NF
+from normlab import _backend
+from normlab.ops.batch_norm import op as bn_op
+from tests.oracle import assert_within_rounding, rel_err
+
+HALF = (torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+TIGHT = {torch.float32: 2e-6, torch.float64: 1e-12}
+
+
+def _randn(shape, dtype=torch.float32, seed=0, scale=1.0, shift=0.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def _params(c, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w = (1 + 0.5 * torch.randn(c, generator=g, dtype=torch.float64)).to(dtype)
+    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
+    rm = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
+    rv = (0.5 + torch.rand(c, generator=g, dtype=torch.float64)).to(dtype)
+    return w, b, rm, rv
+
+
+# name -> input of logical shape (N, C, ...)
+def _layout(name, dtype, seed=0, shift=0.0):
+    def r(shape):
+        return _randn(shape, dtype, seed, 2.0, shift)
+
+    return {
+        "NC": lambda: r((37, 5)),
+        "NCL": lambda: r((6, 3, 11)),
+        "NCHW": lambda: r((5, 4, 6, 7)),
+        "NCHW_channels_last": lambda: r((5, 4, 6, 7)).contiguous(memory_format=torch.channels_last),
+        "NCDHW": lambda: r((3, 3, 4, 3, 5)),
+        "NCDHW_channels_last_3d": lambda: r((3, 3, 4, 3, 5)).contiguous(memory_format=torch.channels_last_3d),
+        "NCL_transposed": lambda: r((6, 11, 3)).transpose(1, 2),
+        "NCHW_permuted": lambda: r((4, 2, 6, 5)).permute(1, 3, 0, 2),
+        "NCHW_channels_last_sliced": lambda: r((5, 4, 6, 14)).contiguous(memory_format=torch.channels_last)[..., ::2],
+        "NCHW_1x1": lambda: r((9, 6, 1, 1)),
+    }[name]()
+
+
+LAYOUTS = ["NC", "NCL", "NCHW", "NCHW_channels_last", "NCDHW", "NCDHW_channels_last_3d",
+           "NCL_transposed", "NCHW_permuted", "NCHW_channels_last_sliced", "NCHW_1x1"]
+
+
+def _run(backend, x, w, b, rm, rv, training, momentum=0.1, dy=None, fn=None):
+    """Output, gradients (x, w, b that exist) and the running stats after one call."""
+    xr = x.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+    wr = w.detach().clone().requires_grad_() if w is not None else None
+    br = b.detach().clone().requires_grad_() if b is not None else None
+    rm = rm.clone() if rm is not None else None
+    rv = rv.clone() if rv is not None else None
+    ctx = normlab.use_backend(backend) if backend else contextlib.nullcontext()
+    with ctx:
+        y = (fn or NF.batch_norm)(xr, rm, rv, wr, br, training, momentum, 1e-5)
+        if dy is None:
+            dy = _randn(y.shape, y.dtype, seed=7)
+        leaves = [t for t in (xr, wr, br) if t is not None]
+        grads = torch.autograd.grad(y, leaves, dy)
+    return y, list(grads), rm, rv
+
+
+def _f64(t):
+    return None if t is None else t.double()
+
+
+# ----------------------------------------------------------------------------
+# Against the reference path, torch, and float64
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_matches_reference_torch_and_float64(layout, dtype, training):
+    x = _layout(layout, dtype, shift=1.0)
+    w, b, rm, rv = _params(x.shape[1], dtype)
+    dy = _randn(x.shape, dtype, seed=3)
+    y, grads, rm1, rv1 = _run("cpu", x, w, b, rm, rv, training, dy=dy)
+    yt, gradst, rmt, rvt = _run(None, x, w, b, rm, rv, training, dy=dy, fn=TF.batch_norm)
+    assert y.dtype == yt.dtype and y.shape == yt.shape
+    assert y.stride() == yt.stride(), (y.stride(), yt.stride())  # torch's memory format
+    assert grads[0].stride() == gradst[0].stride()
+    assert [g.dtype for g in grads] == [g.dtype for g in gradst]
+    if dtype in HALF:  # 2x the rounding error of the float64 result from the same inputs
+        y64, g64, rm64, rv64 = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), training,
+                                    dy=dy.double(), fn=TF.batch_norm)
+        for name, a, r64 in zip(["y", "dx", "dw", "db"], [y, *grads], [y64, *g64]):
+            assert_within_rounding(a, r64, 2.0, f"{layout} {name}")
+        for a, r64 in ((rm1, rm64), (rv1, rv64)):  # one rounding of the float64 blend
+            assert_within_rounding(a, r64, 1.0, f"{layout} running")
+        return
+    yr, gradsr, rmr, rvr = _run("ref", x, w, b, rm, rv, training, dy=dy)
+    for name, a, r, t in zip(["y", "dx", "dw", "db", "rm", "rv"], [y, *grads, rm1, rv1],
+                             [yr, *gradsr, rmr, rvr], [yt, *gradst, rmt, rvt]):
+        assert rel_err(a, r) < TIGHT[dtype], (name, rel_err(a, r))
+        assert rel_err(a, t) < 10 * TIGHT[dtype], (name, rel_err(a, t))
+    if training:
+        assert not torch.equal(rm1, rm)
+    else:
+        assert torch.equal(rm1, rm) and torch.equal(rv1, rv)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("affine", ["w", "b", "none"])
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last"])
+def test_weight_or_bias_absent(training, affine, layout):
+    x = _layout(layout, torch.float32)
+    w, b, rm, rv = _params(x.shape[1], torch.float32)
+    w = w if affine == "w" else None
+    b = b if affine == "b" else None
+    got = _run("cpu", x, w, b, rm, rv, training)
+    ref = _run(None, x, w, b, rm, rv, training, fn=TF.batch_norm)
+    assert len(got[1]) == len(ref[1])
+    for a, r in zip([got[0], *got[1], got[2], got[3]], [ref[0], *ref[1], ref[2], ref[3]]):
+        assert rel_err(a, r) < 2e-5
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_only_some_inputs_need_gradients(training):
+    x = _layout("NCHW_channels_last", torch.float32)
+    w, b, rm, rv = _params(x.shape[1], torch.float32)
+    dy = _randn(x.shape, seed=5)
+    for wants in [(False, True, False), (True, False, False), (False, False, True)]:
+        leaves = [t.clone().requires_grad_(want) for t, want in zip((x, w, b), wants)]
+        outs = []
+        for backend in ("cpu", "ref"):
+            with normlab.use_backend(backend):
+                y = NF.batch_norm(leaves[0], rm.clone(), rv.clone(), leaves[1], leaves[2], training)
+            outs.append(torch.autograd.grad(y, [t for t in leaves if t.requires_grad], dy))
+        for a, r in zip(*outs):
+            assert rel_err(a, r) < 2e-6
+
+
+def test_mixed_precision_half_input_float32_params():
+    """bfloat16/float16 input with float32 weight, bias and running stats, like torch allows."""
+    for dtype in HALF:
+        x = _layout("NCHW_channels_last", dtype, shift=1.0)
+        w, b, rm, rv = _params(x.shape[1], torch.float32)
+        dy = _randn(x.shape, dtype, seed=3)
+        y, grads, rm1, rv1 = _run("cpu", x, w, b, rm, rv, True, dy=dy)
+        assert y.dtype == dtype and [g.dtype for g in grads] == [dtype, torch.float32, torch.float32]
+        assert rm1.dtype == torch.float32
+        y64, g64, rm64, rv64 = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True,
+                                    dy=dy.double(), fn=TF.batch_norm)
+        for name, a, r64 in zip(["y", "dx"], [y, grads[0]], [y64, g64[0]]):
+            assert_within_rounding(a, r64, 2.0, name)
+        for a, r64 in ((grads[1], g64[1]), (grads[2], g64[2]), (rm1, rm64), (rv1, rv64)):
+            assert rel_err(a, r64) < 1e-6
+
+
+def test_many_chunks_tasks_and_column_blocks(monkeypatch):
+    """Tiny geometry constants: chunk, task and column-block boundaries everywhere (and
+    planes cut across column blocks), against the reference path."""
+    monkeypatch.setattr(bn_op, "COLUMN_BLOCK", 7)
+    monkeypatch.setattr(bn_op, "CHUNK_ELEMS", 20)
+    monkeypatch.setattr(bn_op, "MAX_CHUNK_ROWS", 5)
+    monkeypatch.setattr(bn_op, "TASK_ELEMS", 90)
+    bn_op.geometry.cache_clear()
+    try:
+        for layout in ("NC", "NCHW", "NCHW_channels_last", "NCL"):
+            for dtype in (torch.float64, torch.float32):
+                x = _layout(layout, dtype, shift=3.0)
+                w, b, rm, rv = _params(x.shape[1], dtype)
+                for training in (True, False):
+                    got = _run("cpu", x, w, b, rm, rv, training)
+                    ref = _run("ref", x, w, b, rm, rv, training)
+                    for a, r in zip([got[0], *got[1], got[2], got[3]], [ref[0], *ref[1], ref[2], ref[3]]):
+                        assert rel_err(a, r) < TIGHT[dtype], (layout, dtype, training)
+    finally:
+        bn_op.geometry.cache_clear()
+
+
+def test_empty_batch_and_gradient_of_an_expanded_dy():
+    x = torch.randn(0, 3, 2, 2, requires_grad=True)
+    w, b = torch.ones(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    with normlab.use_backend("cpu"):
+        y = NF.batch_norm(x, rm, rv, w, b, False)
+        y.sum().backward()
+        assert y.shape == x.shape and torch.equal(w.grad, torch.zeros(3))
+        # y.sum().backward() hands the op an expanded (stride 0) dy
+        xc = _layout("NCHW_channels_last", torch.float32).requires_grad_()
+        NF.batch_norm(xc, None, None, None, None, True).sum().backward()
+    xt = xc.detach().clone(memory_format=torch.channels_last).requires_grad_()
+    TF.batch_norm(xt, None, None, None, None, True).sum().backward()
+    assert xc.grad.stride() == xt.grad.stride()
+    assert (xc.grad - xt.grad).abs().max() < 1e-5
+
+
+def test_forward_saves_input_weight_and_statistics_only():
+    saved = []
+    x = _randn((8, 4, 3, 3)).requires_grad_()
+    w, b = torch.ones(4, requires_grad=True), torch.zeros(4, requires_grad=True)
+    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(tuple(t.shape)) or t, lambda t: t
+    ):
+        NF.batch_norm(x, torch.zeros(4), torch.ones(4), w, b, True)
+    assert sorted(saved) == sorted([(8, 4, 3, 3), (4,), (3, 4)])  # x, w, (mean, var, rstd)
+
+
+# ----------------------------------------------------------------------------
+# Running statistics, through the modules (momentum=None: cumulative average)
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("kind", ["1d", "2d_channels_last"])
+def test_module_running_statistics_match_torch(momentum, kind):
+    c = 6
+    if kind == "1d":
+        ours, theirs = normlab.nn.BatchNorm1d(c, momentum=momentum), torch.nn.BatchNorm1d(c, momentum=momentum)
+        shape, fmt = (16, c, 5), torch.contiguous_format
+    else:
+        ours, theirs = normlab.nn.BatchNorm2d(c, momentum=momentum), torch.nn.BatchNorm2d(c, momentum=momentum)
+        shape, fmt = (4, c, 5, 3), torch.channels_last
+    with normlab.use_backend("cpu"):
+        for step in range(3):
+            x = _randn(shape, seed=10 + step, scale=1.5, shift=step).contiguous(memory_format=fmt)
+            torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+        for name in ("running_mean", "running_var"):
+            torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-6, atol=1e-6)
+        assert int(ours.num_batches_tracked) == int(theirs.num_batches_tracked) == 3
+        ours.eval(), theirs.eval()
+        x = _randn(shape, seed=20).contiguous(memory_format=fmt)
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_running_update_formula_in_the_buffer_dtype(buf_dtype):
+    """running = (1 - m) * running + m * stat, unbiased var, formed in float64 and rounded once."""
+    x_dtype = torch.float64 if buf_dtype == torch.float64 else torch.float32
+    x = _randn((7, 3, 5), x_dtype, seed=21, shift=2.0)
+    _, _, rm, rv = _params(3, buf_dtype)
+    rm1, rv1 = rm.clone(), rv.clone()
+    with normlab.use_backend("cpu"):
+        if buf_dtype in HALF:  # half buffers come with half input
+            x = x.to(buf_dtype)
+        NF.batch_norm(x, rm1, rv1, None, None, True, 0.3)
+    xc = x.double().transpose(0, 1).reshape(3, -1)
+    exp_m = 0.7 * rm.double() + 0.3 * xc.mean(dim=1)
+    exp_v = 0.7 * rv.double() + 0.3 * xc.var(dim=1, correction=1)
+    assert rm1.dtype == buf_dtype
+    if buf_dtype == torch.float64:
+        torch.testing.assert_close(rm1, exp_m, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(rv1, exp_v, rtol=1e-14, atol=1e-14)
+    else:  # the exact blend rounded once
+        assert torch.equal(rm1, exp_m.to(buf_dtype)) and torch.equal(rv1, exp_v.to(buf_dtype))
+
+
+# ----------------------------------------------------------------------------
+# Gradients: gradcheck and gradgradcheck in float64
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["NC", "NCHW", "NCHW_channels_last"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("affine", ["wb", "none"])
+def test_gradcheck_and_gradgradcheck(layout, training, affine):
+    shape = {"NC": (5, 3), "NCHW": (3, 2, 2, 3), "NCHW_channels_last": (3, 2, 2, 3)}[layout]
+    x = _randn(shape, torch.float64, seed=2)
+    if layout == "NCHW_channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = _params(shape[1], torch.float64, seed=3)
+    inputs = [x.requires_grad_()] + ([w.requires_grad_(), b.requires_grad_()] if affine == "wb" else [])
+
+    def f(x, w=None, b=None):
+        if training:  # no running stats: nothing changes between gradcheck's calls
+            return NF.batch_norm(x, None, None, w, b, True, eps=1e-3)
+        return NF.batch_norm(x, rm, rv, w, b, False, eps=1e-3)
+
+    with normlab.use_backend("cpu"):
+        assert gradcheck(f, tuple(inputs))
+        assert gradgradcheck(f, tuple(inputs))
+
+
+# ----------------------------------------------------------------------------
+# Determinism, NaN, numerics
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["rows", "planes_local", "planes", "channels_last"])
+def test_bitwise_identical_for_1_and_2_threads(dtype, layout):
+    # above the serial threshold (_numba.SERIAL_ELEMS), with several tasks: row groups
+    # and column blocks merged after (rows, planes, channels_last), or channel blocks
+    # finished by their task (planes_local)
+    shape = {"rows": (8192, 96), "planes_local": (12, 40, 17, 19), "planes": (600, 8, 20, 24),
+             "channels_last": (64, 48, 16, 16)}[layout]
+    x = _randn(shape, dtype, seed=4, shift=0.5)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = _params(shape[1], dtype)
+    dy = _randn(shape, dtype, seed=5)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 2, 1):
+            torch.set_num_threads(n)
+            for training in (True, False):
+                y, grads, rm1, rv1 = _run("cpu", x, w, b, rm, rv, training, dy=dy)
+                results.append([y, *grads, rm1, rv1])
+        for i in range(2, len(results)):  # (threads, mode) runs against the first run of the mode
+            for a, o in zip(results[i % 2], results[i]):
+                assert torch.equal(a, o)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last", "NC"])
+def test_nan_propagates_like_torch(training, layout):
+    x = _layout(layout, torch.float32)
+    x[(1, 1) + (2,) * (x.dim() - 2)] = float("nan")
+    w, b, rm, rv = _params(x.shape[1], torch.float32)
+    dy = _randn(x.shape, seed=8)
+    got = _run("cpu", x, w, b, rm, rv, training, dy=dy)
+    tor = _run(None, x, w, b, rm, rv, training, dy=dy, fn=TF.batch_norm)
+    for a, t in zip([got[0], *got[1], got[2], got[3]], [tor[0], *tor[1], tor[2], tor[3]]):
+        assert torch.equal(a.isnan(), t.isnan())
+    assert got[0].isnan().any()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last", "NC"])
+def test_float32_large_mean_channels(layout):
+    """mean 1e4, std 1: output and gradient within 1e-3 of float64 from the same input (in
+    fact ~1e-6: the mean is kept in float64 and split into hi + lo)."""
+    shape = (4096, 3) if layout == "NC" else (16, 3, 16, 16)
+    x = _randn(shape, torch.float32, seed=41, scale=1.0, shift=1e4)
+    if layout == "NCHW_channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = _params(3, torch.float32)
+    dy = _randn(shape, seed=42)
+    got = _run("cpu", x, w, b, rm, rv, True, dy=dy)
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
+    assert (got[0].double() - exact[0]).abs().max() < 1e-5
+    assert (got[1][0].double() - exact[1][0]).abs().max() < 1e-5 * exact[1][0].abs().max()
+    assert rel_err(got[2], exact[2]) < 1e-7  # running mean: the float64 mean rounded once
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["NCL", "NCHW_channels_last", "NC"])
+def test_constant_channel_gives_exactly_beta(dtype, layout):
+    x = _layout(layout, dtype)
+    x[:, 1] = 3.7
+    w, b, _, _ = _params(x.shape[1], dtype)
+    with normlab.use_backend("cpu"):
+        y = NF.batch_norm(x, None, None, w, b, True)
+    assert torch.equal(y[:, 1], b[1].expand_as(y[:, 1]))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last"])
+def test_half_within_twice_rounding_error_on_large_channels(dtype, layout):
+    """32768 values per channel: y, dx, dw, db within 2x the error of rounding the float64 result."""
+    x = _randn((128, 8, 16, 16), dtype, seed=50, scale=3.0, shift=2.0)
+    if layout == "NCHW_channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = _params(8, dtype)
+    dy = _randn(x.shape, dtype, seed=51, shift=0.3)
+    got = _run("cpu", x, w, b, rm, rv, True, dy=dy)
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], [got[0], *got[1]], [exact[0], *exact[1]]):
+        assert_within_rounding(a, r64, 2.0, name)
+
+
+# ----------------------------------------------------------------------------
+# torch.compile, backend registry
+# ----------------------------------------------------------------------------
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn2 = normlab.nn.BatchNorm2d(4)
+        self.lin = torch.nn.Linear(4 * 5 * 5, 6)
+        self.bn1 = normlab.nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        h = self.bn2(self.conv(x)).relu()
+        return self.bn1(self.lin(h.flatten(1)))
+
+
+def _eager_and_compiled(backend, channels_last, modes=(True, True, False)):
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(8, 3, 5, 5)
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    results = []
+    with normlab.use_backend("cpu"):
+        for compiled in (False, True):
+            m = _Net()
+            m.load_state_dict(net.state_dict())
+            if channels_last:
+                m = m.to(memory_format=torch.channels_last)
+            run = torch.compile(m, fullgraph=True, backend=backend) if compiled else m
+            out = []
+            for train in modes:  # default: two training steps, then eval
+                m.train(train)
+                xx = x.clone().requires_grad_()
+                y = run(xx)
+                y.backward(torch.ones_like(y) * torch.arange(6.0))
+                out += [y.detach(), xx.grad]
+            out += [p.grad.clone() for p in m.parameters()] + [b.clone() for b in m.buffers()]
+            results.append(out)
+    return results
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_torch_compile_fullgraph_uses_the_custom_ops(channels_last):
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = {}
+
+    def record(name):
+        def compiler(gm, example_inputs):
+            for n in gm.graph.nodes:  # the mutating update appears as auto_functionalized(op, ...)
+                target = str(n.args[0]) if "auto_functionalized" in str(n.target) else str(n.target)
+                if "normlab" in target:
+                    seen.setdefault(name, set()).add(target)
+            return make_boxed_func(gm)
+
+        return compiler
+
+    torch._dynamo.reset()
+    eager, compiled = _eager_and_compiled(aot_autograd(fw_compiler=record("fw"), bw_compiler=record("bw")),
+                                          channels_last)
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+    assert seen["fw"] == {"normlab.batch_norm_train_fwd.default", "normlab.batch_norm_update_stats.default",
+                          "normlab.batch_norm_eval_fwd.default"}
+    assert seen["bw"] == {"normlab.batch_norm_bwd.default"}
+
+
+def test_torch_compile_inductor_matches_eager():
+    """Training steps only (one forward and one backward graph to compile: inductor is slow)."""
+    torch._dynamo.reset()
+    eager, compiled = _eager_and_compiled("inductor", True, modes=(True, True))
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_backend_registry():
+    x = torch.randn(4, 3)
+    with normlab.use_backend("auto"):
+        assert _backend.resolve(x, "batch_norm") == "cpu"
+        assert _backend.resolve(x.to("meta"), "batch_norm") == "ref"
+    with normlab.use_backend("cpu"), pytest.raises(RuntimeError, match="cannot serve"):
+        _backend.resolve(x.to("meta"), "batch_norm")
