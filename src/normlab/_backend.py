@@ -8,9 +8,10 @@ Backends by name:
 
 Further backends (fused CPU kernels) register themselves with
 :func:`register_backend`, naming the ops they implement: ``"cpu"`` is
-registered by each ``ops`` family that has kernels (``ops/layer_norm`` for
-``layer_norm``, ``rms_norm``, ``add_layer_norm``, ``add_rms_norm``). An
-explicit request that cannot serve a tensor (or does not implement the op)
+registered by each ``ops`` family for the ops it has kernels for
+(``ops/layer_norm``: ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
+``add_rms_norm``; ``ops/batch_norm``: ``batch_norm``; ``ops/group_norm``:
+``group_norm``, ``instance_norm``). An explicit request that cannot serve a tensor (or does not implement the op)
 raises an error that lists what is available.
 
 The choice comes from, in order of precedence: :func:`use_backend` (a context
