@@ -47,6 +47,9 @@ import torch
 from torch import Tensor
 
 from .. import _numba
+from .._launch import bits as _bits
+from .._launch import kernels_loader
+from .._launch import param as _param
 from .._common import acc_dtype
 from .reference import (
     _memory_format,
@@ -118,46 +121,11 @@ def geometry(n_rows: int, width: int, s_len: int, local_elems: int) -> tuple[int
 # Views and launchers
 # --------------------------------------------------------------------------
 
-_kernels = None
+_k = kernels_loader(__package__)  # kernels.py, imported (numba and all) on first use
 
 
-def _k():
-    """``kernels.py``, imported (numba and all) on the first kernel call."""
-    global _kernels
-    if _kernels is None:
-        from . import kernels
-
-        _kernels = kernels
-    return _kernels
 
 
-_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
-
-
-def _bits(t: Tensor):
-    """A numpy view of ``t``'s storage: bfloat16 as int16 bits, float16 as uint16 bits."""
-    as_bits = _BITS.get(t.dtype)
-    if as_bits is not None:
-        return t.detach().view(as_bits).numpy()
-    return (t.detach() if t.requires_grad else t).numpy()
-
-
-_FILL: dict = {}  # (n, dtype, value) -> read-only array of ones / zeros
-
-
-def _param(p: Optional[Tensor], n: int, acc: torch.dtype, fill: float):
-    """Weight or bias as a contiguous (C,) array in the accumulation dtype (``fill`` if None)."""
-    if p is None:
-        key = (n, acc, fill)
-        arr = _FILL.get(key)
-        if arr is None:
-            if len(_FILL) > 64:
-                _FILL.clear()
-            arr = _FILL[key] = torch.full((n,), fill, dtype=acc).numpy()
-        return arr
-    if p.dtype != acc or not p.is_contiguous():
-        p = p.detach().to(acc).contiguous()
-    return (p.detach() if p.requires_grad else p).numpy()
 
 
 _scratch = threading.local()  # .work: this thread's float64 scratch for the kernels' partials

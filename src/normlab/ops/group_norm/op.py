@@ -51,6 +51,9 @@ import torch
 from torch import Tensor
 
 from .. import _numba
+from .._launch import bits as _bits
+from .._launch import kernels_loader
+from .._launch import param as _param
 from .._common import acc_dtype, to_acc
 from .reference import (
     GroupNormFunction,
@@ -67,22 +70,10 @@ from .reference import (
 # Launchers
 # --------------------------------------------------------------------------
 
-_kernels = None
+_k = kernels_loader(__package__)  # kernels.py, imported (numba and all) on first use
 
 
-def _k():
-    """``kernels.py``, imported (numba and all) on the first kernel call."""
-    global _kernels
-    if _kernels is None:
-        from . import kernels
-
-        _kernels = kernels
-    return _kernels
-
-
-_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
 _ACC = {torch.float64: torch.float64}  # accumulation dtype; float32 for the rest
-_FILL: dict = {}  # (n, dtype, value) -> read-only array of ones / zeros
 
 
 # Values per task of the NCHW kernels (whole groups, at least one): enough work to
@@ -117,12 +108,9 @@ def _array(t: Tensor, shape, nhwc: bool = False, out: bool = False):
     t = t.detach()
     if nhwc:
         t = t.permute(0, 2, 1)
-    as_bits = _BITS.get(t.dtype)
-    if as_bits is not None:
-        t = t.view(as_bits)
     if out:
-        return t.view(shape).numpy()
-    return t.numpy().reshape(shape)
+        return _bits(t.view(shape))
+    return _bits(t).reshape(shape)
 
 
 def _stats_array(t: Tensor, acc: torch.dtype):
@@ -131,22 +119,6 @@ def _stats_array(t: Tensor, acc: torch.dtype):
     if t.dtype != acc or not t.is_contiguous():
         t = t.to(acc).contiguous()
     return t.view(-1).numpy()
-
-
-def _param(p: Optional[Tensor], n: int, acc: torch.dtype, fill: float):
-    """Weight or bias as a contiguous (C,) array in the accumulation dtype (``fill`` if None)."""
-    if p is None:
-        key = (n, acc, fill)
-        arr = _FILL.get(key)
-        if arr is None:
-            if len(_FILL) > 64:
-                _FILL.clear()
-            arr = _FILL[key] = torch.full((n,), fill, dtype=acc).numpy()
-        return arr
-    p = p.detach()
-    if p.dtype != acc or not p.is_contiguous():
-        p = p.to(acc).contiguous()
-    return p.numpy()
 
 
 def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buffer=True):

@@ -36,6 +36,9 @@ import torch
 from torch import Tensor
 
 from .. import _numba
+from .._launch import bits as _bits
+from .._launch import kernels_loader
+from .._launch import param as _param
 from .._common import acc_dtype, to_acc
 from .reference import (
     LayerNormFunction,
@@ -50,48 +53,12 @@ from .reference import (
 # Launchers
 # --------------------------------------------------------------------------
 
-_kernels = None
+_k = kernels_loader(__package__)  # kernels.py, imported (numba and all) on first use
 
 
-def _k():
-    """``kernels.py``, imported (numba and all) on the first kernel call."""
-    global _kernels
-    if _kernels is None:
-        from . import kernels
-
-        _kernels = kernels
-    return _kernels
-
-
-_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
-
-
-def _bits(t: Tensor):
-    """A numpy view of ``t``'s storage: bfloat16 as int16 bits, float16 as uint16 bits."""
-    if t.requires_grad:
-        t = t.detach()
-    as_bits = _BITS.get(t.dtype)
-    return (t if as_bits is None else t.view(as_bits)).numpy()
 
 
 _ACC = {torch.float64: torch.float64}  # accumulation dtype; float32 for the rest
-_FILL: dict = {}  # (n_cols, dtype, value) -> read-only array of ones / zeros
-
-
-def _param(p: Optional[Tensor], n_cols: int, acc: torch.dtype, fill: float):
-    """Weight or bias as a contiguous (n_cols,) array in the accumulation dtype (``fill`` if None)."""
-    if p is None:
-        key = (n_cols, acc, fill)
-        arr = _FILL.get(key)
-        if arr is None:
-            if len(_FILL) > 64:
-                _FILL.clear()
-            arr = _FILL[key] = torch.full((n_cols,), fill, dtype=acc).numpy()
-        return arr
-    p = p.detach()
-    if p.dtype != acc or not p.is_contiguous():
-        p = p.to(acc).contiguous()
-    return (p if p.dim() == 1 else p.reshape(-1)).numpy()
 
 
 def _forward(x, res, w, b, eps, center):
