@@ -180,6 +180,31 @@ def _values_per_channel(x: torch.Tensor) -> int:
     return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
 
 
+_PER_CHANNEL = "one value per channel, C = input.shape[1]"
+
+
+def _check_channels_input(fn: str, x: torch.Tensor) -> None:
+    """``x`` has a channel dim: shape ``(N, C, *)``."""
+    if x.dim() < 2:
+        raise RuntimeError(
+            f"{fn}: expected an input of shape (N, C, *) with at least 2 dims, "
+            f"got input of shape {list(x.shape)}"
+        )
+
+
+def _check_running_pair(fn: str, running_mean, running_var) -> None:
+    if (running_mean is None) != (running_var is None):
+        raise ValueError(
+            f"{fn}: running_mean and running_var must either both be None or neither be None"
+        )
+
+
+def _check_per_channel(fn: str, x: torch.Tensor, **tensors) -> None:
+    """Each of ``tensors`` (or None) holds one value per channel of ``x``."""
+    for name, p in tensors.items():
+        check_param(fn, name, p, x, (x.shape[1],), _PER_CHANNEL)
+
+
 def batch_norm(
     input: torch.Tensor,
     running_mean: torch.Tensor | None,
@@ -203,24 +228,15 @@ def batch_norm(
     """
     fn = "batch_norm"
     check_input(fn, input)
-    if input.dim() < 2:
-        raise RuntimeError(
-            f"{fn}: expected an input of shape (N, C, *) with at least 2 dims, "
-            f"got input of shape {list(input.shape)}"
-        )
-    if (running_mean is None) != (running_var is None):
-        raise ValueError(
-            f"{fn}: running_mean and running_var must either both be None or neither be None"
-        )
+    _check_channels_input(fn, input)
+    _check_running_pair(fn, running_mean, running_var)
     if not training and running_mean is None:
         raise RuntimeError(
             f"{fn}: running_mean must be defined in evaluation mode (training=False); "
             f"pass training=True to normalise with the batch's own statistics"
         )
-    c = input.shape[1]
-    for name, p in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
+    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
+                       weight=weight, bias=bias)
     _check_momentum(fn, momentum)
     check_eps(fn, eps)
     if training and _values_per_channel(input) == 1:
@@ -245,11 +261,7 @@ def group_norm(
     then a per-channel affine ``weight``/``bias``."""
     fn = "group_norm"
     check_input(fn, input)
-    if input.dim() < 2:
-        raise RuntimeError(
-            f"{fn}: expected an input of shape (N, C, *) with at least 2 dims, "
-            f"got input of shape {list(input.shape)}"
-        )
+    _check_channels_input(fn, input)
     if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool) or num_groups <= 0:
         raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
     c = input.shape[1]
@@ -258,8 +270,7 @@ def group_norm(
             f"{fn}: expected the number of channels ({c}, input.shape[1] of input shape "
             f"{list(input.shape)}) to be divisible by num_groups ({num_groups})"
         )
-    check_param(fn, "weight", weight, input, (c,), "one value per channel, C = input.shape[1]")
-    check_param(fn, "bias", bias, input, (c,), "one value per channel, C = input.shape[1]")
+    _check_per_channel(fn, input, weight=weight, bias=bias)
     check_eps(fn, eps)
     if input.shape[0] * (c // num_groups) * math.prod(input.shape[2:]) == 1:
         raise ValueError(  # each group would hold a single value: its variance is 0
@@ -289,18 +300,13 @@ def instance_norm(
             f"{fn}: expected an input of shape (N, C, *spatial) with at least 3 dims, "
             f"got input of shape {list(input.shape)}; add a batch dim with x.unsqueeze(0)"
         )
-    if (running_mean is None) != (running_var is None):
-        raise ValueError(
-            f"{fn}: running_mean and running_var must either both be None or neither be None"
-        )
+    _check_running_pair(fn, running_mean, running_var)
     if not use_input_stats and running_mean is None:
         raise RuntimeError(
             f"{fn}: expected running_mean and running_var when use_input_stats=False, got None"
         )
-    c = input.shape[1]
-    for name, p in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        check_param(fn, name, p, input, (c,), "one value per channel, C = input.shape[1]")
+    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
+                       weight=weight, bias=bias)
     _check_momentum(fn, momentum)
     check_eps(fn, eps)
     if use_input_stats and math.prod(input.shape[2:]) == 1:
