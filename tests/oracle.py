@@ -16,8 +16,25 @@ def rounding_err(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return rel_err(ref.to(dtype), ref)
 
 
-def assert_within_rounding(got: torch.Tensor, ref: torch.Tensor, factor: float = 2.0, what: str = "") -> None:
-    """``got`` is within ``factor`` x the error of rounding the float64 ``ref`` to ``got``'s dtype."""
-    bound = factor * rounding_err(ref, got.dtype)
+def assert_within_rounding(
+    got: torch.Tensor, ref: torch.Tensor, factor: float = 2.0, what: str = "", dtype: torch.dtype | None = None
+) -> None:
+    """``got`` is within ``factor`` x the error of rounding the float64 ``ref`` to ``dtype``
+    (``got``'s own dtype unless given)."""
+    dtype = got.dtype if dtype is None else dtype
+    bound = factor * rounding_err(ref, dtype)
     err = rel_err(got, ref)
-    assert err <= bound, f"{what}: relative error {err:.3e} > {factor} x rounding error ({bound:.3e})"
+    assert err <= bound, f"{what}: relative error {err:.3e} > {factor} x rounding error to {dtype} ({bound:.3e})"
+
+
+def graph_nodes(t: torch.Tensor) -> list[str]:
+    """Class names of every autograd node that ``t`` was computed through."""
+    seen, stack, names = set(), [t.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names

@@ -15,6 +15,7 @@ from torch.autograd import gradcheck, gradgradcheck
 
 import normlab.functional as NF
 from normlab.ops import batch_norm as bn_ops
+from tests.oracle import assert_within_rounding, rel_err
 
 LOW = (torch.bfloat16, torch.float16)
 
@@ -203,10 +204,6 @@ def test_no_gradient_to_running_stats():
 # --------------------------------------------------------------------------
 
 
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.double() - ref).norm() / ref.norm()).item()
-
-
 @pytest.mark.parametrize("dtype", LOW, ids=["bf16", "f16"])
 @pytest.mark.parametrize("param_dtype", ["same", "float32"])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
@@ -225,8 +222,7 @@ def test_low_precision_error_within_twice_rounding(dtype, param_dtype, training,
         training, dy=dy.double(),
     )
     for name, ours, ref in zip(("y", "dx", "dw", "db"), (y, *grads), (y64, *grads64)):
-        rounding = _rel(ref.to(dtype), ref)
-        assert _rel(ours, ref) <= 2 * rounding, (name, _rel(ours, ref), rounding)
+        assert_within_rounding(ours, ref, 2.0, name, dtype=dtype)
     if training:  # running stats in the buffer's dtype
         for ours, ref in ((rm1, rm64), (rv1, rv64)):
             assert ours.dtype == pdt
@@ -322,7 +318,7 @@ def test_float32_mean_of_a_large_channel_is_accurate():
     (dw,) = torch.autograd.grad(y, w, dy)
     x64, w64 = x.double().requires_grad_(), torch.ones(2, dtype=torch.float64, requires_grad=True)
     (dw64,) = torch.autograd.grad(TF.batch_norm(x64, None, None, w64, None, True), w64, dy.double())
-    assert _rel(dw, dw64) <= 1e-5, _rel(dw, dw64)
+    assert rel_err(dw, dw64) <= 1e-5, rel_err(dw, dw64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

@@ -10,7 +10,7 @@ import torch.nn.functional as TF
 
 import normlab.functional as NF
 from normlab.ops import group_norm as gn_ops
-from tests.oracle import rel_err, rounding_err
+from tests.oracle import assert_within_rounding, graph_nodes, rel_err
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -146,18 +146,6 @@ def test_second_derivative_matches_torch():
         torch.testing.assert_close(ours, ref, atol=1e-10, rtol=1e-10)
 
 
-def _graph_nodes(t):
-    seen, stack, names = set(), [t.grad_fn], []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack.extend(n for n, _ in node.next_functions)
-    return names
-
-
 @pytest.mark.parametrize("fn,name", [
     (lambda x, w: NF.group_norm(x, 2, w), "GroupNormFunction"),
     (lambda x, w: NF.instance_norm(x, weight=w), "GroupNormFunction"),
@@ -168,7 +156,7 @@ def test_backward_is_the_hand_written_function(fn, name):
     """The graph holds our Function and no recorded reductions of the forward composite."""
     x = torch.randn(3, 4, 5, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
-    names = _graph_nodes(fn(x, w))
+    names = graph_nodes(fn(x, w))
     assert any(name in n for n in names), names
     assert not any(n.startswith(("Mean", "Sum", "Rsqrt", "Var", "Sub")) for n in names), names
 
@@ -387,13 +375,6 @@ def test_empty_spatial_instance_norm_op():
 # ----------------------------------------------------------------------------
 
 
-def _assert_within_rounding_of(got, ref, dtype, what):
-    """``got`` (any dtype) is within 2x the error of rounding the float64 ``ref`` to ``dtype``."""
-    bound = 2 * rounding_err(ref, dtype)
-    err = rel_err(got, ref)
-    assert err <= bound, f"{what}: relative error {err:.3e} > 2 x rounding error to {dtype} ({bound:.3e})"
-
-
 LP_CASES = [((4, 16, 9), 4, "contiguous"), ((2, 32, 6, 7), 8, "channels_last"),
             ((3, 12, 4, 5), 3, "sliced"), ((2, 8, 3, 4, 5), 2, "contiguous"), ((64, 24), 6, "contiguous")]
 
@@ -411,9 +392,9 @@ def test_group_norm_half_within_twice_rounding_error(dtype, param_dtype, x_shape
                         x.double(), [w.double(), b.double()], dy.double())
     assert y.dtype == dtype and grads[0].dtype == dtype
     assert grads[1].dtype == pdt and grads[2].dtype == pdt
-    _assert_within_rounding_of(y, y64, dtype, f"{dtype} y")
+    assert_within_rounding(y, y64, 2.0, f"{dtype} y", dtype=dtype)
     for name, g, g64 in zip(("dx", "dw", "db"), grads, grads64):
-        _assert_within_rounding_of(g, g64, dtype, f"{dtype} {name}")
+        assert_within_rounding(g, g64, 2.0, f"{dtype} {name}", dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -436,16 +417,16 @@ def test_instance_norm_half_within_twice_rounding_error(dtype, param_dtype, use_
                         x.double(), [w.double(), b.double()], dy.double())
     assert y.dtype == dtype and grads[0].dtype == dtype
     assert grads[1].dtype == pdt and grads[2].dtype == pdt
-    _assert_within_rounding_of(y, y64, dtype, f"{dtype} y")
+    assert_within_rounding(y, y64, 2.0, f"{dtype} y", dtype=dtype)
     for name, g, g64 in zip(("dx", "dw", "db"), grads, grads64):
-        _assert_within_rounding_of(g, g64, dtype, f"{dtype} {name}")
+        assert_within_rounding(g, g64, 2.0, f"{dtype} {name}", dtype=dtype)
     # the running statistics are stored in their own dtype, rounded once
     assert rm_ours.dtype == rv_ours.dtype == pdt
     for got, ref in ((rm_ours, rm64), (rv_ours, rv64)):
         if pdt == torch.float32:  # a few float32 ops from the float64 answer
             assert rel_err(got, ref) <= 1e-6
         else:
-            _assert_within_rounding_of(got, ref, pdt, "running statistics")
+            assert_within_rounding(got, ref, 2.0, "running statistics", dtype=pdt)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])

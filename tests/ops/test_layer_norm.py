@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import normlab
 import normlab.functional as NF
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import assert_within_rounding, graph_nodes, rel_err
 
 ALL_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 HALF_DTYPES = [torch.bfloat16, torch.float16]
@@ -68,18 +68,6 @@ def test_rms_norm_gradcheck_and_gradgradcheck(x_shape, norm_shape, affine):
     assert torch.autograd.gradgradcheck(fn, inputs)
 
 
-def _graph_nodes(t):
-    seen, stack, names = set(), [t.grad_fn], []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack.extend(n for n, _ in node.next_functions)
-    return names
-
-
 @pytest.mark.parametrize("fn,name", [
     (lambda x, w: NF.layer_norm(x, (4,), w), "LayerNormFunction"),
     (lambda x, w: NF.rms_norm(x, (4,), w), "RMSNormFunction"),
@@ -89,7 +77,7 @@ def test_backward_is_the_hand_written_function(fn, name):
     x = torch.randn(3, 4, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
     with normlab.use_backend("ref"):
-        names = _graph_nodes(fn(x, w))
+        names = graph_nodes(fn(x, w))
     assert any(name in n for n in names), names
     assert not any(n.startswith(("Mean", "Sum", "Rsqrt", "Var", "Sub")) for n in names), names
 
