@@ -450,6 +450,40 @@ def _grad_constants(w, mean, rstd, db, sum_dyxc, cnt, train, hi, a, k2, k0, c):
 
 
 # --------------------------------------------------------------------------
+# Tasks of the two passes
+# --------------------------------------------------------------------------
+
+# Phase 1 (elementwise, no reduction: any split gives the same bits) runs
+# tasks of whole rows, about this many values each.
+PHASE1_VALUES = 65536
+
+
+@njit(**HELPER_OPTIONS)
+def _n_tasks(n_rows, width, rows, cw, phase):
+    """Tasks of a pass: phase 0, one per (row group of ``rows`` rows, column block of
+    ``cw`` columns); phase 1, one per run of whole rows of about PHASE1_VALUES values."""
+    if phase == 0:
+        return ((n_rows + rows - 1) // rows) * ((width + cw - 1) // cw)
+    per = max(1, PHASE1_VALUES // width)
+    return (n_rows + per - 1) // per
+
+
+@njit(**HELPER_OPTIONS)
+def _task_span(task, phase, n_rows, width, rows, cw):
+    """``(g, r0, r1, c0, n)`` of a task: its row group ``g`` (phase 0), rows ``r0..r1``
+    and columns ``c0..c0+n``."""
+    if phase == 0:
+        n_cb = (width + cw - 1) // cw
+        g = task // n_cb
+        c0 = (task - g * n_cb) * cw
+        r0 = g * rows
+        return g, r0, min(r0 + rows, n_rows), c0, min(cw, width - c0)
+    per = max(1, PHASE1_VALUES // width)
+    r0 = task * per
+    return 0, r0, min(r0 + per, n_rows), 0, width
+
+
+# --------------------------------------------------------------------------
 # Kernels. Each kernel is a serial driver around one parallel pass function,
 # called once or twice: one ``prange`` loop per pass function, each helper
 # called from one place, so that numba and LLVM compile every loop once (the
@@ -465,35 +499,21 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
     column when S == 1)."""
     n_rows, width = x.shape
     n_ch = w.shape[0]
-    n_rg = (n_rows + rows - 1) // rows
-    n_cb = (width + cw - 1) // cw
-    per = max(1, 65536 // width)  # phase 1: rows per task (any split: no reduction)
-    n_tasks = n_rg * n_cb if phase == 0 else (n_rows + per - 1) // per
     mean = stats[0]
     var = stats[1]
     rstd = stats[2]
-    for task in prange(n_tasks):
-        r0 = 0
-        r1 = n_rows
-        c0 = 0
-        n = width
+    for task in prange(_n_tasks(n_rows, width, rows, cw, phase)):
+        g, r0, r1, c0, n = _task_span(task, phase, n_rows, width, rows, cw)
         ch0 = 0
         if phase == 0:
-            g = task // n_cb
-            c0 = (task - g * n_cb) * cw
-            n = min(cw, width - c0)
             tm = pmean[g][c0 : c0 + n]
             tq = pm2[g][c0 : c0 + n]
-            t0 = g * rows
-            _task_stats(x, t0, min(t0 + rows, n_rows), c0, n, sub, w, tm, tq)
-            if local:  # whole channels, every row: finish them here
+            _task_stats(x, r0, r1, c0, n, sub, w, tm, tq)
+            if local:  # whole channels, every row (r0 == 0, r1 == n_rows): finish them here
                 ch0 = c0 // s_len
                 for c in range(ch0, ch0 + n // s_len):
                     mean[c], var[c] = _channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, n_ch * s_len, n_rows)
                     _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
-        else:
-            r0 = task * per
-            r1 = min(r0 + per, n_rows)
         if phase == 1 or local:
             eh = hi
             ea = a
@@ -582,32 +602,21 @@ def _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, 
     constants and writes their dx. Phase 1: dx of every row."""
     n_rows, width = x.shape
     n_ch = w.shape[0]
-    n_rg = (n_rows + rows - 1) // rows
-    n_cb = (width + cw - 1) // cw
-    per = max(1, 65536 // width)
-    n_tasks = n_rg * n_cb if phase == 0 else (n_rows + per - 1) // per
     mean = stats[0]
     rstd = stats[2]
     cnt = n_rows * width // n_ch  # values per channel
-    for task in prange(n_tasks):
-        r0 = 0
-        r1 = n_rows
-        c0 = 0
-        n = width
+    for task in prange(_n_tasks(n_rows, width, rows, cw, phase)):
+        g, r0, r1, c0, n = _task_span(task, phase, n_rows, width, rows, cw)
         ch0 = 0
         if phase == 0:
-            g = task // n_cb
-            c0 = (task - g * n_cb) * cw
-            n = min(cw, width - c0)
             eh = np.empty(n, w.dtype)  # per column: hi, a of its channel
             ea = np.empty(n, w.dtype)
             _tile(eh, hi, c0, s_len)
             _tile(ea, a, c0, s_len)
             ty = pdy[g][c0 : c0 + n]
             tx = pdx[g][c0 : c0 + n]
-            t0 = g * rows
-            _task_grad_sums(dy, x, dx, t0, min(t0 + rows, n_rows), c0, n, sub, eh, ea, ty, tx, fused)
-            if local:  # whole channels, every row: finish them here
+            _task_grad_sums(dy, x, dx, r0, r1, c0, n, sub, eh, ea, ty, tx, fused)
+            if local:  # whole channels, every row (r0 == 0, r1 == n_rows): finish them here
                 ch0 = c0 // s_len
                 for c in range(ch0, ch0 + n // s_len):
                     sy, sx = _channel_sums(ty, tx, (c - ch0) * s_len, s_len, 1, n_ch * s_len)
@@ -615,9 +624,6 @@ def _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, 
                     db[c] = sy
                     dw[c] = sum_dyxc * rstd[c]  # sum(dy * x_hat)
                     _grad_constants(w, mean, rstd, sy, sum_dyxc, cnt, train, hi, a, k2, k0, c)
-        else:
-            r0 = task * per
-            r1 = min(r0 + per, n_rows)
         if phase == 1 or (local and need_dx and not fused):
             ea = a
             eh = hi

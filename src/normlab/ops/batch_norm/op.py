@@ -123,11 +123,6 @@ def geometry(n_rows: int, width: int, s_len: int, local_elems: int) -> tuple[int
 
 _k = kernels_loader(__package__)  # kernels.py, imported (numba and all) on first use
 
-
-
-
-
-
 _scratch = threading.local()  # .work: this thread's float64 scratch for the kernels' partials
 
 

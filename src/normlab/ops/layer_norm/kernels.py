@@ -14,13 +14,17 @@ Memory traffic per element:
 - backward: read x and dy (and dh), write dx; dw/db through per-chunk partials
 
 Each task (a fixed chunk of rows) owns scratch rows in the accumulation dtype.
-A row is converted into scratch once; every further pass runs over scratch in
-L1 cache, as plain elementwise loops that LLVM vectorizes. The row sums
-(:func:`_sum`, :func:`_dot`) are the only code compiled with
-``fastmath={"reassoc"}``: it lets LLVM split a sum into SIMD lanes, which only
-reorders the additions of numbers already computed (no NaN/Inf assumptions,
-no rewriting of the differences that the shifted statistics rely on). The
-order is fixed by the compiled code, so results do not depend on threads.
+A row is read from memory once, converted into scratch and summed in the same
+loop; every further pass runs over scratch in L1 cache, as plain elementwise
+loops that LLVM vectorizes (with 512-bit registers where the CPU has them:
+``ops/_simd.wide``). The three fused row loops that sum (:func:`_shift_row`,
+:func:`_sqdev`, :func:`_grad_row`) are the only code compiled with
+``fastmath={"reassoc"}`` (and ``_sqdev`` with ``"contract"``: fused
+multiply-adds): it lets LLVM split a sum into SIMD lanes, which only reorders
+the additions of numbers already computed (no NaN/Inf assumptions, no
+rewriting of the differences that the shifted statistics rely on: each is a
+stored value or a two-operand difference). The order is fixed by the compiled
+code, so results do not depend on threads.
 
 This module imports numba: ``op.py`` loads it on first use.
 """
@@ -32,27 +36,70 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, kernel
+from .._simd import wide
 
-# Plain sums that LLVM may split into SIMD lanes (reassociation only).
+# Sums that LLVM may split into SIMD lanes (reassociation only; see the module docstring).
 _SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
 
 
 @njit(**_SUM_OPTIONS)
-def _sum(a):
-    """sum_j a_j of a scratch row."""
-    s = acc_zero(a)
-    for j in range(a.shape[0]):
-        s += a[j]
+def _shift_row(src, d, shift):
+    """``d[j] = src[j] - shift`` over the row; returns the sum of ``d``.
+
+    One loop: the row is read from memory once, converted, stored in scratch
+    and summed. Each difference is stored, and so a value of its own that
+    reassociation keeps whole (only the sum is split into lanes).
+    """
+    wide()
+    s = acc_zero(d)
+    for j in range(d.shape[0]):
+        e = load(src, j) - shift
+        d[j] = e
+        s += e
     return s
+
+
+@njit(**dict(_SUM_OPTIONS, fastmath={"reassoc", "contract"}))
+def _sqdev(a, m):
+    """sum_j (a_j - m)^2 of a scratch row, without storing the differences.
+
+    Two halves with their own sums (twice the independent SIMD chains), each
+    ``e * e + s`` one fused multiply-add.
+    """
+    wide()
+    n = a.shape[0]
+    s0 = acc_zero(a)
+    s1 = acc_zero(a)
+    h = n // 2
+    for j in range(h):
+        e = a[j] - m
+        s0 += e * e
+        f = a[h + j] - m
+        s1 += f * f
+    for j in range(2 * h, n):
+        e = a[j] - m
+        s0 += e * e
+    return s0 + s1
 
 
 @njit(**_SUM_OPTIONS)
-def _dot(a, b):
-    """sum_j a_j * b_j of two scratch rows."""
-    s = acc_zero(a)
-    for j in range(a.shape[0]):
-        s += a[j] * b[j]
-    return s
+def _grad_row(dyr, xr, w, m, rs, x_hat, g):
+    """``x_hat[j] = (x[j] - m) * rs``, ``g[j] = dy[j] * w[j]``; returns ``(sum(g), sum(g * x_hat))``.
+
+    One loop over the two input rows (each read from memory once); both
+    products are stored before they are summed.
+    """
+    wide()
+    s1 = acc_zero(g)
+    s2 = acc_zero(g)
+    for j in range(g.shape[0]):
+        xh = (load(xr, j) - m) * rs
+        gv = load(dyr, j) * w[j]
+        x_hat[j] = xh
+        g[j] = gv
+        s1 += gv
+        s2 += gv * xh
+    return s1, s2
 
 
 # --------------------------------------------------------------------------
@@ -87,7 +134,8 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
     n_rows, n_cols = x.shape
     n_tasks = (n_rows + rows - 1) // rows
     for t in prange(n_tasks):
-        xc = np.empty_like(w)  # (n_cols,) scratch: the centred row
+        wide()
+        d = np.empty_like(w)  # (n_cols,) scratch: the row minus its shift
         for i in range(t * rows, min((t + 1) * rows, n_rows)):
             src = x[i]  # (n_cols,)
             if has_res:  # h = x + res, rounded as torch.add would; normalise h
@@ -97,23 +145,20 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
                 for j in range(n_cols):
                     store(hr, j, load(xr, j) + load(rr, j))
                 src = hr
-            shift = acc_zero(xc)
+            shift = acc_zero(d)
             if center:
                 shift = load(src, 0)
-            for j in range(n_cols):  # d = x - shift
-                xc[j] = load(src, j) - shift
-            mean_d = acc_zero(xc)
+            sum_d = _shift_row(src, d, shift)  # d = x - shift, read from memory once
+            mean_d = acc_zero(d)
             if center:
-                mean_d = acc_cast(xc, _sum(xc) / n_cols)
-                for j in range(n_cols):  # xc = d - mean(d)
-                    xc[j] = xc[j] - mean_d
+                mean_d = acc_cast(d, sum_d / n_cols)
                 mean[i] = shift + mean_d
-            var = acc_cast(xc, _dot(xc, xc) / n_cols)  # RMSNorm: the mean square
-            rs = acc_cast(xc, 1.0) / np.sqrt(var + acc_cast(xc, eps))
+            var = acc_cast(d, _sqdev(d, mean_d) / n_cols)  # RMSNorm: the mean square
+            rs = acc_cast(d, 1.0) / np.sqrt(var + acc_cast(d, eps))
             rstd[i] = rs
             yr = y[i]
-            for j in range(n_cols):  # y = x_hat * w + b
-                store(yr, j, (xc[j] * rs) * w[j] + b[j])
+            for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd
+                store(yr, j, ((d[j] - mean_d) * rs) * w[j] + b[j])
 
 
 # --------------------------------------------------------------------------
@@ -155,6 +200,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
     dw = np.empty(n_out, w.dtype)
     db = np.empty(n_out, w.dtype)
     for c in prange(n_chunks):
+        wide()
         x_hat = np.empty_like(w)  # (n_cols,) scratch
         g = np.empty_like(w)  # (n_cols,) scratch
         pw = np.zeros_like(w)  # (n_cols,) this chunk's sum of dy * x_hat
@@ -167,13 +213,11 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
             if center:
                 m = mean[i]
             rs = rstd[i]
-            for j in range(n_cols):
-                x_hat[j] = (load(xr, j) - m) * rs
-                g[j] = load(dyr, j) * w[j]
+            sum_g, sum_gx = _grad_row(dyr, xr, w, m, rs, x_hat, g)
             mean_g = acc_zero(w)
             if center:
-                mean_g = acc_cast(w, _sum(g) / n_cols)  # term 2
-            mean_gx = acc_cast(w, _dot(g, x_hat) / n_cols)  # term 3's factor
+                mean_g = acc_cast(w, sum_g / n_cols)  # term 2
+            mean_gx = acc_cast(w, sum_gx / n_cols)  # term 3's factor
             if has_dh:  # fused add: h's own gradient joins dx
                 dhr = dh[i]
                 for j in range(n_cols):
