@@ -104,6 +104,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, load, store
 from .._numba import HELPER_OPTIONS, kernel
+from .._simd import wide
 
 # Sums of finished float64 partials that LLVM may split into SIMD lanes
 # (reassociation of those additions only; the order is fixed by the compiled
@@ -153,6 +154,7 @@ def _sumsq_dev(a, mu):
 @njit(**HELPER_OPTIONS)
 def _acc_shifted(x, r0, r1, c0, n, sh, s1):
     """s1[u] += sum_i (x[i, c0 + u] - sh[u])."""
+    wide()
     c1 = c0 + n
     i = r0
     while i + 4 <= r1:
@@ -174,6 +176,7 @@ def _acc_shifted(x, r0, r1, c0, n, sh, s1):
 @njit(**HELPER_OPTIONS)
 def _acc_centred(x, r0, r1, c0, n, m, s1, s2):
     """With d = x[i, c0 + u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d."""
+    wide()
     c1 = c0 + n
     i = r0
     while i + 4 <= r1:
@@ -209,6 +212,7 @@ def _acc_grad(dy, x, dx, r0, r1, c0, n, hi, a, s1, s2, write_dx):
     One row at a time: two inputs per accumulator already (unrolling measured
     no faster, and costs compile time).
     """
+    wide()
     c1 = c0 + n
     for i in range(r0, r1):
         xa = x[i][c0:c1]
@@ -234,6 +238,7 @@ def _acc_grad(dy, x, dx, r0, r1, c0, n, hi, a, s1, s2, write_dx):
 @njit(**HELPER_OPTIONS)
 def _normalise(x, y, r0, r1, c0, n, s_len, ch0, hi, a, b2):
     """y = (x - hi) * a + b2."""
+    wide()
     n_ch = hi.shape[0]
     c1 = c0 + n
     for i in range(r0, r1):
@@ -258,6 +263,7 @@ def _normalise(x, y, r0, r1, c0, n, s_len, ch0, hi, a, b2):
 @njit(**HELPER_OPTIONS)
 def _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, a, hi, k2, k0, train):
     """dx = (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval)."""
+    wide()
     n_ch = a.shape[0]
     c1 = c0 + n
     for i in range(r0, r1):
@@ -503,6 +509,7 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
     var = stats[1]
     rstd = stats[2]
     for task in prange(_n_tasks(n_rows, width, rows, cw, phase)):
+        wide()
         g, r0, r1, c0, n = _task_span(task, phase, n_rows, width, rows, cw)
         ch0 = 0
         if phase == 0:
@@ -606,6 +613,7 @@ def _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, 
     rstd = stats[2]
     cnt = n_rows * width // n_ch  # values per channel
     for task in prange(_n_tasks(n_rows, width, rows, cw, phase)):
+        wide()
         g, r0, r1, c0, n = _task_span(task, phase, n_rows, width, rows, cw)
         ch0 = 0
         if phase == 0:
