@@ -7,6 +7,8 @@ be within 2x the error of rounding the float64 result to their dtype.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -14,6 +16,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
+from normlab.ops.group_norm import op as gn_op
 from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
@@ -169,6 +172,135 @@ def test_half_within_2x_rounding_error_at_16x64x16x16(dtype, layout):
 
 
 # ----------------------------------------------------------------------------
+# S == 1: (N, C) and (N, C, 1) inputs, which take the NHWC kernels
+# ----------------------------------------------------------------------------
+
+# (input shape, num_groups, NHWC kernel tasks)
+S1_CASES = [
+    ((1000, 256), 32, 4),  # (N, C), 8 channels a group; 4 tasks of 256 samples
+    ((300, 1024, 1), 16, 5),  # (N, C, 1), 64 channels a group; 5 tasks of 64 samples
+    ((3000, 40), 10, 2),  # C not a multiple of the SIMD width, 4 channels a group
+    ((7, 12), 3, 1),  # tiny: one task, run on one thread
+]
+
+
+def _torch64(x, w, b, dy, groups):
+    """The float64 oracle: torch's own GroupNorm and autograd, from the same (rounded) inputs."""
+    return _run("ref", lambda x, w, b: TF.group_norm(x, groups, w, b), (_f64(x), _f64(w), _f64(b)), dy.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", S1_CASES, ids=str)
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_s1_matches_float64(dtype, case, affine):
+    """y, dx, dw, db of S == 1 inputs against float64: float32/float64 to 1e-5/1e-12
+    relative, half precision within 2x the error of rounding the float64 result."""
+    shape, groups, tasks = case
+    n, c = shape[0], shape[1]
+    assert -(-n // gn_op._samples_per_task(n, 1, c)) == tasks
+    x, w, b, dy = _inputs(shape, dtype, affine, seed=21)
+    got = _run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy)
+    ref64 = _torch64(x, w, b, dy, groups)
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], got, ref64):
+        assert (a is None) == (r64 is None), name
+        if a is None:
+            continue
+        assert a.dtype == (x.dtype if name in ("y", "dx") else w.dtype), name
+        if dtype in HALF:
+            assert_within_rounding(a, r64, 2.0, f"{name} {shape} G={groups}")
+        else:
+            assert rel_err(a, r64) < TIGHT[dtype], (name, rel_err(a, r64))
+    assert got[0].is_contiguous() and got[1].is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1000, 256, 1), (30, 12, 1)], ids=str)
+def test_s1_instance_norm_eval_matches_float64(dtype, shape):
+    """InstanceNorm with running statistics on (N, C, 1): the NHWC kernels' fixed mode, against float64 torch."""
+    c = shape[1]
+    x, w, b, dy = _inputs(shape, dtype, seed=24)
+    g = torch.Generator().manual_seed(25)
+    stat_dtype = torch.float32 if dtype in HALF else dtype
+    rm = torch.randn(c, generator=g).to(stat_dtype)
+    rv = (torch.rand(c, generator=g) + 0.5).to(stat_dtype)
+
+    def fn(x, w, b):
+        return NF.instance_norm(x, rm, rv, w, b, use_input_stats=False, eps=1e-4)
+
+    def fn64(x, w, b):
+        return TF.instance_norm(x, rm.double(), rv.double(), w, b, use_input_stats=False, eps=1e-4)
+
+    got = _run("cpu", fn, (x, w, b), dy)
+    ref64 = _run("ref", fn64, (_f64(x), _f64(w), _f64(b)), dy.double())
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], got, ref64):
+        if dtype in HALF:
+            assert_within_rounding(a, r64, 2.0, f"{name} {shape}")
+        else:
+            assert rel_err(a, r64) < TIGHT[dtype], (name, rel_err(a, r64))
+
+
+def test_s1_takes_the_nhwc_kernels(monkeypatch):
+    """(N, C) and (N, C, 1) never reach the NCHW kernels (whose loops over S would have length 1)."""
+    from normlab.ops.group_norm import kernels
+
+    def refuse(*args):
+        raise AssertionError("S == 1 input sent to an NCHW kernel")
+
+    monkeypatch.setattr(kernels, "gn_fwd", refuse)
+    monkeypatch.setattr(kernels, "gn_bwd", refuse)
+    rm, rv = torch.zeros(32), torch.ones(32)
+    for shape in ((64, 32), (64, 32, 1)):
+        x, w, b, dy = _inputs(shape, torch.float32)
+        fns = [lambda x, w, b: NF.group_norm(x, 4, w, b)]
+        if len(shape) == 3:  # InstanceNorm with running statistics
+            fns.append(lambda x, w, b: NF.instance_norm(x, rm, rv, w, b, use_input_stats=False))
+        for fn in fns:
+            _run("cpu", fn, (x, w, b), dy)
+            with normlab.use_backend("cpu"):
+                fn(x, w, b)  # inference: the launcher alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_s1_constant_group_gives_exactly_beta(dtype):
+    big = 1e3 if dtype == torch.float16 else 1e4
+    x = torch.empty(3, 48, dtype=dtype)
+    for n, value in enumerate((0.1, big, -3.3)):
+        x[n, :24] = value
+        x[n, 24:] = value / 7 - 1
+    w = torch.randn(48).to(dtype)
+    b = torch.randn(48).to(dtype)
+    with normlab.use_backend("cpu"):
+        assert torch.equal(NF.group_norm(x, 2, w, b), b.expand(3, 48))
+        assert torch.equal(NF.group_norm(x[:, :, None], 2, w, b), b.expand(3, 48)[:, :, None])
+
+
+def test_s1_large_mean_groups_float32():
+    """Groups with mean 1e4 and std 1: float32 output within 1e-5 of float64 from the same input."""
+    x = 1e4 + torch.randn(512, 256, generator=torch.Generator().manual_seed(22))
+    with normlab.use_backend("cpu"):
+        y = NF.group_norm(x, 2)
+    assert (y.double() - TF.group_norm(x.double(), 2)).abs().max() < 1e-5
+
+
+def test_s1_nan_and_inf_propagate_like_torch():
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(23))
+    x[0, 2] = nan  # poisons group 0 of sample 0
+    x[1, 13] = inf  # group 3 of sample 1
+    x[2, 5] = -inf
+    dy = torch.randn(6, 16)
+    fn = lambda x: NF.group_norm(x, 4)  # noqa: E731
+    tfn = lambda x: TF.group_norm(x, 4)  # noqa: E731
+    (y, dx), (y_t, dx_t) = _run("cpu", fn, (x,), dy), _run("ref", tfn, (x,), dy)
+    assert y.isnan().any()
+    for a, t in ((y, y_t), (dx, dx_t)):
+        assert torch.equal(a.isnan(), t.isnan())
+        assert torch.equal(a.isinf(), t.isinf())
+        fin = t.isfinite()
+        torch.testing.assert_close(a[fin], t[fin], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------
 # InstanceNorm: training with running statistics, eval with them
 # ----------------------------------------------------------------------------
 
@@ -270,22 +402,36 @@ def test_gradcheck_and_gradgradcheck(name):
 # ----------------------------------------------------------------------------
 
 
+# (shape, layout, NHWC kernel tasks): every case is above the serial threshold (32K values)
+DETERMINISM_CASES = [
+    ((8, 32, 16, 16), "contiguous", None),  # NCHW kernels: several tasks per thread
+    ((8, 32, 16, 16), "channels_last", 1),  # NHWC, one task of 8 samples
+    ((96, 32, 8, 8), "channels_last", 3),  # NHWC, per-task dw/db partials merged over 3 tasks
+    ((2048, 128), "contiguous", 4),  # S == 1, (N, C): the NHWC kernels, 4 tasks
+    ((4096, 64, 1), "contiguous", 4),  # S == 1, (N, C, 1)
+]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_bitwise_identical_for_1_and_2_threads(dtype, layout):
-    # 8 x 32 x 16 x 16 = 64K values: above the serial threshold, several tasks per thread
-    x, w, b, dy = _inputs((8, 32, 16, 16), dtype, layout=layout, seed=5)
+@pytest.mark.parametrize("case", DETERMINISM_CASES, ids=str)
+def test_bitwise_identical_for_1_and_2_threads(dtype, case):
+    shape, layout, tasks = case
+    n, c, s = shape[0], shape[1], math.prod(shape[2:])
+    if tasks is not None:  # the case covers what it claims: the NHWC kernels' chunks of samples
+        assert -(-n // gn_op._samples_per_task(n, s, c)) == tasks
+    x, w, b, dy = _inputs(shape, dtype, layout=layout, seed=5)
     fns = [
         lambda x, w, b: NF.group_norm(x, 8, w, b),
-        lambda x, w, b: NF.instance_norm(x, torch.zeros(32), torch.ones(32), w, b),
-        lambda x, w, b: NF.instance_norm(x, torch.zeros(32), torch.ones(32), w, b, use_input_stats=False),
+        lambda x, w, b: NF.instance_norm(x, torch.zeros(c), torch.ones(c), w, b, use_input_stats=False),
     ]
+    if s > 1:  # InstanceNorm in training needs more than one value per channel
+        fns.append(lambda x, w, b: NF.instance_norm(x, torch.zeros(c), torch.ones(c), w, b))
     before = torch.get_num_threads()
     try:
         for fn in fns:
             results = []
-            for n in (1, 2, 2):
-                torch.set_num_threads(n)
+            for n_threads in (1, 2, 2):
+                torch.set_num_threads(n_threads)
                 results.append(_run("cpu", fn, (x, w, b), dy))
             for other in results[1:]:
                 for a, o in zip(results[0], other):

@@ -6,13 +6,15 @@ dims) in one of two memory layouts:
 - NCHW (contiguous): :func:`gn_fwd` / :func:`gn_bwd` take ``x`` as
   ``(N*G, Cg, S)`` -- one *group* per row: ``Cg = C / G`` channels of ``S``
   values, contiguous. A task owns a fixed chunk of rows.
-- NHWC (channels_last): :func:`gn_fwd_nhwc` / :func:`gn_bwd_nhwc` take ``x``
-  as ``(N, S, C)`` -- one *sample* per task, channels fastest; the task keeps
-  per-channel vectors (sums, shifts, scales) of length ``C``, so every inner
-  loop runs over contiguous channels.
+- NHWC (channels_last, and every input with ``S == 1``, where the two layouts
+  are the same memory): :func:`gn_fwd_nhwc` / :func:`gn_bwd_nhwc` take ``x``
+  as ``(N, S, C)`` -- channels fastest, a fixed chunk of samples per task;
+  the task keeps per-channel vectors (sums, shifts, scales) of length ``C``,
+  so every inner loop runs over contiguous channels. (The NCHW kernels would
+  loop over a channel's ``S`` values: loops of length 1 when ``S == 1``.)
 
 InstanceNorm is GroupNorm with ``G = C``; with fixed (running) statistics
-(``fixed=True``) the NCHW kernels read ``mean``/``rstd`` per channel instead of
+(``fixed=True``) the kernels read ``mean``/``rstd`` per channel instead of
 computing them, and the backward keeps only the first term.
 
 One source is compiled for each storage type of ``x`` (float32, float64,
@@ -34,16 +36,21 @@ second pass and the output run over that copy. A larger group streams
 through :data:`TILE`-value tiles, re-reading ``x`` for each pass.
 
 Memory traffic per element: forward reads x, writes y; backward reads x and
-dy, writes dx; dw/db through (N, C) partials.
+dy, writes dx; dw/db through partials: (N, C) in NCHW, (tasks, C) in NHWC.
 
-Vectorisation: the sums (:func:`_sum`, :func:`_sqdev`, :func:`_dot`, and the
-fused first passes :func:`_shift_row`, :func:`_grad_row`) are the only code
-compiled with ``fastmath={"reassoc"}``, which lets LLVM split a sum into SIMD
-lanes (:func:`_sqdev` also with ``"contract"``: fused multiply-adds). Every
+Vectorisation: the sums (:func:`_sum`, :func:`_sqdev`, :func:`_dot`, the
+fused first passes :func:`_shift_row`, :func:`_grad_row`, and the NHWC
+kernels' per-group sums of per-channel vectors :func:`_group_sums`,
+:func:`_group_dots`) are the only code compiled with
+``fastmath={"reassoc"}``, which lets LLVM split a sum into SIMD lanes
+(:func:`_sqdev` also with ``"contract"``: fused multiply-adds). Every
 difference they sum is a stored value of its own (``d``, ``x - mean``) or a
 two-operand difference, so reassociation cannot rewrite ``(x - shift) -
-mean(d)`` into ``x - (shift + mean(d))``; the large-mean tests guard this. The order is fixed by the compiled code, not by threads.
-Everything else has fastmath off: NaN and Inf propagate as in torch.
+mean(d)`` into ``x - (shift + mean(d))``; the large-mean tests guard this.
+The order is fixed by the compiled code, not by threads. Everything else has
+fastmath off: NaN and Inf propagate as in torch. (The NHWC kernels' sums
+over ``s`` run per channel, in order, across SIMD lanes of channels: they
+need no reassociation.)
 
 Backward, with ``g = dy * w[c]`` and ``x_hat = (x - mean) * rstd``::
 
@@ -55,10 +62,19 @@ Backward, with ``g = dy * w[c]`` and ``x_hat = (x - mean) * rstd``::
 computed as ``dy * (rstd * w[c]) - (x - mean) * t3 - t2`` with the group's
 ``t2 = rstd * mean_grp(g)`` and ``t3 = rstd^2 * mean_grp(g * x_hat)``.
 Both group means come from the per-(n, c) sums ``sum_s dy`` and
-``sum_s dy * (x - mean)``, which are also dw/db's partials: each is written
-by the one task that owns ``(n, c)`` into an ``(N, C)`` array, then merged
-over ``n`` in order, in float64 (:func:`_merge`). Results are bitwise the same
-for any number of threads.
+``sum_s dy * (x - mean)``, which also make dw/db:
+
+- NCHW: each is written by the one task that owns ``(n, c)`` into an
+  ``(N, C)`` array of partials (a sample's group rows may span two tasks);
+- NHWC: a task adds those of its own samples, in order, into its own ``(C,)``
+  partials (accumulation dtype), written to an ``(n_tasks, C)`` array: with
+  ``S == 1`` a task's ~64K values are >= 16 samples, so the partials are at
+  least 16 times smaller than ``x`` (per-(n, c) partials would be as large).
+
+Either way the rows of partials are then summed in row order, in float64,
+in parallel over blocks of channels (:func:`_merge_rows`). The chunks of
+rows and samples depend on the shape only (``op.py``), so results are
+bitwise the same for any number of threads.
 
 Float16/bfloat16/float32 accumulate in float32, float64 in float64; outputs
 are rounded once.
@@ -249,22 +265,27 @@ def _grad_row(dy, x, r, k, m, u, v):
     return s1, s2
 
 
+# Columns per task when merging dw/db partials (float64 sums of 256 columns: 2 KiB each, in L1).
+MERGE_COLS = 256
+
+
 @njit(**HELPER_OPTIONS)
-def _merge(pw, pb):
-    """dw, db (C,): the (N, C) partials summed over n in order, in float64."""
-    n, c = pw.shape
-    sw = np.zeros(c, np.float64)
-    sb = np.zeros(c, np.float64)
-    for i in range(n):
-        for j in range(c):
-            sw[j] += pw[i, j]
-            sb[j] += pb[i, j]
-    dw = np.empty(c, pw.dtype)
-    db = np.empty(c, pw.dtype)
-    for j in range(c):
-        dw[j] = sw[j]
-        db[j] = sb[j]
-    return dw, db
+def _merge_rows(pw, pb, dw, db, lo, hi):
+    """``dw[j]``, ``db[j]`` for ``lo <= j < hi``: columns of the partials ``pw``, ``pb``
+    (rows, C) summed over the rows in order, in float64, rounded once to ``dw``'s dtype.
+
+    Each column's order is fixed (row 0, 1, ...), whatever task merges it: the
+    kernels call this in parallel over blocks of :data:`MERGE_COLS` columns.
+    """
+    sw = np.zeros(hi - lo, np.float64)
+    sb = np.zeros(hi - lo, np.float64)
+    for i in range(pw.shape[0]):
+        for j in range(hi - lo):
+            sw[j] += pw[i, lo + j]
+            sb[j] += pb[i, lo + j]
+    for j in range(hi - lo):
+        dw[lo + j] = sw[j]
+        db[lo + j] = sb[j]
 
 
 # Indexing note: every array is indexed with loop counters that start at 0
@@ -425,116 +446,225 @@ def gn_bwd(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
                 else:
                     for j in range(ns):
                         store(dx, (r, k, j), (load(dy, (r, k, j)) * a - (load(x, (r, k, j)) - m) * t3) - t2)
-    return _merge(pw, pb)
+    nc = n_groups * cg
+    dw = np.empty(nc, w.dtype)
+    db = np.empty(nc, w.dtype)
+    for blk in prange((nc + MERGE_COLS - 1) // MERGE_COLS):  # merge the (N, C) partials over n, in order
+        _merge_rows(pw, pb, dw, db, blk * MERGE_COLS, min((blk + 1) * MERGE_COLS, nc))
+    return dw, db
 
 
 # --------------------------------------------------------------------------
-# NHWC (channels_last): x as (N, S, C), one sample per task
+# NHWC (channels_last, and every S == 1 input): x as (N, S, C), a chunk of samples per task
 # --------------------------------------------------------------------------
+
+
+@njit(**_SUM_OPTIONS)
+def _group_sums(a, cg, out):
+    """``out[g] = sum_{k < cg} a[g*cg + k]``: per-group sums of a per-channel scratch vector."""
+    _wide()
+    for g in range(out.shape[0]):
+        s = acc_zero(a)
+        for k in range(cg):
+            s += a[g * cg + k]
+        out[g] = s
+
+
+@njit(**_SUM_OPTIONS)
+def _group_dots(w, p, q, cg, op, oq):
+    """``op[g] = sum_k w[c] * p[c]``, ``oq[g] = sum_k w[c] * q[c]`` over the channels ``c = g*cg + k`` of each group."""
+    _wide()
+    for g in range(op.shape[0]):
+        sp = acc_zero(w)
+        sq = acc_zero(w)
+        for k in range(cg):
+            c = g * cg + k
+            sp += w[c] * p[c]
+            sq += w[c] * q[c]
+        op[g] = sp
+        oq[g] = sq
+
+
+@njit(**HELPER_OPTIONS)
+def _spread(v, cg, out):
+    """``out[g*cg + k] = v[g]``: a per-group value copied to each of the group's channels."""
+    _wide()
+    for g in range(v.shape[0]):
+        vg = v[g]
+        for k in range(cg):
+            out[g * cg + k] = vg
 
 
 @kernel
-def gn_fwd_nhwc(x, w, b, y, mean, var, rstd, eps, n_groups):
-    """GroupNorm of channels_last samples.
+def gn_fwd_nhwc(x, w, b, y, mean, var, rstd, eps, n_groups, fixed, rows):
+    """GroupNorm (or InstanceNorm with fixed statistics) of channels_last samples,
+    and of any input with S == 1 (there NCHW is NHWC).
 
     x        (N, S, C)  input, storage dtype (channels fastest)
     w, b     (C,)       weight, bias in the accumulation dtype
     y        (N, S, C)  out, the same layout
-    mean, var, rstd (N*G,)  out: group statistics (as in :func:`gn_fwd`)
+    mean     (N*G,)     out: group means (``fixed``: in, (C,) per-channel means)
+    var      (N*G,)     out: biased group variances (``fixed``: unused)
+    rstd     (N*G,)     out: 1 / sqrt(var + eps) (``fixed``: in, (C,))
+    n_groups int        G (``fixed``: C)
+    rows     int        samples per task (no effect on results)
+
+    Per sample, three passes over its ``S`` rows of ``C`` channels (the
+    second and third from cache, unless the sample is larger than L2), each
+    a loop over the contiguous channels with per-channel vectors spread from
+    per-group values (:func:`_spread`)::
+
+        pass 1   acc[c] = sum_s (x - shift)                      -> mean(d) per group
+        pass 2   acc[c] = sum_s ((x - shift) - mean(d))^2        -> var, rstd per group
+        output   y = ((x - shift) - mean(d)) * (rstd * w[c]) + b[c]
+
+    The per-channel sums run over ``s`` in order; :func:`_group_sums` adds a
+    group's channels. With S == 1 a sample is one row of ``C`` values.
+    ``fixed``: only the output pass, with ``shift = mean[c]``, ``mean(d) = 0``.
     """
     n, ns, nc = x.shape
     cg = nc // n_groups
     m_grp = cg * ns  # values per group
-    for i in prange(n):
+    n_tasks = (n + rows - 1) // rows
+    for t in prange(n_tasks):
         _wide()
         sh = np.empty(nc, w.dtype)  # per channel: its group's shift
         mdc = np.empty(nc, w.dtype)  # per channel: its group's mean(x - shift)
-        rsc = np.empty(nc, w.dtype)  # per channel: its group's rstd
-        acc = np.zeros(nc, w.dtype)  # per-channel sums
-        for c in range(nc):
-            sh[c] = load(x, (i, 0, (c // cg) * cg))
-        for s in range(ns):  # pass 1: sum of x - shift
+        ac = np.empty(nc, w.dtype)  # per channel: its group's rstd, then rstd * w[c]
+        acc = np.empty(nc, w.dtype)  # per channel: sums over s
+        gsh = np.empty(n_groups, w.dtype)  # per group: shift
+        gmd = np.empty(n_groups, w.dtype)  # per group: mean(x - shift)
+        gv = np.empty(n_groups, w.dtype)  # per group: sums, then rstd
+        if fixed:  # the running statistics: the same per-channel map for every sample
             for c in range(nc):
-                acc[c] += load(x, (i, s, c)) - sh[c]
-        for g in range(n_groups):
-            tot = acc_zero(w)
-            for c in range(g * cg, (g + 1) * cg):
-                tot += acc[c]
-            md = acc_cast(w, tot / m_grp)
-            for c in range(g * cg, (g + 1) * cg):
-                mdc[c] = md
-                acc[c] = 0
-        for s in range(ns):  # pass 2: sum of (x - shift - mean_d)^2
-            for c in range(nc):
-                dv = (load(x, (i, s, c)) - sh[c]) - mdc[c]
-                acc[c] += dv * dv
-        for g in range(n_groups):
-            tot = acc_zero(w)
-            for c in range(g * cg, (g + 1) * cg):
-                tot += acc[c]
-            v = acc_cast(w, tot / m_grp)
-            rs = acc_cast(w, 1.0) / np.sqrt(v + acc_cast(w, eps))
-            for c in range(g * cg, (g + 1) * cg):
-                rsc[c] = rs
-            mean[i * n_groups + g] = sh[g * cg] + mdc[g * cg]
-            var[i * n_groups + g] = v
-            rstd[i * n_groups + g] = rs
-        for c in range(nc):
-            rsc[c] = rsc[c] * w[c]  # now rstd * w[c]
-        for s in range(ns):  # y = (x - mean) * (rstd * w) + b
-            for c in range(nc):
-                store(y, (i, s, c), ((load(x, (i, s, c)) - sh[c]) - mdc[c]) * rsc[c] + b[c])
+                sh[c] = mean[c]
+                mdc[c] = acc_zero(w)
+                ac[c] = rstd[c] * w[c]
+        for i in range(t * rows, min((t + 1) * rows, n)):
+            if not fixed:
+                for g in range(n_groups):
+                    gsh[g] = load(x, (i, 0, g * cg))  # the group's first value
+                _spread(gsh, cg, sh)
+                for c in range(nc):  # pass 1
+                    acc[c] = load(x, (i, 0, c)) - sh[c]
+                for s in range(1, ns):
+                    for c in range(nc):
+                        acc[c] += load(x, (i, s, c)) - sh[c]
+                _group_sums(acc, cg, gv)
+                for g in range(n_groups):
+                    gmd[g] = acc_cast(w, gv[g] / m_grp)
+                _spread(gmd, cg, mdc)
+                for c in range(nc):  # pass 2
+                    e = (load(x, (i, 0, c)) - sh[c]) - mdc[c]
+                    acc[c] = e * e
+                for s in range(1, ns):
+                    for c in range(nc):
+                        e = (load(x, (i, s, c)) - sh[c]) - mdc[c]
+                        acc[c] += e * e
+                _group_sums(acc, cg, gv)
+                for g in range(n_groups):
+                    v = acc_cast(w, gv[g] / m_grp)
+                    rs = acc_cast(w, 1.0) / np.sqrt(v + acc_cast(w, eps))
+                    mean[i * n_groups + g] = gsh[g] + gmd[g]
+                    var[i * n_groups + g] = v
+                    rstd[i * n_groups + g] = rs
+                    gv[g] = rs
+                _spread(gv, cg, ac)
+                for c in range(nc):
+                    ac[c] = ac[c] * w[c]
+            for s in range(ns):  # output
+                for c in range(nc):
+                    store(y, (i, s, c), ((load(x, (i, s, c)) - sh[c]) - mdc[c]) * ac[c] + b[c])
 
 
 @kernel
-def gn_bwd_nhwc(dy, x, w, mean, rstd, dx, n_groups, need_dx):
-    """Gradients of GroupNorm for channels_last samples; returns ``(dw, db)`` (see :func:`gn_bwd`).
+def gn_bwd_nhwc(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
+    """Gradients of GroupNorm (or of InstanceNorm with fixed statistics) for channels_last
+    samples, and for any input with S == 1; returns ``(dw, db)`` (see :func:`gn_bwd`).
 
     dy, x, dx  (N, S, C)  storage dtype (channels fastest)
-    mean, rstd (N*G,)     saved group statistics
+    w          (C,)       weight, accumulation dtype (ones if absent)
+    mean, rstd (N*G,)     saved group statistics (``fixed``: (C,) per channel)
+    rows       int        samples per task (``op._samples_per_task``: from the shape only)
+    returns    dw, db (C,)  accumulation dtype
+
+    dw/db: each task adds ``sum_s dy * x_hat`` and ``sum_s dy`` of its own
+    samples, in order, into its own ``(C,)`` partials (accumulation dtype);
+    the ``(n_tasks, C)`` partials are then merged over tasks in task order,
+    in float64, in parallel over blocks of channels (:func:`_merge_rows`).
+    The chunks depend on the shape only, so the bits do not depend on the
+    number of threads. ``fixed``: ``dx = rstd * dy * w[c]`` (term 1 only).
     """
     n, ns, nc = x.shape
     cg = nc // n_groups
     m_grp = cg * ns
-    pw = np.empty((n, nc), w.dtype)  # (N, C) per-(n, c) sums of dy * x_hat
-    pb = np.empty((n, nc), w.dtype)  # (N, C) per-(n, c) sums of dy
-    for i in prange(n):
+    n_tasks = (n + rows - 1) // rows
+    pw = np.empty((n_tasks, nc), w.dtype)  # per task: sums of dy * x_hat
+    pb = np.empty((n_tasks, nc), w.dtype)  # per task: sums of dy
+    for t in prange(n_tasks):
         _wide()
         mc = np.empty(nc, w.dtype)  # per channel: its group's mean
         rsc = np.empty(nc, w.dtype)  # per channel: its group's rstd
-        sdy = np.zeros(nc, w.dtype)  # per channel: sum of dy
-        sdx = np.zeros(nc, w.dtype)  # per channel: sum of dy * (x - mean)
-        for c in range(nc):
-            mc[c] = mean[i * n_groups + c // cg]
-            rsc[c] = rstd[i * n_groups + c // cg]
-        for s in range(ns):
+        ac = np.empty(nc, w.dtype)  # per channel: rstd * w[c]
+        sdy = np.empty(nc, w.dtype)  # per channel: sum over s of dy
+        sdx = np.empty(nc, w.dtype)  # per channel: sum over s of dy * (x - mean)
+        t2 = np.empty(nc, w.dtype)  # per channel: its group's t2, t3 (see gn_bwd)
+        t3 = np.empty(nc, w.dtype)
+        gp = np.empty(n_groups, w.dtype)  # per group: sums, then values to spread
+        gq = np.empty(n_groups, w.dtype)
+        tw = np.zeros(nc, w.dtype)  # this task's sum of dy * x_hat
+        tb = np.zeros(nc, w.dtype)  # this task's sum of dy
+        if fixed:  # the running statistics, per channel
             for c in range(nc):
-                dyv = load(dy, (i, s, c))
-                sdy[c] += dyv
-                sdx[c] += dyv * (load(x, (i, s, c)) - mc[c])
-        for c in range(nc):
-            pb[i, c] = sdy[c]
-            pw[i, c] = sdx[c] * rsc[c]
-        if need_dx:  # per channel: a = rstd * w, t2, t3 of its group (see gn_bwd)
-            t2 = np.empty(nc, w.dtype)
-            t3 = np.empty(nc, w.dtype)
-            for g in range(n_groups):
-                sg = acc_zero(w)
-                sgx = acc_zero(w)
-                for c in range(g * cg, (g + 1) * cg):
-                    sg += w[c] * sdy[c]
-                    sgx += w[c] * sdx[c]
-                rs = rsc[g * cg]
-                t2g = acc_cast(w, (sg / m_grp) * rs)
-                t3g = acc_cast(w, ((sgx * rs) / m_grp) * (rs * rs))
-                for c in range(g * cg, (g + 1) * cg):
-                    t2[c] = t2g
-                    t3[c] = t3g
-                    rsc[c] = rs * w[c]  # now rstd * w[c]
-            for s in range(ns):
+                mc[c] = mean[c]
+                rsc[c] = rstd[c]
+                ac[c] = rstd[c] * w[c]
+        for i in range(t * rows, min((t + 1) * rows, n)):
+            if not fixed:
+                for g in range(n_groups):
+                    gp[g] = mean[i * n_groups + g]
+                    gq[g] = rstd[i * n_groups + g]
+                _spread(gp, cg, mc)
+                _spread(gq, cg, rsc)
+            for c in range(nc):
+                dyv = load(dy, (i, 0, c))
+                sdy[c] = dyv
+                sdx[c] = dyv * (load(x, (i, 0, c)) - mc[c])
+            for s in range(1, ns):
                 for c in range(nc):
-                    store(dx, (i, s, c), (load(dy, (i, s, c)) * rsc[c] - (load(x, (i, s, c)) - mc[c]) * t3[c]) - t2[c])
-    return _merge(pw, pb)
+                    dyv = load(dy, (i, s, c))
+                    sdy[c] += dyv
+                    sdx[c] += dyv * (load(x, (i, s, c)) - mc[c])
+            for c in range(nc):
+                tw[c] += sdx[c] * rsc[c]
+                tb[c] += sdy[c]
+            if not need_dx:
+                continue
+            if fixed:  # term 1 only
+                for s in range(ns):
+                    for c in range(nc):
+                        store(dx, (i, s, c), load(dy, (i, s, c)) * ac[c])
+                continue
+            _group_dots(w, sdy, sdx, cg, gp, gq)  # per group: sum of dy * w, of dy * w * (x - mean)
+            for g in range(n_groups):
+                rs = rstd[i * n_groups + g]
+                gp[g] = acc_cast(w, (gp[g] / m_grp) * rs)  # t2 = rstd * mean_grp(g)
+                gq[g] = acc_cast(w, ((gq[g] * rs) / m_grp) * (rs * rs))  # t3
+            _spread(gp, cg, t2)
+            _spread(gq, cg, t3)
+            for c in range(nc):
+                ac[c] = rsc[c] * w[c]
+            for s in range(ns):  # dx = dy * (rstd * w[c]) - (x - mean) * t3 - t2
+                for c in range(nc):
+                    store(dx, (i, s, c), (load(dy, (i, s, c)) * ac[c] - (load(x, (i, s, c)) - mc[c]) * t3[c]) - t2[c])
+        for c in range(nc):
+            pw[t, c] = tw[c]
+            pb[t, c] = tb[c]
+    dw = np.empty(nc, w.dtype)
+    db = np.empty(nc, w.dtype)
+    for blk in prange((nc + MERGE_COLS - 1) // MERGE_COLS):  # merge the partials over tasks, in order
+        _merge_rows(pw, pb, dw, db, blk * MERGE_COLS, min((blk + 1) * MERGE_COLS, nc))
+    return dw, db
 
 
 # --------------------------------------------------------------------------
