@@ -85,62 +85,12 @@ This module imports numba: ``op.py`` loads it on first use.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from llvmlite.binding import llvm_version_info
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, kernel
-
-
-@intrinsic
-def _wide(typingctx):
-    """Let LLVM vectorize the calling function with 512-bit registers where the CPU has them.
-
-    Emits no code: adds the LLVM function attribute ``"prefer-vector-width"="512"``
-    to the function being compiled (a helper, or a kernel's ``prange`` body).
-    LLVM defaults to 256-bit vectors on AVX-512 CPUs; these kernels run
-    ~5-10 % (float32) to ~25 % (bfloat16) faster with 512 (measured). On a
-    CPU without AVX-512 the attribute changes nothing. (llvmlite's attribute
-    set only admits known names, hence ``set.add``; if that ever fails the
-    attribute is skipped, never the kernel.)
-    """
-
-    def codegen(context, builder, signature, args):
-        try:
-            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
-        except Exception:  # pragma: no cover - an llvmlite without set-based attributes
-            pass
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-# llvm.prefetch is overloaded on its pointer type: "p0" with opaque pointers (LLVM >= 15), "p0i8" before
-_PREFETCH = "llvm.prefetch.p0" if llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
-
-
-@intrinsic
-def _prefetch(typingctx, a, i, j):
-    """Ask for the cache line of ``a[i, j]`` (LLVM ``llvm.prefetch``: read, keep in all levels); no load."""
-    if not (isinstance(a, types.Array) and a.ndim == 2):
-        return None
-
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        arr = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, arr, [args[1], args[2]], wraparound=False)
-        i8p = ir.PointerType(ir.IntType(8))
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), _PREFETCH
-        )
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.none(a, i, j), codegen
+from .._simd import prefetch as _prefetch
+from .._simd import wide as _wide
 
 
 @njit(**HELPER_OPTIONS)
