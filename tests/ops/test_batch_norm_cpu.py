@@ -384,6 +384,24 @@ def test_half_within_twice_rounding_error_on_large_channels(dtype, layout):
         assert_within_rounding(a, r64, 2.0, name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_gradient_sums_over_long_planes(dtype, training):
+    """Planes of 4608 values (more than one PLANE_PIECE of the per-plane gradient sums):
+    y, dx, dw, db against float64 torch from the same input."""
+    assert 4608 > bn_op._k().PLANE_PIECE >= bn_op._k().PLANE_MIN
+    x = _randn((3, 4, 72, 64), dtype, seed=60, scale=2.0, shift=-1.0)
+    w, b, rm, rv = _params(4, dtype)
+    dy = _randn(x.shape, dtype, seed=61, shift=0.2)
+    got = _run("cpu", x, w, b, rm, rv, training, dy=dy)
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), training, dy=dy.double(), fn=TF.batch_norm)
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], [got[0], *got[1]], [exact[0], *exact[1]]):
+        if dtype == torch.float32:
+            assert rel_err(a, r64) < 1e-5, name
+        else:
+            assert_within_rounding(a, r64, 2.0, name)
+
+
 # ----------------------------------------------------------------------------
 # torch.compile, backend registry
 # ----------------------------------------------------------------------------
