@@ -88,7 +88,12 @@ which is ``rstd * w * (dy - mean(dy) - x_hat * mean(dy * x_hat))``: the terms
 through ``x`` directly, the batch mean and the batch variance (derivation in
 ``docs/derivations/batch_norm.md``). The sums follow the same task and chunk
 structure: float sums over a chunk's rows per column, float64 after that, in
-a fixed order. Training needs the sums before ``dx``; in evaluation ``dx`` is
+a fixed order -- except for tasks of whole planes of at least ``PLANE_MIN``
+values (contiguous NCHW with a large ``H * W``), which sum each plane of each
+row on its own (a float sum split into SIMD lanes, in pieces of at most
+``PLANE_PIECE`` values) and add it in float64 into the plane's first column:
+two loads per value instead of four loads and two stores of per-column
+accumulators. Training needs the sums before ``dx``; in evaluation ``dx`` is
 written in the same pass as the sums.
 
 NaN and Inf propagate as in torch (``fastmath`` off): a NaN in a channel makes
