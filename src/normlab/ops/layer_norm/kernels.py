@@ -222,10 +222,17 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
                 dhr = dh[i]
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx) + load(dhr, j))
+            elif need_wb:  # dx and this row's share of dw/db in one loop
+                for j in range(n_cols):
+                    xh = x_hat[j]
+                    store(dxr, j, rs * ((g[j] - mean_g) - xh * mean_gx))
+                    dyv = load(dyr, j)
+                    pw[j] += dyv * xh
+                    pb[j] += dyv
             else:
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx))
-            if need_wb:
+            if need_wb and has_dh:
                 for j in range(n_cols):
                     dyv = load(dyr, j)
                     pw[j] += dyv * x_hat[j]
