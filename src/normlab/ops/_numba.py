@@ -34,6 +34,10 @@ import torch
 KERNEL_OPTIONS = dict(parallel=True, cache=True, fastmath=False, nogil=True, error_model="numpy")
 # the same for small functions that kernels call (inlined by LLVM)
 HELPER_OPTIONS = dict(cache=True, fastmath=False, nogil=True, error_model="numpy")
+# helpers whose only job is a sum that LLVM may split into SIMD lanes: reassociation
+# of those additions and nothing else (no NaN/Inf assumptions); the order is fixed
+# by the compiled code, so the bits do not depend on the number of threads
+SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
 
 CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 

@@ -108,16 +108,15 @@ import numpy as np
 from numba import njit, prange
 
 from .._bf16 import acc_cast, load, store
-from .._numba import HELPER_OPTIONS, kernel
+from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
 from .._simd import wide
 
-# Sums of finished float64 partials that LLVM may split into SIMD lanes
-# (reassociation of those additions only; the order is fixed by the compiled
-# code, so still the same bits for any number of threads).
-_SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
+# Sums of finished float64 partials (and, below, of plane values) are split into
+# SIMD lanes: SUM_OPTIONS, reassociation of those additions only; the order is
+# fixed by the compiled code, so still the same bits for any number of threads.
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _sum64(a):
     """sum_j a_j of float64 partials."""
     s = 0.0
@@ -136,7 +135,7 @@ def _sum_dev(a, ref):
     return s
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _sumsq_dev(a, mu):
     """sum_j (a_j - mu)^2 of float64 partials."""
     s = 0.0
@@ -403,7 +402,7 @@ PLANE_MIN = 256
 PLANE_PIECE = 4096
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _plane_grad(gp, xp, h):
     """``(sum dy, sum dy * (x - h))`` over a piece of one plane's ``dy`` and ``x`` (slices),
     in the accumulation dtype (``h``'s), split into SIMD lanes (reassociation of the two

@@ -88,7 +88,9 @@ import numpy as np
 from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import HELPER_OPTIONS, kernel
+from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._rows import shift_row as _shift_row
+from .._rows import sqdev as _sqdev
 from .._simd import prefetch as _prefetch
 from .._simd import wide as _wide
 
@@ -115,11 +117,11 @@ TILE = 2048
 # many values (faster there; slower for short ones, measured at S = 64 vs 1024).
 FUSE_MIN = 256
 
-# Sums that LLVM may split into SIMD lanes (reassociation only; see the module docstring).
-_SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
+# Sums below are compiled with SUM_OPTIONS: LLVM may split them into SIMD lanes
+# (reassociation only; see the module docstring).
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _sum(a, n):
     """sum_{j < n} a_j of a 1-D scratch array."""
     _wide()
@@ -129,30 +131,7 @@ def _sum(a, n):
     return s
 
 
-@njit(**dict(_SUM_OPTIONS, fastmath={"reassoc", "contract"}))
-def _sqdev(a, n, m):
-    """sum_{j < n} (a_j - m)^2 of a 1-D scratch array.
-
-    Two halves with their own sums (twice the independent SIMD chains), each
-    ``e * e + s`` one fused multiply-add: the second pass costs ~15 % of the
-    forward, this is its fastest form (measured).
-    """
-    _wide()
-    s0 = acc_zero(a)
-    s1 = acc_zero(a)
-    h = n // 2
-    for j in range(h):
-        e = a[j] - m
-        s0 += e * e
-        f = a[h + j] - m
-        s1 += f * f
-    for j in range(2 * h, n):
-        e = a[j] - m
-        s0 += e * e
-    return s0 + s1
-
-
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _dot(a, b, n):
     """sum_{j < n} a_j * b_j of two 1-D scratch arrays."""
     _wide()
@@ -162,24 +141,7 @@ def _dot(a, b, n):
     return s
 
 
-@njit(**_SUM_OPTIONS)
-def _shift_row(x, r, d, shift):
-    """``d[j] = x[r, j] - shift`` over a whole group row; returns the sum of ``d``.
-
-    Each difference is stored, and so used twice: it is a value of its own,
-    which reassociation keeps whole (the sum is split into lanes, the
-    difference is never rewritten).
-    """
-    _wide()
-    s = acc_zero(d)
-    for j in range(d.shape[0]):
-        e = load(x, (r, j)) - shift
-        d[j] = e
-        s += e
-    return s
-
-
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _row_sum(a, k):
     """sum_j a[k, j] of a 2-D scratch array."""
     _wide()
@@ -189,7 +151,7 @@ def _row_sum(a, k):
     return s
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _row_dot(a, b, k):
     """sum_j a[k, j] * b[k, j] of two 2-D scratch arrays."""
     _wide()
@@ -199,7 +161,7 @@ def _row_dot(a, b, k):
     return s
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _grad_row(dy, x, r, k, m, u, v):
     """``u[k, j] = dy[r, k, j]``, ``v[k, j] = x[r, k, j] - m``; returns ``(sum(u[k]), sum(u[k] * v[k]))``."""
     _wide()
@@ -409,7 +371,7 @@ def gn_bwd(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
 # --------------------------------------------------------------------------
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _group_sums(a, cg, out):
     """``out[g] = sum_{k < cg} a[g*cg + k]``: per-group sums of a per-channel scratch vector."""
     _wide()
@@ -420,7 +382,7 @@ def _group_sums(a, cg, out):
         out[g] = s
 
 
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _group_dots(w, p, q, cg, op, oq):
     """``op[g] = sum_k w[c] * p[c]``, ``oq[g] = sum_k w[c] * q[c]`` over the channels ``c = g*cg + k`` of each group."""
     _wide()

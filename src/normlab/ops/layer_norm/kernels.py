@@ -17,8 +17,9 @@ Each task (a fixed chunk of rows) owns scratch rows in the accumulation dtype.
 A row is read from memory once, converted into scratch and summed in the same
 loop; every further pass runs over scratch in L1 cache, as plain elementwise
 loops that LLVM vectorizes (with 512-bit registers where the CPU has them:
-``ops/_simd.wide``). The three fused row loops that sum (:func:`_shift_row`,
-:func:`_sqdev`, :func:`_grad_row`) are the only code compiled with
+``ops/_simd.wide``). The three fused row loops that sum (:func:`_shift_row`
+and :func:`_sqdev`, shared with GroupNorm from ``ops/_rows.py``, and
+:func:`_grad_row`) are the only code compiled with
 ``fastmath={"reassoc"}`` (and ``_sqdev`` with ``"contract"``: fused
 multiply-adds): it lets LLVM split a sum into SIMD lanes, which only reorders
 the additions of numbers already computed (no NaN/Inf assumptions, no
@@ -35,54 +36,14 @@ import numpy as np
 from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import HELPER_OPTIONS, kernel
+from .._numba import SUM_OPTIONS, kernel
+from .._rows import shift_row as _shift_row
+from .._rows import sqdev as _sqdev
 from .._simd import wide
 
-# Sums that LLVM may split into SIMD lanes (reassociation only; see the module docstring).
-_SUM_OPTIONS = dict(HELPER_OPTIONS, fastmath={"reassoc"})
 
 
-@njit(**_SUM_OPTIONS)
-def _shift_row(src, d, shift):
-    """``d[j] = src[j] - shift`` over the row; returns the sum of ``d``.
-
-    One loop: the row is read from memory once, converted, stored in scratch
-    and summed. Each difference is stored, and so a value of its own that
-    reassociation keeps whole (only the sum is split into lanes).
-    """
-    wide()
-    s = acc_zero(d)
-    for j in range(d.shape[0]):
-        e = load(src, j) - shift
-        d[j] = e
-        s += e
-    return s
-
-
-@njit(**dict(_SUM_OPTIONS, fastmath={"reassoc", "contract"}))
-def _sqdev(a, m):
-    """sum_j (a_j - m)^2 of a scratch row, without storing the differences.
-
-    Two halves with their own sums (twice the independent SIMD chains), each
-    ``e * e + s`` one fused multiply-add.
-    """
-    wide()
-    n = a.shape[0]
-    s0 = acc_zero(a)
-    s1 = acc_zero(a)
-    h = n // 2
-    for j in range(h):
-        e = a[j] - m
-        s0 += e * e
-        f = a[h + j] - m
-        s1 += f * f
-    for j in range(2 * h, n):
-        e = a[j] - m
-        s0 += e * e
-    return s0 + s1
-
-
-@njit(**_SUM_OPTIONS)
+@njit(**SUM_OPTIONS)
 def _grad_row(dyr, xr, w, m, rs, x_hat, g):
     """``x_hat[j] = (x[j] - m) * rs``, ``g[j] = dy[j] * w[j]``; returns ``(sum(g), sum(g * x_hat))``.
 
@@ -137,23 +98,23 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
         wide()
         d = np.empty_like(w)  # (n_cols,) scratch: the row minus its shift
         for i in range(t * rows, min((t + 1) * rows, n_rows)):
-            src = x[i]  # (n_cols,)
+            src = x  # the rows normalised: x, or h for the fused add
             if has_res:  # h = x + res, rounded as torch.add would; normalise h
                 hr = h[i]
                 xr = x[i]
                 rr = res[i]
                 for j in range(n_cols):
                     store(hr, j, load(xr, j) + load(rr, j))
-                src = hr
+                src = h
             shift = acc_zero(d)
             if center:
-                shift = load(src, 0)
-            sum_d = _shift_row(src, d, shift)  # d = x - shift, read from memory once
+                shift = load(src, (i, 0))
+            sum_d = _shift_row(src, i, d, shift)  # d = x - shift, read from memory once
             mean_d = acc_zero(d)
             if center:
                 mean_d = acc_cast(d, sum_d / n_cols)
                 mean[i] = shift + mean_d
-            var = acc_cast(d, _sqdev(d, mean_d) / n_cols)  # RMSNorm: the mean square
+            var = acc_cast(d, _sqdev(d, n_cols, mean_d) / n_cols)  # RMSNorm: the mean square
             rs = acc_cast(d, 1.0) / np.sqrt(var + acc_cast(d, eps))
             rstd[i] = rs
             yr = y[i]
