@@ -69,6 +69,15 @@ def _run(backend, fn, tensors, dy):
     return [y.detach()] + [l.grad if l is not None else None for l in leaves]
 
 
+def _assert_nonfinite_like(pairs):
+    """Each ``(got, torch's)`` pair: NaN and Inf in the same places, finite values close."""
+    for a, t in pairs:
+        assert torch.equal(a.isnan(), t.isnan())
+        assert torch.equal(a.isinf(), t.isinf())
+        fin = t.isfinite()
+        torch.testing.assert_close(a[fin], t[fin], atol=1e-5, rtol=1e-5)
+
+
 def _f64(t):
     return None if t is None else t.detach().double()
 
@@ -293,11 +302,7 @@ def test_s1_nan_and_inf_propagate_like_torch():
     tfn = lambda x: TF.group_norm(x, 4)  # noqa: E731
     (y, dx), (y_t, dx_t) = _run("cpu", fn, (x,), dy), _run("ref", tfn, (x,), dy)
     assert y.isnan().any()
-    for a, t in ((y, y_t), (dx, dx_t)):
-        assert torch.equal(a.isnan(), t.isnan())
-        assert torch.equal(a.isinf(), t.isinf())
-        fin = t.isfinite()
-        torch.testing.assert_close(a[fin], t[fin], atol=1e-5, rtol=1e-5)
+    _assert_nonfinite_like(((y, y_t), (dx, dx_t)))
 
 
 # ----------------------------------------------------------------------------
@@ -458,11 +463,7 @@ def test_nan_and_inf_propagate_like_torch(layout):
     ]:
         (y, dx), (y_t, dx_t) = _run("cpu", fn, (x,), dy), _run("ref", tfn, (x,), dy)
         assert y.isnan().any()
-        for a, t in ((y, y_t), (dx, dx_t)):
-            assert torch.equal(a.isnan(), t.isnan())
-            assert torch.equal(a.isinf(), t.isinf())
-            fin = t.isfinite()
-            torch.testing.assert_close(a[fin], t[fin], atol=1e-5, rtol=1e-5)
+        _assert_nonfinite_like(((y, y_t), (dx, dx_t)))
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "large"])
