@@ -529,14 +529,21 @@ def setup_row_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator=N
     )
 
 
+def _channel_inputs(case: Case, gen: torch.Generator):
+    """``(x, w, b, dy)`` for a per-channel op on ``case`` (dim 1 the channels; x and dy in its layout)."""
+    dt, c = case.torch_dtype, case.shape[1]
+    x = _randn(case.shape, dt, gen, case.layout, requires_grad=True)
+    w, b = _param(c, dt, gen, 1.0), _param(c, dt, gen, 0.0)
+    dy = _randn(case.shape, dt, gen, case.layout)
+    return x, w, b, dy
+
+
 def setup_batch_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
                      compile_backend: str = "inductor") -> Setup:
     """batch_norm_train / batch_norm_eval on ``(N, C)`` or ``(N, C, H, W)``, either layout."""
     gen = generator or torch.Generator().manual_seed(0)
     dt, c = case.torch_dtype, case.shape[1]
-    x = _randn(case.shape, dt, gen, case.layout, requires_grad=True)
-    w, b = _param(c, dt, gen, 1.0), _param(c, dt, gen, 0.0)
-    dy = _randn(case.shape, dt, gen, case.layout)
+    x, w, b, dy = _channel_inputs(case, gen)
     # parameters and running statistics in x's dtype, as after model.to(dtype)
     rm0 = (0.1 * torch.randn(c, generator=gen)).to(dt)
     rv0 = (1.0 + 0.1 * torch.rand(c, generator=gen)).to(dt)
@@ -560,11 +567,7 @@ def setup_batch_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator
 def setup_group_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
                      compile_backend: str = "inductor") -> Setup:
     """group_norm on ``(N, C, *)`` with ``num_groups(C)`` groups (32 for the default shapes)."""
-    gen = generator or torch.Generator().manual_seed(0)
-    dt, c = case.torch_dtype, case.shape[1]
-    x = _randn(case.shape, dt, gen, case.layout, requires_grad=True)
-    w, b = _param(c, dt, gen, 1.0), _param(c, dt, gen, 0.0)
-    dy = _randn(case.shape, dt, gen, case.layout)
+    x, w, b, dy = _channel_inputs(case, generator or torch.Generator().manual_seed(0))
     args = (x, w, b)
     return Setup(
         case, _torch_group_norm, _normlab_or_none(case.op, _normlab_group_norm), lambda p: args,
