@@ -15,7 +15,8 @@ registered by each ``ops`` family for the ops it has kernels for
 raises an error that lists what is available.
 
 The choice comes from, in order of precedence: :func:`use_backend` (a context
-manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable, and
+manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (read
+once, when normlab is imported; validated at the first call that uses it), and
 finally ``"auto"``.
 """
 
@@ -36,6 +37,10 @@ _OPS: dict[str, frozenset[str] | None] = {"ref": None}
 
 _state = threading.local()
 _global_choice: str | None = None
+_ENV_CHOICE = os.environ.get("NORMLAB_BACKEND", "").strip() or "auto"  # see get_backend
+# op -> the predicates of the backends implementing it, highest priority first
+# ("auto"'s walk, precomputed: resolve runs before every call)
+_AUTO: dict[str, tuple[tuple[str, Callable[[torch.Tensor], bool]], ...]] = {}
 
 
 def register_backend(
@@ -53,6 +58,16 @@ def register_backend(
         ops = None if before is None or ops is None else before | ops
     _BACKENDS[name] = serves
     _OPS[name] = ops
+    _AUTO.clear()
+
+
+def _auto_order(op: str) -> tuple[tuple[str, Callable[[torch.Tensor], bool]], ...]:
+    order = _AUTO.get(op)
+    if order is None:
+        order = _AUTO[op] = tuple(
+            (n, _BACKENDS[n]) for n in reversed(list(_BACKENDS)) if _OPS[n] is None or op in _OPS[n]
+        )
+    return order
 
 
 def _serves(name: str, x: torch.Tensor, op: str) -> bool:
@@ -95,7 +110,9 @@ def get_backend() -> str:
     """The backend currently requested (may be ``"auto"``)."""
     choice = getattr(_state, "choice", None) or _global_choice
     if choice is None:
-        choice = _validate(os.environ.get("NORMLAB_BACKEND", "auto").strip() or "auto")
+        # read at import, not per call: resolve runs before every kernel, and a
+        # lookup in os.environ costs microseconds there
+        choice = _validate(_ENV_CHOICE)
     return choice
 
 
@@ -104,10 +121,10 @@ def resolve(x: torch.Tensor, op: str) -> str:
 
     Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
     """
-    choice = get_backend()
+    choice = getattr(_state, "choice", None) or _global_choice or get_backend()
     if choice == "auto":
-        for name in reversed(list(_BACKENDS)):
-            if _serves(name, x, op):
+        for name, serves in _auto_order(op):
+            if serves(x):
                 return name
         return "ref"  # pragma: no cover - "ref" serves everything
     if not _serves(choice, x, op):

@@ -14,6 +14,42 @@ import torch
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+# input dtype -> the dtypes check_param accepts for its parameters
+_PARAM_DTYPES = {
+    torch.float32: (torch.float32,),
+    torch.float64: (torch.float64,),
+    torch.float16: (torch.float16, torch.float32),
+    torch.bfloat16: (torch.bfloat16, torch.float32),
+}
+
+
+def cpu_params_fit(x, shape: tuple[int, ...], *params) -> bool:
+    """The fast path of the checks: True when ``x`` is a floating-point CPU tensor and each
+    of ``params`` is None or a CPU tensor of exactly ``shape`` in a dtype :func:`check_param`
+    accepts for ``x``.
+
+    True promises that :func:`check_input` and :func:`check_param` would pass;
+    False promises nothing (the caller then runs them, and they raise with the
+    message). A handful of attribute reads: the checks run before every call,
+    often with the caches cold after the previous kernel, so each Python object
+    they touch counts.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_cpu:
+        return False
+    allowed = _PARAM_DTYPES.get(x.dtype)
+    if allowed is None:
+        return False
+    for p in params:
+        if p is not None and not (
+            isinstance(p, torch.Tensor) and p.is_cpu and p.dtype in allowed and p.shape == shape
+        ):
+            return False
+    return True
+
+
+def plain_eps(eps) -> bool:
+    """Fast path of :func:`check_eps`: ``eps`` is a non-negative Python float (or None)."""
+    return eps is None or (type(eps) is float and eps >= 0)
 
 
 def normalized_shape_tuple(fn: str, normalized_shape) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ import numbers
 import torch
 
 from . import _backend
-from ._checks import check_eps, check_input, check_param, normalized_shape_tuple
+from ._checks import check_eps, check_input, check_param, cpu_params_fit, normalized_shape_tuple, plain_eps
 from .ops import batch_norm as _bn
 from .ops import group_norm as _gn
 from .ops import layer_norm as _ln
@@ -50,6 +50,38 @@ def _check_normalized_shape(fn: str, x: torch.Tensor, shape: tuple[int, ...]) ->
         )
 
 
+# Each function below first tries a fast test of its arguments, written so that
+# True implies that every one of its checks passes (tests/test_functional_checks.py
+# holds each one to that); only when it fails do the checks run, one by one, to
+# raise the error that names the problem. The fast tests keep the common call --
+# a module's own parameters, CPU tensors, Python floats -- to a few attribute
+# reads: they run before every kernel, usually with the caches cold after the
+# previous one.
+
+
+def _rows_fit(x, shape, eps, *params) -> bool:
+    """Fast test of a row norm's arguments: ``shape`` a non-empty tuple of ints naming
+    ``x``'s trailing dims, ``params`` fitting it (:func:`cpu_params_fit`), ``eps`` plain."""
+    return (
+        type(shape) is tuple
+        and len(shape) > 0
+        and cpu_params_fit(x, shape, *params)
+        and plain_eps(eps)
+        and x.shape[x.dim() - len(shape):] == shape
+        and all(type(d) is int for d in shape)
+    )
+
+
+def _residual_fits(x, residual) -> bool:
+    """Fast test of :func:`_check_residual` (``x`` already known to be a CPU tensor)."""
+    return (
+        isinstance(residual, torch.Tensor)
+        and residual.is_cpu
+        and residual.dtype == x.dtype
+        and residual.shape == x.shape
+    )
+
+
 def layer_norm(
     input: torch.Tensor,
     normalized_shape,
@@ -63,12 +95,14 @@ def layer_norm(
     input and float64 for float64 input; output in the input's dtype.
     """
     fn = "layer_norm"
-    check_input(fn, input)
-    shape = normalized_shape_tuple(fn, normalized_shape)
-    _check_normalized_shape(fn, input, shape)
-    check_param(fn, "weight", weight, input, shape, "normalized_shape")
-    check_param(fn, "bias", bias, input, shape, "normalized_shape")
-    check_eps(fn, eps)
+    shape = normalized_shape
+    if not _rows_fit(input, shape, eps, weight, bias):
+        check_input(fn, input)
+        shape = normalized_shape_tuple(fn, normalized_shape)
+        _check_normalized_shape(fn, input, shape)
+        check_param(fn, "weight", weight, input, shape, "normalized_shape")
+        check_param(fn, "bias", bias, input, shape, "normalized_shape")
+        check_eps(fn, eps)
     return _ln.layer_norm(input, shape, weight, bias, float(eps), _backend.resolve(input, fn))
 
 
@@ -84,11 +118,13 @@ def rms_norm(
     (``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 input).
     """
     fn = "rms_norm"
-    check_input(fn, input)
-    shape = normalized_shape_tuple(fn, normalized_shape)
-    _check_normalized_shape(fn, input, shape)
-    check_param(fn, "weight", weight, input, shape, "normalized_shape")
-    check_eps(fn, eps)
+    shape = normalized_shape
+    if not _rows_fit(input, shape, eps, weight):
+        check_input(fn, input)
+        shape = normalized_shape_tuple(fn, normalized_shape)
+        _check_normalized_shape(fn, input, shape)
+        check_param(fn, "weight", weight, input, shape, "normalized_shape")
+        check_eps(fn, eps)
     eps = None if eps is None else float(eps)
     return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn))
 
@@ -137,13 +173,15 @@ def add_layer_norm(
     True
     """
     fn = "add_layer_norm"
-    check_input(fn, x)
-    _check_residual(fn, x, residual)
-    shape = normalized_shape_tuple(fn, normalized_shape)
-    _check_normalized_shape(fn, x, shape)
-    check_param(fn, "weight", weight, x, shape, "normalized_shape")
-    check_param(fn, "bias", bias, x, shape, "normalized_shape")
-    check_eps(fn, eps)
+    shape = normalized_shape
+    if not (_rows_fit(x, shape, eps, weight, bias) and _residual_fits(x, residual)):
+        check_input(fn, x)
+        _check_residual(fn, x, residual)
+        shape = normalized_shape_tuple(fn, normalized_shape)
+        _check_normalized_shape(fn, x, shape)
+        check_param(fn, "weight", weight, x, shape, "normalized_shape")
+        check_param(fn, "bias", bias, x, shape, "normalized_shape")
+        check_eps(fn, eps)
     return _ln.add_layer_norm(
         x, residual, shape, weight, bias, float(eps), _backend.resolve(x, fn)
     )
@@ -161,14 +199,21 @@ def add_rms_norm(
     input dtype first; ``eps=None`` as in :func:`rms_norm`).
     """
     fn = "add_rms_norm"
-    check_input(fn, x)
-    _check_residual(fn, x, residual)
-    shape = normalized_shape_tuple(fn, normalized_shape)
-    _check_normalized_shape(fn, x, shape)
-    check_param(fn, "weight", weight, x, shape, "normalized_shape")
-    check_eps(fn, eps)
+    shape = normalized_shape
+    if not (_rows_fit(x, shape, eps, weight) and _residual_fits(x, residual)):
+        check_input(fn, x)
+        _check_residual(fn, x, residual)
+        shape = normalized_shape_tuple(fn, normalized_shape)
+        _check_normalized_shape(fn, x, shape)
+        check_param(fn, "weight", weight, x, shape, "normalized_shape")
+        check_eps(fn, eps)
     eps = None if eps is None else float(eps)
     return _ln.add_rms_norm(x, residual, shape, weight, eps, _backend.resolve(x, fn))
+
+
+def _plain_momentum(momentum) -> bool:
+    """Fast path of :func:`_check_momentum`: a Python float, not NaN."""
+    return type(momentum) is float and momentum == momentum
 
 
 def _check_momentum(fn: str, momentum) -> None:
@@ -227,22 +272,32 @@ def batch_norm(
     normalises with ``running_mean``/``running_var``.
     """
     fn = "batch_norm"
-    check_input(fn, input)
-    _check_channels_input(fn, input)
-    _check_running_pair(fn, running_mean, running_var)
-    if not training and running_mean is None:
-        raise RuntimeError(
-            f"{fn}: running_mean must be defined in evaluation mode (training=False); "
-            f"pass training=True to normalise with the batch's own statistics"
-        )
-    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
-                       weight=weight, bias=bias)
-    _check_momentum(fn, momentum)
-    check_eps(fn, eps)
-    if training and _values_per_channel(input) == 1:
-        raise ValueError(
-            f"Expected more than 1 value per channel when training, got input size {input.size()}"
-        )
+    if not (
+        isinstance(input, torch.Tensor)
+        and input.dim() >= 2
+        and cpu_params_fit(input, input.shape[1:2], running_mean, running_var, weight, bias)
+        and (running_mean is None) == (running_var is None)
+        and (running_mean is not None or training)
+        and _plain_momentum(momentum)
+        and plain_eps(eps)
+        and (not training or input.numel() > input.shape[1])
+    ):
+        check_input(fn, input)
+        _check_channels_input(fn, input)
+        _check_running_pair(fn, running_mean, running_var)
+        if not training and running_mean is None:
+            raise RuntimeError(
+                f"{fn}: running_mean must be defined in evaluation mode (training=False); "
+                f"pass training=True to normalise with the batch's own statistics"
+            )
+        _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
+                           weight=weight, bias=bias)
+        _check_momentum(fn, momentum)
+        check_eps(fn, eps)
+        if training and _values_per_channel(input) == 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {input.size()}"
+            )
     return _bn.batch_norm(
         input, running_mean, running_var, weight, bias, bool(training), float(momentum),
         float(eps), _backend.resolve(input, fn),
@@ -260,23 +315,33 @@ def group_norm(
     groups, each group of each sample normalised with its own mean and biased variance;
     then a per-channel affine ``weight``/``bias``."""
     fn = "group_norm"
-    check_input(fn, input)
-    _check_channels_input(fn, input)
-    if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool) or num_groups <= 0:
-        raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
-    c = input.shape[1]
-    if c % num_groups != 0:
-        raise RuntimeError(
-            f"{fn}: expected the number of channels ({c}, input.shape[1] of input shape "
-            f"{list(input.shape)}) to be divisible by num_groups ({num_groups})"
-        )
-    _check_per_channel(fn, input, weight=weight, bias=bias)
-    check_eps(fn, eps)
-    if input.shape[0] * (c // num_groups) * math.prod(input.shape[2:]) == 1:
-        raise ValueError(  # each group would hold a single value: its variance is 0
-            f"Expected more than 1 value per channel when training, got input size "
-            f"{[input.shape[0] * c // num_groups, num_groups, *input.shape[2:]]}"
-        )
+    if not (
+        isinstance(input, torch.Tensor)
+        and input.dim() >= 2
+        and type(num_groups) is int
+        and num_groups > 0
+        and input.shape[1] % num_groups == 0
+        and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and plain_eps(eps)
+        and input.numel() != num_groups  # N * (C / G) * S == 1: one value per group
+    ):
+        check_input(fn, input)
+        _check_channels_input(fn, input)
+        if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool) or num_groups <= 0:
+            raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
+        c = input.shape[1]
+        if c % num_groups != 0:
+            raise RuntimeError(
+                f"{fn}: expected the number of channels ({c}, input.shape[1] of input shape "
+                f"{list(input.shape)}) to be divisible by num_groups ({num_groups})"
+            )
+        _check_per_channel(fn, input, weight=weight, bias=bias)
+        check_eps(fn, eps)
+        if input.shape[0] * (c // num_groups) * math.prod(input.shape[2:]) == 1:
+            raise ValueError(  # each group would hold a single value: its variance is 0
+                f"Expected more than 1 value per channel when training, got input size "
+                f"{[input.shape[0] * c // num_groups, num_groups, *input.shape[2:]]}"
+            )
     return _gn.group_norm(input, int(num_groups), weight, bias, float(eps), _backend.resolve(input, fn))
 
 
@@ -294,25 +359,35 @@ def instance_norm(
     over its spatial dims. With ``use_input_stats`` and running statistics given, these are
     updated in place with the batch average of the per-instance statistics (unbiased variance)."""
     fn = "instance_norm"
-    check_input(fn, input)
-    if input.dim() < 2 or (use_input_stats and input.dim() < 3):
-        raise ValueError(
-            f"{fn}: expected an input of shape (N, C, *spatial) with at least 3 dims, "
-            f"got input of shape {list(input.shape)}; add a batch dim with x.unsqueeze(0)"
-        )
-    _check_running_pair(fn, running_mean, running_var)
-    if not use_input_stats and running_mean is None:
-        raise RuntimeError(
-            f"{fn}: expected running_mean and running_var when use_input_stats=False, got None"
-        )
-    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
-                       weight=weight, bias=bias)
-    _check_momentum(fn, momentum)
-    check_eps(fn, eps)
-    if use_input_stats and math.prod(input.shape[2:]) == 1:
-        raise ValueError(
-            f"Expected more than 1 spatial element when training, got input size {input.size()}"
-        )
+    if not (
+        isinstance(input, torch.Tensor)
+        and input.dim() >= (3 if use_input_stats else 2)
+        and cpu_params_fit(input, input.shape[1:2], running_mean, running_var, weight, bias)
+        and (running_mean is None) == (running_var is None)
+        and (running_mean is not None or use_input_stats)
+        and _plain_momentum(momentum)
+        and plain_eps(eps)
+        and (not use_input_stats or input.numel() != input.shape[0] * input.shape[1])  # S == 1
+    ):
+        check_input(fn, input)
+        if input.dim() < 2 or (use_input_stats and input.dim() < 3):
+            raise ValueError(
+                f"{fn}: expected an input of shape (N, C, *spatial) with at least 3 dims, "
+                f"got input of shape {list(input.shape)}; add a batch dim with x.unsqueeze(0)"
+            )
+        _check_running_pair(fn, running_mean, running_var)
+        if not use_input_stats and running_mean is None:
+            raise RuntimeError(
+                f"{fn}: expected running_mean and running_var when use_input_stats=False, got None"
+            )
+        _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
+                           weight=weight, bias=bias)
+        _check_momentum(fn, momentum)
+        check_eps(fn, eps)
+        if use_input_stats and math.prod(input.shape[2:]) == 1:
+            raise ValueError(
+                f"Expected more than 1 spatial element when training, got input size {input.size()}"
+            )
     return _gn.instance_norm(
         input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum),
         float(eps), _backend.resolve(input, fn),

@@ -79,7 +79,7 @@ def helper(fn):
 
 def serves_cpu(x: torch.Tensor) -> bool:
     """The ``"cpu"`` backend takes CPU tensors of the four float dtypes (numba installed)."""
-    return x.device.type == "cpu" and x.dtype in CPU_DTYPES
+    return x.is_cpu and x.dtype in CPU_DTYPES
 
 
 # Below this many elements a kernel runs on the calling thread alone (torch's
