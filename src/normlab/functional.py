@@ -213,7 +213,7 @@ def add_rms_norm(
 
 def _plain_momentum(momentum) -> bool:
     """Fast path of :func:`_check_momentum`: a Python float, not NaN."""
-    return type(momentum) is float and momentum == momentum
+    return type(momentum) is float and momentum == momentum  # noqa: PLR0124 (False for NaN only)
 
 
 def _check_momentum(fn: str, momentum) -> None:

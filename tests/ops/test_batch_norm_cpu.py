@@ -9,6 +9,7 @@ result to their dtype.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -400,6 +401,62 @@ def test_gradient_sums_over_long_planes(dtype, training):
             assert rel_err(a, r64) < 1e-5, name
         else:
             assert_within_rounding(a, r64, 2.0, name)
+
+
+def _takes_plane_statistics(shape):
+    """The training forward of a contiguous ``shape`` takes the per-plane statistics:
+    local tasks (every row of whole channels) and planes of at least PLANE_MIN values."""
+    n, c, s = shape[0], shape[1], math.prod(shape[2:])
+    local = bn_op.geometry(n, c * s, s, bn_op.LOCAL_ELEMS)[4]
+    return local and s >= bn_op._k().PLANE_MIN
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 4, 72, 64), (6, 5, 16, 20)], ids=["two_pieces", "one_piece"])
+def test_plane_statistics_against_float64(dtype, shape):
+    """Planes of 4608 values (two pieces: 4096 + 512) and of 320: y and the running
+    statistics against float64 torch from the same input, float32/float64 with a mean
+    of 1e4 (the statistics are shifted by the channel's first value)."""
+    assert _takes_plane_statistics(shape)
+    shift = 0.0 if dtype in HALF else 1e4
+    x = _randn(shape, dtype, seed=70, scale=2.0, shift=shift)
+    w, b, rm, rv = _params(shape[1], dtype)
+    got = _run("cpu", x, w, b, rm, rv, True)
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, fn=TF.batch_norm)
+    # y from the centred two-pass formula in float64 (torch's float64 kernel folds the
+    # mean into the shift and is off by ~1e-11 at a mean of 1e4)
+    x64, dims, per_c = x.double(), (0, 2, 3), (1, -1, 1, 1)
+    mean = x64.mean(dims, keepdim=True)
+    var = ((x64 - mean) ** 2).mean(dims, keepdim=True)
+    y64 = (x64 - mean) / torch.sqrt(var + 1e-5) * w.double().view(per_c) + b.double().view(per_c)
+    if dtype in HALF:
+        assert_within_rounding(got[0], y64, 2.0, "y")
+    else:
+        tol = {torch.float32: 1e-5, torch.float64: 1e-11}[dtype]  # float64: ulp(1e4) ~ 2e-12
+        assert (got[0].double() - y64).abs().max() < tol
+    for name, a, r64 in (("running_mean", got[2], exact[2]), ("running_var", got[3], exact[3])):
+        assert rel_err(a, r64) < TIGHT.get(dtype, 1e-2), name  # half: the buffers' rounding
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_plane_statistics_constant_channel_nan_and_inf(dtype):
+    """Per-plane statistics: a constant channel gives exactly beta; a NaN or an Inf in a
+    channel makes that channel's output NaN and its running statistics NaN or Inf where
+    torch's are (the Inf channel: running mean Inf, running var NaN); the other
+    channels stay finite."""
+    shape = (3, 4, 72, 64)
+    assert _takes_plane_statistics(shape)
+    x = _randn(shape, dtype, seed=71)
+    x[:, 1] = 3.7
+    x[2, 2, 70, 5] = float("nan")
+    x[0, 3, 1, 1] = float("inf")
+    w, b, rm, rv = _params(4, dtype)
+    got = _run("cpu", x, w, b, rm, rv, True)
+    tor = _run(None, x, w, b, rm, rv, True, fn=TF.batch_norm)
+    assert torch.equal(got[0][:, 1], b[1].expand_as(got[0][:, 1]))
+    for a, t in ((got[0], tor[0]), (got[2], tor[2]), (got[3], tor[3])):
+        assert torch.equal(a.isnan(), t.isnan()) and torch.equal(a.isinf(), t.isinf())
+    assert got[0][:, 2:].isnan().all() and torch.isfinite(got[0][:, :2]).all()
 
 
 # ----------------------------------------------------------------------------

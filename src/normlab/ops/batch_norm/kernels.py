@@ -56,7 +56,11 @@ Where a block of whole channels with every row fits in cache (contiguous NCHW
 with a modest batch: ``local``), one task computes its channels' statistics
 and then normalises them (or, backward, its sums and then ``dx``) while they
 are in cache: the input is read from memory once. Otherwise a second parallel
-pass normalises (computes ``dx``) row by row, in memory order.
+pass normalises (computes ``dx``) row by row, in memory order. A local task
+whose planes hold at least ``PLANE_MIN`` values takes its statistics plane by
+plane instead of per column (:func:`_task_stats_planes`): the same two passes
+over pieces of a contiguous plane, summed in registers, merged in float64
+shifted by the channel's first value.
 
 Normalisation
 -------------
@@ -109,6 +113,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._rows import shift_row, sqdev
 from .._simd import wide
 
 # Sums of finished float64 partials (and, below, of plane values) are split into
@@ -457,6 +462,56 @@ def _task_grad_sums_planes(dy, x, dx, t0, t1, c0, n, s_len, hi, a, ty, tx, fused
 
 
 @njit(**HELPER_OPTIONS)
+def _task_stats_planes(x, r0, r1, c0, n, s_len, w, mean, var, ch0, d):
+    """Mean and biased variance (float64) of each channel of a task that holds every row
+    (r0..r1) of whole planes (``c0`` and ``n`` multiples of ``S >= PLANE_MIN``), into
+    ``mean``/``var`` from channel ``ch0`` on.
+
+    Each plane in pieces of at most PLANE_PIECE values, with the shifted two-pass
+    statistics of a piece as in LayerNorm's rows (``ops/_rows.py``): pass 1 reads the
+    piece from memory into the scratch ``d = x - x[first]`` and sums it (SIMD lanes),
+    pass 2 sums ``(d - mean(d))^2`` over ``d`` in L1. Register sums over a contiguous
+    plane instead of per-column accumulators loaded and stored for every row
+    (bfloat16 training forward of (32, 64, 32, 32): ~440 -> ~300 us).
+
+    Pieces are merged in row and piece order in float64, shifted by the channel's
+    first value ``ref``: with a piece's mean ``ref + dev`` (``dev`` small: its
+    shift's offset from ``ref``, exact, plus its mean of ``d``), the channel's mean
+    is ``ref + sum(k * dev) / N`` and its M2 the pieces' M2 plus
+    ``sum(k * dev^2) - N * mean(dev)^2``, sums of values at the scale of the spread,
+    so a mean of 1e4 keeps its digits and a constant channel gives its value and 0.
+    """
+    n_pl = n // s_len
+    acc = np.zeros((4, n_pl))  # per channel: ref, sum k * dev, sum k * dev^2, sum of the pieces' M2
+    for i in range(r0, r1):
+        xr = x[i][c0 : c0 + n]
+        for p in range(n_pl):
+            xp = xr[p * s_len : (p + 1) * s_len]
+            if i == r0:
+                acc[0, p] = load(xp, 0)
+            ref = acc[0, p]
+            for lo in range(0, s_len, PLANE_PIECE):
+                k = min(PLANE_PIECE, s_len - lo)
+                dk = d[:k]
+                sh = load(xp, lo)
+                s = shift_row(xp[lo : lo + k].reshape(1, k), 0, dk, sh)  # pass 1: d = x - sh; sum d
+                md = acc_cast(w, s / k)
+                sk = np.float64(s) / k
+                corr = sk - np.float64(md)  # mean(d) - md: md's rounding
+                q = np.float64(sqdev(dk, k, md)) - k * corr * corr  # pass 2: the piece's M2
+                dev = (np.float64(sh) - ref) + sk
+                acc[1, p] += k * dev
+                acc[2, p] += k * dev * dev
+                acc[3, p] += q if not q < 0.0 else 0.0  # rounding; NaN stays NaN
+    cnt = (r1 - r0) * s_len
+    for p in range(n_pl):
+        dm = acc[1, p] / cnt
+        mean[ch0 + p] = acc[0, p] + dm
+        m2 = acc[3, p] + (acc[2, p] - acc[1, p] * dm)
+        var[ch0 + p] = (m2 if not m2 < 0.0 else 0.0) / cnt
+
+
+@njit(**HELPER_OPTIONS)
 def _channel_stats(tm, tq, start, s_len, fold, period, n_rows):
     """(mean, biased var) of a channel from its columns' (mean, M2), each of ``n_rows`` values:
     columns start + r*period .. + S for r < fold (equal counts: the mean of the means,
@@ -580,8 +635,15 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
         if phase == 0:
             tm = pmean[g][c0 : c0 + n]
             tq = pm2[g][c0 : c0 + n]
-            _task_stats(x, r0, r1, c0, n, sub, w, tm, tq)
-            if local:  # whole channels, every row (r0 == 0, r1 == n_rows): finish them here
+            if local and s_len >= PLANE_MIN:  # whole channels, every row, large planes: plane by plane
+                ch0 = c0 // s_len
+                _task_stats_planes(x, r0, r1, c0, n, s_len, w, mean, var, ch0,
+                                   np.empty(min(s_len, PLANE_PIECE), w.dtype))
+                for c in range(ch0, ch0 + n // s_len):
+                    _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
+            else:
+                _task_stats(x, r0, r1, c0, n, sub, w, tm, tq)
+            if local and s_len < PLANE_MIN:  # whole channels, every row (r0 == 0, r1 == n_rows): finish them here
                 ch0 = c0 // s_len
                 for c in range(ch0, ch0 + n // s_len):
                     mean[c], var[c] = _channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, n_ch * s_len, n_rows)
