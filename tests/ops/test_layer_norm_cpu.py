@@ -7,6 +7,7 @@ be within 2x the error of rounding the float64 result to their dtype.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -17,12 +18,14 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
+from normlab.ops.layer_norm import op as ln_op
 from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# (input shape, normalized_shape)
-CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5))]
+# (input shape, normalized_shape); the last two have rows wider than the backward's
+# WIDE_COLS (no scratch rows; test_wide_cases_are_wide holds them to it)
+CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5)), ((5, 2100), (2100,)), ((2, 3, 50, 45), (50, 45))]
 TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
@@ -259,15 +262,22 @@ def test_gradcheck_and_gradgradcheck(name):
 # ----------------------------------------------------------------------------
 
 
+def test_wide_cases_are_wide():
+    assert max(math.prod(ns) for _, ns in CASES) > ln_op._k().WIDE_COLS
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_bitwise_identical_for_1_and_2_threads(dtype):
-    # 2048 rows of 96: several fixed row chunks, large enough to run on 2 threads
-    x, w, b, dy = _inputs((2048, 96), (96,), dtype, "both", seed=5)
-    r = torch.randn(2048, 96).to(dtype)
+@pytest.mark.parametrize("cols", [96, 2560], ids=["narrow", "wide"])
+def test_bitwise_identical_for_1_and_2_threads(dtype, cols):
+    # rows of 96 (scratch rows) or 2560 values (wider than WIDE_COLS): several fixed row
+    # chunks, large enough to run on 2 threads
+    n = 2048 if cols == 96 else 96
+    x, w, b, dy = _inputs((n, cols), (cols,), dtype, "both", seed=5)
+    r = torch.randn(n, cols).to(dtype)
     fns = [
-        lambda x, w, b: NF.layer_norm(x, (96,), w, b),
-        lambda x, w, b: NF.rms_norm(x, (96,), w) + 0 * b.sum(),
-        lambda x, w, b: NF.add_layer_norm(x, r, (96,), w, b)[0],
+        lambda x, w, b: NF.layer_norm(x, (cols,), w, b),
+        lambda x, w, b: NF.rms_norm(x, (cols,), w) + 0 * b.sum(),
+        lambda x, w, b: NF.add_layer_norm(x, r, (cols,), w, b)[0],
     ]
     before = torch.get_num_threads()
     try:
