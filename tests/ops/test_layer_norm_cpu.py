@@ -18,6 +18,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
+from normlab.ops import _numba
 from normlab.ops.layer_norm import op as ln_op
 from tests.oracle import assert_within_rounding, rel_err
 
@@ -267,11 +268,13 @@ def test_wide_cases_are_wide():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("cols", [96, 2560], ids=["narrow", "wide"])
-def test_bitwise_identical_for_1_and_2_threads(dtype, cols):
-    # rows of 96 (scratch rows) or 2560 values (wider than WIDE_COLS): several fixed row
-    # chunks, large enough to run on 2 threads
-    n = 2048 if cols == 96 else 96
+@pytest.mark.parametrize("n, cols", [(2048, 96), (96, 2560), (4096, 1024)], ids=["narrow", "wide", "long"])
+def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
+    # rows of 96 (scratch rows), of 2560 values (wider than WIDE_COLS), and enough rows
+    # that the backward's chunks are enlarged (_bwd_rows): several fixed row chunks,
+    # large enough to run on 2 threads
+    if n == 4096:
+        assert ln_op._bwd_rows(n, cols) > _numba.rows_per_chunk(n, cols)
     x, w, b, dy = _inputs((n, cols), (cols,), dtype, "both", seed=5)
     r = torch.randn(n, cols).to(dtype)
     fns = [

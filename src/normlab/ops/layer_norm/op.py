@@ -98,6 +98,20 @@ def _forward(x, res, w, b, eps, center):
     return y, h, mean, rstd
 
 
+# The backward's chunks: at least _numba.rows_per_chunk rows, enlarged up to this
+# many while at least BWD_MIN_CHUNKS chunks remain. Each chunk writes one row of
+# dw/db partials, merged after: 8192x4096 float32 went from 512 partial rows (16 MB
+# written and read again) to 32, backward ~51 -> ~45 ms.
+BWD_MAX_ROWS = 256
+BWD_MIN_CHUNKS = 32
+
+
+def _bwd_rows(n_rows: int, n_cols: int) -> int:
+    """Rows per chunk of ``norm_bwd`` (from the shape only: the bits never depend on threads)."""
+    rows = _numba.rows_per_chunk(n_rows, n_cols)
+    return max(rows, min(BWD_MAX_ROWS, n_rows // BWD_MIN_CHUNKS))
+
+
 def _backward(dy, x, w, mean, rstd, dh, center, need_wb):
     """Run ``norm_bwd``; returns ``(dx, dw, db)`` with dw/db in the accumulation dtype.
 
@@ -126,7 +140,7 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb):
         _bits(rstd.contiguous()),
         _bits(dh.to(x.dtype).contiguous()) if dh is not None else bdy,
         _bits(dx),
-        _numba.rows_per_chunk(n_rows, n_cols),
+        _bwd_rows(n_rows, n_cols),
         dh is not None,
         center,
         need_wb,
