@@ -1,8 +1,10 @@
 """Row reductions that more than one family's kernels use (imported by ``kernels.py`` files only).
 
-Both are the first and second pass of the shifted two-pass statistics
-(``ops/_common.shifted_mean_var``) over one row held in a 2-D array:
-LayerNorm/RMSNorm rows and GroupNorm's NCHW group rows.
+:func:`shift_row` and :func:`sqdev` are the first and second pass of the
+shifted two-pass statistics (``ops/_common.shifted_mean_var``) over one row:
+LayerNorm/RMSNorm rows, GroupNorm's NCHW group rows, BatchNorm's planes.
+:func:`grad_sums` is the backward's pair of sums over a slice of ``dy`` and
+``x``: GroupNorm's short channels, BatchNorm's planes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,22 @@ def shift_row(x, r, d, shift):
         d[j] = e
         s += e
     return s
+
+
+@njit(**SUM_OPTIONS)
+def grad_sums(g, x, m):
+    """``(sum dy, sum dy * (x - m))`` over 1-D slices ``g`` of ``dy`` and ``x`` of ``x``, in the
+    accumulation dtype (``m``'s), straight from the tensors, split into SIMD lanes
+    (reassociation of the two sums only: ``x - m`` is a two-operand difference inside a
+    product)."""
+    wide()
+    s1 = m - m
+    s2 = m - m
+    for t in range(g.shape[0]):
+        v = load(g, t)
+        s1 += v
+        s2 += v * (load(x, t) - m)
+    return s1, s2
 
 
 @njit(**dict(SUM_OPTIONS, fastmath={"reassoc", "contract"}))

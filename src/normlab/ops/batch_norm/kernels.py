@@ -113,7 +113,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
-from .._rows import shift_row, sqdev
+from .._rows import grad_sums, shift_row, sqdev
 from .._simd import wide
 
 # Sums of finished float64 partials (and, below, of plane values) are split into
@@ -407,21 +407,6 @@ PLANE_MIN = 256
 PLANE_PIECE = 4096
 
 
-@njit(**SUM_OPTIONS)
-def _plane_grad(gp, xp, h):
-    """``(sum dy, sum dy * (x - h))`` over a piece of one plane's ``dy`` and ``x`` (slices),
-    in the accumulation dtype (``h``'s), split into SIMD lanes (reassociation of the two
-    sums only: ``x - h`` is a two-operand difference inside a product)."""
-    wide()
-    s1 = h - h
-    s2 = h - h
-    for t in range(gp.shape[0]):
-        v = load(gp, t)
-        s1 += v
-        s2 += v * (load(xp, t) - h)
-    return s1, s2
-
-
 @njit(**HELPER_OPTIONS)
 def _task_grad_sums_planes(dy, x, dx, t0, t1, c0, n, s_len, hi, a, ty, tx, fused):
     """:func:`_task_grad_sums` for a task of whole planes (``c0`` and ``n`` multiples of
@@ -448,7 +433,7 @@ def _task_grad_sums_planes(dy, x, dx, t0, t1, c0, n, s_len, hi, a, ty, tx, fused
             sx = 0.0
             for lo in range(0, s_len, PLANE_PIECE):
                 hi_ = min(lo + PLANE_PIECE, s_len)
-                s1, s2 = _plane_grad(gp[lo:hi_], xp[lo:hi_], h)
+                s1, s2 = grad_sums(gp[lo:hi_], xp[lo:hi_], h)
                 sy += s1
                 sx += s2
             ty[p0] += sy

@@ -89,6 +89,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._rows import grad_sums as _grad_sums
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
 from .._simd import prefetch as _prefetch
@@ -156,20 +157,6 @@ def _grad_row(dy, x, r, k, m, u, v):
         v[k, j] = e
         s1 += a
         s2 += a * e
-    return s1, s2
-
-
-@njit(**SUM_OPTIONS)
-def _grad_sums(gk, xk, m):
-    """``(sum dy, sum dy * (x - m))`` over one channel's slices of ``dy`` and ``x``, straight
-    from the tensors (no scratch): short channels, whose output pass re-reads them from L1."""
-    _wide()
-    s1 = m - m
-    s2 = m - m
-    for j in range(xk.shape[0]):
-        a = load(gk, j)
-        s1 += a
-        s2 += a * (load(xk, j) - m)
     return s1, s2
 
 
@@ -317,7 +304,7 @@ def gn_bwd(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
             for k in range(cg):
                 if cached:  # one loop: copy in, both sums
                     sdy, sdx = _grad_row(dy, x, r, k, m, u, v)
-                elif short:  # the sums straight from x and dy
+                elif short:  # the sums straight from x and dy (the output pass re-reads them from L1)
                     sdy, sdx = _grad_sums(dy_rows[r][k * ns : (k + 1) * ns], x_rows[r][k * ns : (k + 1) * ns], m)
                 else:
                     sdy = acc_zero(w)
