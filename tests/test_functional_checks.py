@@ -174,22 +174,25 @@ def _channel_args(dtype, shape, flaw):
     return x, rm, rv, p("w"), p("b"), momentum, _eps(flaw)
 
 
+@pytest.mark.parametrize("op", ["batch_norm", "instance_norm"])
 @pytest.mark.parametrize("flaw", CHANNEL_FLAWS)
 @settings(max_examples=8, deadline=None)
 @given(
     dtype=DTYPES,
     shape=st.lists(st.integers(1, 3), min_size=2, max_size=4),
-    training=st.booleans(),
+    flag=st.booleans(),
 )
-def test_batch_norm_fast_checks_agree_with_full_checks(dtype, shape, flaw, training):
+def test_batch_and_instance_norm_fast_checks_agree_with_full_checks(op, dtype, shape, flaw, flag):
+    """``flag``: batch_norm's ``training``, instance_norm's ``use_input_stats`` (the same
+    place in both signatures)."""
     shape = tuple(shape)
 
-    def make_args():  # fresh running statistics each call: training updates them in place
+    def make_args():  # fresh running statistics each call: both update them in place
         torch.manual_seed(1)
         x, rm, rv, w, b, momentum, eps = _channel_args(dtype, shape, flaw)
-        return x, rm, rv, w, b, training, momentum, eps
+        return x, rm, rv, w, b, flag, momentum, eps
 
-    _same(NF.batch_norm, make_args, flaw)
+    _same(getattr(NF, op), make_args, flaw)
 
 
 @pytest.mark.parametrize("flaw", CHANNEL_FLAWS + ["groups 0", "groups -1", "groups float", "groups bool",
@@ -212,23 +215,6 @@ def test_group_norm_fast_checks_agree_with_full_checks(dtype, shape, flaw, per_g
         return x, groups, w, b, eps
 
     _same(NF.group_norm, make_args, flaw)
-
-
-@pytest.mark.parametrize("flaw", CHANNEL_FLAWS)
-@settings(max_examples=8, deadline=None)
-@given(
-    dtype=DTYPES,
-    shape=st.lists(st.integers(1, 3), min_size=2, max_size=4),
-    use_input_stats=st.booleans(),
-)
-def test_instance_norm_fast_checks_agree_with_full_checks(dtype, shape, flaw, use_input_stats):
-    shape = tuple(shape)
-
-    def make_args():
-        torch.manual_seed(1)
-        return (*_channel_args(dtype, shape, flaw)[:5], use_input_stats, *_channel_args(dtype, shape, flaw)[5:])
-
-    _same(NF.instance_norm, make_args, flaw)
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "batch_norm", "group_norm"])
