@@ -121,7 +121,7 @@ def resolve(x: torch.Tensor, op: str) -> str:
 
     Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
     """
-    choice = getattr(_state, "choice", None) or _global_choice or get_backend()
+    choice = get_backend()
     if choice == "auto":
         for name, serves in _auto_order(op):
             if serves(x):
