@@ -7,6 +7,12 @@
   uint16; the kernels convert them (``ops/_bf16.py``).
 - :func:`param`: a weight or bias as a contiguous 1-D array in the
   accumulation dtype, or a cached array of ones/zeros when it is None.
+- the pointer path of small calls (``ops/_ptr.py``): :data:`PROTO` (the
+  prototype arrays an entry function takes for a dtype), :func:`param_ptr`
+  (a weight or bias as an address) and :func:`call` (a jitted function called
+  through its compiled entry point).
+- :func:`fast_apply`: an ``autograd.Function``'s apply without the Python layer
+  of ``Function.apply``.
 """
 
 from __future__ import annotations
@@ -14,21 +20,45 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Optional
 
+import numpy as np
+
 import torch
+
+from . import _numba
 
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
 _FILL: dict = {}  # (n, dtype, value) -> read-only array of ones / zeros
 
 
-def kernels_loader(package: str) -> Callable:
-    """A function returning ``<package>.kernels``, imported on its first call."""
-    module = None
+class _SerialKernels:
+    """A kernels module seen through its serial twins (``_numba.serial``), looked up once each."""
 
-    def load():
-        nonlocal module
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        twin = _numba.serial(getattr(self._module, name))
+        setattr(self, name, twin)  # later lookups skip __getattr__
+        return twin
+
+
+def kernels_loader(package: str) -> Callable:
+    """A function ``load(numel=None)`` returning ``<package>.kernels``, imported on its first call.
+
+    With ``numel`` (the values a kernel will touch), the kernels come in the version
+    that should run it (``_numba.use_parallel``): the module's own, parallel ones
+    for large tensors, their serial twins otherwise.
+    """
+    module = serial = None
+
+    def load(numel: Optional[int] = None):
+        nonlocal module, serial
         if module is None:
             module = importlib.import_module(package + ".kernels")
-        return module
+            serial = _SerialKernels(module)
+        if numel is None or _numba.use_parallel(numel):
+            return module
+        return serial
 
     return load
 
@@ -55,3 +85,67 @@ def param(p: Optional[torch.Tensor], n: int, acc: torch.dtype, fill: float):
     if p.dtype != acc or not p.is_contiguous():
         p = p.to(acc).contiguous()
     return (p if p.dim() == 1 else p.reshape(-1)).numpy()
+
+
+# --------------------------------------------------------------------------
+# The pointer path
+# --------------------------------------------------------------------------
+
+_STORAGE = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.int16,
+            torch.float16: np.uint16}
+# torch dtype -> (prototype of the storage dtype, prototype of the accumulation dtype)
+PROTO = {dt: (np.zeros(1, st), np.zeros(1, np.float64 if dt == torch.float64 else np.float32))
+         for dt, st in _STORAGE.items()}
+
+
+def param_ptr(p: Optional[torch.Tensor], acc: torch.dtype):
+    """``(address, keep)`` of a weight or bias as a contiguous tensor in dtype ``acc``: the
+    address is 0 for None (the entry functions then use ones / zeros); ``keep`` holds a
+    converted copy alive until the kernel has run."""
+    if p is None:
+        return 0, None
+    if p.dtype != acc or not p.is_contiguous():
+        p = p.detach().to(acc).contiguous()
+    return p.data_ptr(), p
+
+
+_ENTRIES: dict = {}  # (jitted function, key) -> its compiled entry point
+
+
+def call(fn, key, *args):
+    """``fn(*args)`` for a jitted ``fn``, straight through its compiled entry point.
+
+    A call through numba's dispatcher types every argument first (~0.15 us each);
+    the entry point of the one compiled version skips that. ``key`` must fix the
+    type of every argument (the launchers use the input's dtype and pass Python
+    ints, floats and bools, and prototype arrays from :data:`PROTO`): the first
+    call for a key goes through the dispatcher (compiling, or loading from the
+    disk cache) and remembers the entry point it used.
+    """
+    entry = _ENTRIES.get((fn, key))
+    if entry is not None:
+        return entry(*args)
+    out = fn(*args)
+    sig = tuple(fn.typeof_pyval(a) for a in args)
+    compiled = fn.overloads.get(sig)
+    if compiled is not None:
+        _ENTRIES[(fn, key)] = compiled.entry_point
+    return out
+
+
+def fast_apply(function: type) -> Callable:
+    """``function.apply`` (an ``autograd.Function``) without ``Function.apply``'s Python layer.
+
+    ``Function.apply`` binds default arguments and walks the arguments for
+    functorch wrappers before it calls the C++ apply (about 4 us a call here).
+    With no functorch transform active -- always, for the eager path -- the C++
+    apply alone does the same; under a transform the full ``apply`` runs.
+    """
+    c_apply = super(torch.autograd.Function, function).apply
+    full_apply = function.apply
+    active = torch._C._are_functorch_transforms_active
+
+    def apply(*args):
+        return full_apply(*args) if active() else c_apply(*args)
+
+    return apply

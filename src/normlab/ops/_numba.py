@@ -21,7 +21,9 @@ reductions over rows, so results do not depend on the number of threads).
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
+import types
 
 import torch
 
@@ -68,8 +70,14 @@ def numba():
 
 
 def kernel(fn):
-    """Decorator for a kernel: ``numba.njit(**KERNEL_OPTIONS)``."""
-    return numba().njit(**KERNEL_OPTIONS)(fn)
+    """Decorator for a kernel: ``numba.njit(**KERNEL_OPTIONS)``.
+
+    Every kernel also has a serial twin (:func:`serial`), compiled from the same
+    source without ``parallel``, on first use.
+    """
+    disp = numba().njit(**KERNEL_OPTIONS)(fn)
+    _PARALLEL.add(disp)
+    return disp
 
 
 def helper(fn):
@@ -87,21 +95,111 @@ def serves_cpu(x: torch.Tensor) -> bool:
 # machine a parallel region waits until every one of its threads gets a core.
 SERIAL_ELEMS = 32768
 
+# The kernels compiled with ``parallel=True`` (``@kernel``), and the serial twin of
+# every function that reaches one (see :func:`serial`).
+_PARALLEL: set = set()
+_TWINS: dict = {}
 
-def sync_threads(numel: int | None = None) -> None:
+# Whether this process has started numba's OpenMP thread pool (a parallel kernel
+# ran here), and whether it may (False in a child forked after its parent had:
+# GNU OpenMP aborts a forked child at its first parallel region -- "fork() called
+# from a process already using GNU OpenMP" -- so such a child runs every kernel
+# through its serial twin; same source, same chunks, the same bits).
+_pool_started = False
+_parallel_ok = True
+
+
+def _after_fork_in_child() -> None:
+    global _parallel_ok, _pool_started
+    if _pool_started:
+        _parallel_ok = False
+    _threads.__dict__.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _reaches_kernel(disp, seen=None) -> bool:
+    """Whether the jitted function ``disp`` is a parallel kernel or calls one (directly or not)."""
+    if disp in _PARALLEL:
+        return True
+    seen = set() if seen is None else seen
+    if disp in seen:
+        return False
+    seen.add(disp)
+    fn = disp.py_func
+    for name in fn.__code__.co_names:
+        g = fn.__globals__.get(name)
+        if _is_dispatcher(g) and _reaches_kernel(g, seen):
+            return True
+    return False
+
+
+def _is_dispatcher(obj) -> bool:
+    return _numba is not None and isinstance(obj, _numba.core.dispatcher.Dispatcher)
+
+
+def serial(disp):
+    """The serial twin of the jitted function ``disp``: the same source, compiled without
+    ``parallel`` (``prange`` is ``range``), calling the serial twins of the kernels it calls.
+
+    Results are the same bits as the parallel version's: the kernels' work split
+    (chunks, tasks, the order partial sums are merged in) depends on the shape
+    only, never on threads. The twin runs on the calling thread with no parallel
+    region at all: it is what small tensors take (a parallel launch costs more than
+    their work) and what a forked child takes. A function that reaches no kernel
+    is its own twin. Twins get their own qualified name (``<name>__serial``), so
+    numba caches them on disk apart from the parallel versions.
+    """
+    twin = _TWINS.get(disp)
+    if twin is not None:
+        return twin
+    if not _reaches_kernel(disp):
+        _TWINS[disp] = disp
+        return disp
+    fn = disp.py_func
+    scope = dict(fn.__globals__)
+    for name in fn.__code__.co_names:
+        g = scope.get(name)
+        if _is_dispatcher(g):
+            scope[name] = serial(g)
+    clone = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__qualname__ = fn.__qualname__ + "__serial"
+    clone.__module__ = fn.__module__
+    clone.__doc__ = fn.__doc__
+    options = {k: v for k, v in disp.targetoptions.items() if k not in ("parallel", "nopython")}
+    twin = _TWINS[disp] = numba().njit(**options)(clone)
+    return twin
+
+
+def use_parallel(numel: int) -> bool:
+    """Whether a kernel over ``numel`` values takes its parallel version (else its serial twin).
+
+    Parallel when the tensor is large enough (:data:`SERIAL_ELEMS`), torch runs more
+    than one thread, and this process may start a thread pool (not a child forked
+    after its parent had started one). When it does, numba's thread count is made
+    to match torch's (:func:`sync_threads`).
+    """
+    global _pool_started
+    if numel < SERIAL_ELEMS or not _parallel_ok or torch.get_num_threads() == 1:
+        return False
+    sync_threads()
+    _pool_started = True
+    return True
+
+
+def sync_threads() -> None:
     """Make numba's thread count (for this thread) match ``torch.get_num_threads()``.
 
-    One thread when ``numel`` (the elements the kernel touches) is below
-    :data:`SERIAL_ELEMS`. Results never depend on this (fixed chunks). The
-    last count set is remembered per thread, so the common call costs no
+    The last count set is remembered per thread, so the common call costs no
     numba call (a ``numba.set_num_threads`` made elsewhere is not noticed).
     """
     n_torch = torch.get_num_threads()
-    n = 1 if numel is not None and numel < SERIAL_ELEMS else n_torch
-    if getattr(_threads, "n", None) != n:  # numba's setting is per thread, like ours
+    if getattr(_threads, "n", None) != n_torch:  # numba's setting is per thread, like ours
         nb = numba()
-        nb.set_num_threads(max(1, min(n, nb.config.NUMBA_NUM_THREADS)))
-        _threads.n = n
+        nb.set_num_threads(max(1, min(n_torch, nb.config.NUMBA_NUM_THREADS)))
+        _threads.n = n_torch
         if torch.get_num_threads() != n_torch:
             # numba's "omp" layer shares libgomp with torch: starting its pool can
             # reset torch's count (seen by `normlab bench`); put it back

@@ -192,8 +192,7 @@ def _forward(x, w, b, running_mean, running_var, training, eps):
     fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS)
     xf = _folded(xv, fold)
     work = _work(xf.shape[0], xf.shape[1], sub, group, training)
-    _numba.sync_threads(x.numel())
-    _k().bn_fwd(
+    _k(x.numel()).bn_fwd(
         xf, _folded(yv, fold), _param(w, n_ch, acc, 1.0), _param(b, n_ch, acc, 0.0), sn, work,
         float(eps), s, cw, sub, group, local, bool(training),
     )
@@ -221,8 +220,7 @@ def _backward(dy, x, w, stats, training, need_dx, need_wb):
     fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS // 2)
     xf = _folded(xv, fold)
     work = _work(xf.shape[0], xf.shape[1], sub, group, training or need_wb)
-    _numba.sync_threads(x.numel())
-    db, dw = _k().bn_bwd(
+    db, dw = _k(x.numel()).bn_bwd(
         _folded(dyv, fold), xf, _folded(dxv, fold), _param(w, n_ch, acc, 1.0), stats.numpy(), work,
         s, cw, sub, group, local, bool(training), bool(need_dx), bool(need_wb),
     )

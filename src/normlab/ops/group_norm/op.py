@@ -176,14 +176,14 @@ def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buf
                 t.fill_(math.nan)
         return y, mean, var, rstd
     wa, ba = _param(w, c, acc, 1.0), _param(b, c, acc, 0.0)
-    _numba.sync_threads(y.numel())
+    k = _k(y.numel())
     if nhwc:
         shape = (n, s, c)
-        _k().gn_fwd_nhwc(_array(x, shape, True), wa, ba, _array(y, shape, True, out=True), mean_a, var_a, rstd_a,
+        k.gn_fwd_nhwc(_array(x, shape, True), wa, ba, _array(y, shape, True, out=True), mean_a, var_a, rstd_a,
                          float(eps), num_groups, fixed, _samples_per_task(n, s, c))
     else:
         shape = (n * num_groups, c // num_groups, s)
-        _k().gn_fwd(_array(x, shape), wa, ba, _array(y, shape, out=True), mean_a, var_a, rstd_a, float(eps),
+        k.gn_fwd(_array(x, shape), wa, ba, _array(y, shape, out=True), mean_a, var_a, rstd_a, float(eps),
                     num_groups, fixed, _rows_per_task(shape[0], shape[1] * s))
     return y, mean, var, rstd
 
@@ -207,15 +207,15 @@ def _backward(dy, x, w, mean, rstd, num_groups, fixed, need_dx):
         return dx, torch.zeros((c,), dtype=acc), torch.zeros((c,), dtype=acc)
     wa = _param(w, c, acc, 1.0)
     mean_a, rstd_a = _stats_array(mean, acc), _stats_array(rstd, acc)
-    _numba.sync_threads(x.numel())
+    k = _k(x.numel())
     shape = (n, s, c) if nhwc else (n * num_groups, c // num_groups, s)
     ax = _array(x, shape, nhwc)
     adx = _array(dx, shape, nhwc, out=True) if need_dx else ax  # (not written without need_dx)
     if nhwc:
-        dw, db = _k().gn_bwd_nhwc(_array(dy, shape, True), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
+        dw, db = k.gn_bwd_nhwc(_array(dy, shape, True), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
                                   _samples_per_task(n, s, c))
     else:
-        dw, db = _k().gn_bwd(_array(dy, shape), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
+        dw, db = k.gn_bwd(_array(dy, shape), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
                              _rows_per_task(shape[0], shape[1] * s))
     return dx, torch.from_numpy(dw), torch.from_numpy(db)
 

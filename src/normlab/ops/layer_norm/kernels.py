@@ -39,7 +39,8 @@ import numpy as np
 from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import SUM_OPTIONS, kernel
+from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._ptr import at
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
 from .._simd import wide
@@ -252,3 +253,47 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
                 dw[j] = sw[j - lo]
                 db[j] = sb[j - lo]
     return dw, db
+
+
+# --------------------------------------------------------------------------
+# Entry functions: the kernels on raw pointers (``ops/_ptr.py``)
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, rows):
+    """:func:`norm_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``.
+
+    proto, acc   (1,)  prototypes of the storage and the accumulation dtype
+    px, py             x, y: (n_rows, n_cols), storage dtype
+    pres, ph           residual, h (read / written if ``has_res``)
+    pw, pb             weight, bias: (n_cols,), accumulation dtype; 0 for ones / zeros
+    returns            mean (n_rows,) (size 0 unless ``center``), rstd (n_rows,)
+    """
+    shape = (n_rows, n_cols)
+    x = at(px, proto, shape)
+    res = at(pres if has_res else px, proto, shape)
+    h = at(ph if has_res else px, proto, shape)
+    w = at(pw, acc, (n_cols,)) if pw != 0 else np.ones(n_cols, acc.dtype)
+    b = at(pb, acc, (n_cols,)) if pb != 0 else np.zeros(n_cols, acc.dtype)
+    mean = np.empty(n_rows if center else 0, acc.dtype)
+    rstd = np.empty(n_rows, acc.dtype)
+    norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, rows)
+    return mean, rstd
+
+
+@njit(**HELPER_OPTIONS)
+def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, rows, has_dh, center, need_wb):
+    """:func:`norm_bwd` on the buffers at the given addresses; returns ``(dw, db)``.
+
+    pdy, px, pdx       dy, x, dx: (n_rows, n_cols), storage dtype
+    pdh                dh (read if ``has_dh``)
+    pw                 weight (n_cols,), accumulation dtype; 0 for ones
+    mean, rstd         the forward's statistics (arrays)
+    """
+    shape = (n_rows, n_cols)
+    dy = at(pdy, proto, shape)
+    w = at(pw, acc, (n_cols,)) if pw != 0 else np.ones(n_cols, acc.dtype)
+    dh = at(pdh if has_dh else pdy, proto, shape)
+    return norm_bwd(dy, at(px, proto, shape), w, mean, rstd, dh, at(pdx, proto, shape), rows, has_dh, center,
+                    need_wb)

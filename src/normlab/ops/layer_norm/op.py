@@ -29,16 +29,19 @@ double backward works for ``"cpu"`` too.
 type hints of the custom ops to build their schemas.)
 """
 
-import math
+import functools
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _numba
-from .._launch import bits as _bits
+from .._launch import PROTO as _PROTO
+from .._launch import call as _call
+from .._launch import fast_apply
 from .._launch import kernels_loader
-from .._launch import param as _param
+from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype, to_acc
 from .reference import (
     LayerNormFunction,
@@ -65,37 +68,40 @@ def _forward(x, res, w, b, eps, center):
     """Run ``norm_fwd`` on 2-D ``x`` (and ``res``); returns ``(y, h, mean, rstd)``.
 
     ``h`` is None without ``res``; ``mean`` is empty for RMSNorm (``center=False``).
+    ``mean`` and ``rstd`` are numpy arrays in the accumulation dtype (the eager
+    path keeps them as they are; the custom ops wrap them with ``torch.from_numpy``).
     """
     n_rows, n_cols = x.shape
-    acc = _ACC.get(x.dtype, torch.float32)
-    x = x.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
     y = torch.empty_like(x)  # (n_rows, n_cols)
-    h = torch.empty_like(x) if res is not None else None  # (n_rows, n_cols)
-    mean = x.new_empty((n_rows if center else 0,), dtype=acc)  # (n_rows,)
-    rstd = x.new_empty((n_rows,), dtype=acc)  # (n_rows,)
-    if x.numel() == 0:
-        mean.fill_(math.nan)
-        rstd.fill_(math.nan)
+    h = None
+    if res is not None:
+        h = torch.empty_like(x)  # (n_rows, n_cols)
+        if not res.is_contiguous():
+            res = res.contiguous()
+    numel = n_rows * n_cols
+    if numel == 0:
+        acc = _PROTO[x.dtype][1].dtype
         if h is not None:
             h.copy_(x + res)
-        return y, h, mean, rstd
-    bx = _bits(x)
-    _numba.sync_threads(x.numel())
-    _k().norm_fwd(
-        bx,
-        _bits(res.contiguous()) if res is not None else bx,
-        _bits(h) if h is not None else bx,
-        _param(w, n_cols, acc, 1.0),
-        _param(b, n_cols, acc, 0.0),
-        _bits(y),
-        mean.numpy(),
-        rstd.numpy(),
-        float(eps),
-        res is not None,
-        center,
-        _numba.rows_per_chunk(n_rows, n_cols),  # rows per task (no effect on results)
+        return y, h, np.full(n_rows if center else 0, np.nan, acc), np.full(n_rows, np.nan, acc)
+    acc = _ACC.get(x.dtype, torch.float32)
+    pw, keep_w = _param_ptr(w, acc)
+    pb, keep_b = _param_ptr(b, acc)
+    k = _k(numel)
+    proto, acc_proto = _PROTO[x.dtype]
+    px = x.data_ptr()
+    mean, rstd = _call(
+        k.norm_fwd_at, x.dtype, proto, acc_proto, px,
+        res.data_ptr() if res is not None else px, h.data_ptr() if h is not None else px,
+        pw, pb, y.data_ptr(), n_rows, n_cols, float(eps), res is not None, bool(center),
+        _rows_per_chunk(n_rows, n_cols),  # rows per task (no effect on results)
     )
     return y, h, mean, rstd
+
+
+_rows_per_chunk = functools.lru_cache(maxsize=1024)(_numba.rows_per_chunk)
 
 
 # The backward's chunks: at least _numba.rows_per_chunk rows, enlarged up to this
@@ -106,6 +112,7 @@ BWD_MAX_ROWS = 256
 BWD_MIN_CHUNKS = 32
 
 
+@functools.lru_cache(maxsize=1024)
 def _bwd_rows(n_rows: int, n_cols: int) -> int:
     """Rows per chunk of ``norm_bwd`` (from the shape only: the bits never depend on threads)."""
     rows = _numba.rows_per_chunk(n_rows, n_cols)
@@ -116,34 +123,36 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb):
     """Run ``norm_bwd``; returns ``(dx, dw, db)`` with dw/db in the accumulation dtype.
 
     ``dx`` includes ``dh`` when given (the fused add). ``dw``/``db`` are empty
-    (0,) tensors unless ``need_wb``.
+    (0,) tensors unless ``need_wb``. ``mean``/``rstd``: the forward's, as numpy
+    arrays or tensors.
     """
     n_rows, n_cols = x.shape
     acc = _ACC.get(x.dtype, torch.float32)
-    x = x.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
-    dy = dy.contiguous()
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
     dx = torch.empty_like(x)  # (n_rows, n_cols)
-    if x.numel() == 0:
+    numel = n_rows * n_cols
+    if numel == 0:
         if dh is not None:
             dx.copy_(dh)
         n = n_cols if need_wb else 0
         return dx, x.new_zeros((n,), dtype=acc), x.new_zeros((n,), dtype=acc)
-    bdy = _bits(dy)
-    _numba.sync_threads(x.numel())
-    dw, db = _k().norm_bwd(
-        bdy,
-        _bits(x),
-        _param(w, n_cols, acc, 1.0),
-        _bits(mean.contiguous()),
-        _bits(rstd.contiguous()),
-        _bits(dh.to(x.dtype).contiguous()) if dh is not None else bdy,
-        _bits(dx),
-        _bwd_rows(n_rows, n_cols),
-        dh is not None,
-        center,
-        need_wb,
+    if dh is not None and (dh.dtype != x.dtype or not dh.is_contiguous()):
+        dh = dh.to(x.dtype).contiguous()
+    if isinstance(mean, torch.Tensor):  # the custom ops' saved statistics
+        mean, rstd = mean.contiguous().numpy(), rstd.contiguous().numpy()
+    pw, keep_w = _param_ptr(w, acc)
+    k = _k(numel)
+    proto, acc_proto = _PROTO[x.dtype]
+    pdy = dy.data_ptr()
+    dw, db = _call(
+        k.norm_bwd_at, x.dtype, proto, acc_proto, pdy, x.data_ptr(), pw, mean, rstd,
+        dh.data_ptr() if dh is not None else pdy, dx.data_ptr(), n_rows, n_cols,
+        _bwd_rows(n_rows, n_cols), dh is not None, bool(center), bool(need_wb),
     )
     return dx, torch.from_numpy(dw), torch.from_numpy(db)
 
@@ -163,7 +172,7 @@ def layer_norm_fwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """LayerNorm of 2-D ``x``: ``(y, mean, rstd)``."""
     y, _, mean, rstd = _forward(x, None, w, b, eps, center=True)
-    return y, mean, rstd
+    return y, torch.from_numpy(mean), torch.from_numpy(rstd)
 
 
 @layer_norm_fwd.register_fake
@@ -175,7 +184,7 @@ def _(x, w, b, eps):
 def rms_norm_fwd(x: Tensor, w: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """RMSNorm of 2-D ``x``: ``(y, rstd)``."""
     y, _, _, rstd = _forward(x, None, w, None, eps, center=False)
-    return y, rstd
+    return y, torch.from_numpy(rstd)
 
 
 @rms_norm_fwd.register_fake
@@ -188,7 +197,8 @@ def add_layer_norm_fwd(
     x: Tensor, residual: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``h = x + residual`` and its LayerNorm in one pass: ``(y, h, mean, rstd)``."""
-    return _forward(x, residual, w, b, eps, center=True)
+    y, h, mean, rstd = _forward(x, residual, w, b, eps, center=True)
+    return y, h, torch.from_numpy(mean), torch.from_numpy(rstd)
 
 
 @add_layer_norm_fwd.register_fake
@@ -203,7 +213,7 @@ def add_rms_norm_fwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``h = x + residual`` and its RMSNorm in one pass: ``(y, h, rstd)``."""
     y, h, _, rstd = _forward(x, residual, w, None, eps, center=False)
-    return y, h, rstd
+    return y, h, torch.from_numpy(rstd)
 
 
 @add_rms_norm_fwd.register_fake
@@ -277,8 +287,6 @@ def _ln_grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
         if dh is not None:
             dx = dx + dh
     elif eager:
-        if mean is None:
-            mean = rstd.new_empty((0,))
         dx, dw, db = _backward(dy, x, w, mean, rstd, dh, ctx.center, need_dw or need_db)
     elif ctx.center:
         dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, dh, need_dw or need_db)
@@ -352,22 +360,46 @@ class _EagerNorm(torch.autograd.Function):
 
     Eager calls skip ``torch.library``'s Python dispatch (tens of microseconds
     a call, most of the cost of a small LayerNorm); ``torch.compile`` traces
-    the custom ops instead (see the entry points).
+    the custom ops instead (see the entry points). The statistics stay numpy
+    arrays on ``ctx`` (they are outputs of no graph node; wrapping them as
+    tensors would cost more than the kernel of a small call).
     """
 
     @staticmethod
     def forward(ctx, x, res, w, b, eps, center):
         y, h, mean, rstd = _forward(x, res, w, b, eps, center)
-        _setup(ctx, h if h is not None else x, w, b, eps, mean, rstd, center, ())
+        ctx.save_for_backward(h if h is not None else x, w)
+        ctx.stats = mean, rstd
+        ctx.eps = eps
+        ctx.center = center
+        ctx.b_dtype = b.dtype if b is not None else None
         ctx.has_res = res is not None
+        ctx.set_materialize_grads(False)
         return y, h
 
     @staticmethod
     def backward(ctx, dy, dh):
-        x, w, mean, rstd = ctx.saved_tensors
+        x, w = ctx.saved_tensors
+        mean, rstd = ctx.stats
         need = ctx.needs_input_grad
         dx, dw, db = _ln_grads(ctx, dy, dh, x, w, mean, rstd, need[2], need[3], eager=True)
         return dx, (dx if ctx.has_res else None), dw, db, None, None
+
+
+_eager_apply = fast_apply(_EagerNorm)
+
+
+def _eager_norm(x, res, w, b, eps, center):
+    """``(y, h)`` through :class:`_EagerNorm` when autograd records the call, else the launcher alone."""
+    if torch.is_grad_enabled() and (
+        x.requires_grad
+        or (w is not None and w.requires_grad)
+        or (b is not None and b.requires_grad)
+        or (res is not None and res.requires_grad)
+    ):
+        return _eager_apply(x, res, w, b, eps, center)
+    y, h, _, _ = _forward(x, res, w, b, eps, center)
+    return y, h
 
 
 layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
@@ -410,9 +442,9 @@ def _rms_eps(x: Tensor, eps: Optional[float]) -> float:
 def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
     """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
     if backend == "cpu":
-        x2 = _rows(x, normalized_shape).contiguous()  # the one copy of a non-contiguous x
+        x2 = _rows(x, normalized_shape)  # _forward makes the one copy of a non-contiguous x
         if _eager():
-            y, _ = _EagerNorm.apply(x2, None, _flat(w), _flat(b), eps, True)
+            y, _ = _eager_norm(x2, None, _flat(w), _flat(b), eps, True)
         else:
             y, _, _ = layer_norm_fwd(x2, _flat(w), _flat(b), eps)
         return _like(y, x)
@@ -424,9 +456,9 @@ def rms_norm(x, normalized_shape, w, eps, backend="ref"):
     """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
     eps = _rms_eps(x, eps)
     if backend == "cpu":
-        x2 = _rows(x, normalized_shape).contiguous()
+        x2 = _rows(x, normalized_shape)
         if _eager():
-            y, _ = _EagerNorm.apply(x2, None, _flat(w), None, eps, False)
+            y, _ = _eager_norm(x2, None, _flat(w), None, eps, False)
         else:
             y, _ = rms_norm_fwd(x2, _flat(w), eps)
         return _like(y, x)
@@ -437,10 +469,10 @@ def rms_norm(x, normalized_shape, w, eps, backend="ref"):
 def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
     """``h = x + residual``, ``y = layer_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
     if backend == "cpu":
-        x2 = _rows(x, normalized_shape).contiguous()
-        r2 = _rows(residual, normalized_shape).contiguous()
+        x2 = _rows(x, normalized_shape)
+        r2 = _rows(residual, normalized_shape)
         if _eager():
-            y, h = _EagerNorm.apply(x2, r2, _flat(w), _flat(b), eps, True)
+            y, h = _eager_norm(x2, r2, _flat(w), _flat(b), eps, True)
         else:
             y, h, _, _ = add_layer_norm_fwd(x2, r2, _flat(w), _flat(b), eps)
         return _like(y, x), _like(h, x)
@@ -451,11 +483,11 @@ def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
 def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref"):
     """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
     if backend == "cpu":
-        x2 = _rows(x, normalized_shape).contiguous()
-        r2 = _rows(residual, normalized_shape).contiguous()
+        x2 = _rows(x, normalized_shape)
+        r2 = _rows(residual, normalized_shape)
         eps = _rms_eps(x, eps)
         if _eager():
-            y, h = _EagerNorm.apply(x2, r2, _flat(w), None, eps, False)
+            y, h = _eager_norm(x2, r2, _flat(w), None, eps, False)
         else:
             y, h, _ = add_rms_norm_fwd(x2, r2, _flat(w), eps)
         return _like(y, x), _like(h, x)
