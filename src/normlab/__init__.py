@@ -11,6 +11,7 @@ plainly and the gradients derived by hand.
 from . import functional, nn
 from ._backend import available_backends, get_backend, set_backend, use_backend
 from .nn.convert import convert, revert
+from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "nn",
     "convert",
     "revert",
+    "warmup",
     "set_backend",
     "use_backend",
     "get_backend",

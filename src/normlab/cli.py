@@ -42,6 +42,7 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     }),
     "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
     "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
+    "warmup": Leaf("normlab.warmup", "compile the cpu kernels ahead of their first use (a progress bar; cached on disk)"),
 }
 
 

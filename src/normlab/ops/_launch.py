@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Callable, Optional
 
 import numpy as np
@@ -125,12 +126,40 @@ def call(fn, key, *args):
     entry = _ENTRIES.get((fn, key))
     if entry is not None:
         return entry(*args)
-    out = fn(*args)
     sig = tuple(fn.typeof_pyval(a) for a in args)
+    if sig not in fn.overloads and not _on_disk(fn, sig):
+        _announce(fn, key)
+    out = fn(*args)
     compiled = fn.overloads.get(sig)
     if compiled is not None:
         _ENTRIES[(fn, key)] = compiled.entry_point
     return out
+
+
+def _on_disk(fn, sig) -> bool:
+    """Whether numba's disk cache holds ``fn`` compiled for ``sig`` (True when it cannot tell).
+
+    Reads the cache index only (a small file), through numba's internals; any
+    change there makes this answer True, which only silences :func:`_announce`.
+    """
+    try:
+        cache = fn._cache
+        key = cache._index_key(sig, fn.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # pragma: no cover - numba internals moved
+        return True
+
+
+def _announce(fn, key) -> None:
+    """One line on stderr before a kernel compiles (seconds, once per install and dtype)."""
+    name = fn.py_func.__name__.replace("__serial", "").removesuffix("_at")
+    kind = "serial" if fn.py_func.__qualname__.endswith("__serial") else "parallel"
+    sys.stderr.write(
+        f"normlab: compiling the {kind} {name} kernel for {str(key).replace('torch.', '')} "
+        f"(first use in this install: takes seconds, then cached on disk; "
+        f"`normlab warmup` compiles every kernel ahead)\n"
+    )
+    sys.stderr.flush()
 
 
 def fast_apply(function: type) -> Callable:

@@ -20,6 +20,7 @@ reductions over rows, so results do not depend on the number of threads).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import threading
@@ -173,6 +174,21 @@ def serial(disp):
     return twin
 
 
+_forced: bool | None = None  # set by forced_version: every kernel in that version, whatever its size
+
+
+@contextlib.contextmanager
+def forced_version(parallel: bool):
+    """Run every kernel in its parallel (``True``) or serial (``False``) version inside the
+    block, whatever the size (``normlab.warmup`` compiles both on small tensors)."""
+    global _forced
+    before, _forced = _forced, bool(parallel)
+    try:
+        yield
+    finally:
+        _forced = before
+
+
 def use_parallel(numel: int) -> bool:
     """Whether a kernel over ``numel`` values takes its parallel version (else its serial twin).
 
@@ -182,7 +198,10 @@ def use_parallel(numel: int) -> bool:
     to match torch's (:func:`sync_threads`).
     """
     global _pool_started
-    if numel < SERIAL_ELEMS or not _parallel_ok or torch.get_num_threads() == 1:
+    if _forced is not None:  # warmup: the version it is compiling
+        if not (_forced and _parallel_ok):
+            return False
+    elif numel < SERIAL_ELEMS or not _parallel_ok or torch.get_num_threads() == 1:
         return False
     sync_threads()
     _pool_started = True

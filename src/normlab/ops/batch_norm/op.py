@@ -47,9 +47,10 @@ import torch
 from torch import Tensor
 
 from .. import _numba
-from .._launch import bits as _bits
-from .._launch import kernels_loader
-from .._launch import param as _param
+from .._launch import PROTO as _PROTO
+from .._launch import call as _call
+from .._launch import fast_apply, kernels_loader
+from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype
 from .reference import (
     _memory_format,
@@ -66,6 +67,12 @@ from .reference import (
 # --------------------------------------------------------------------------
 
 FOLD_WIDTH = 2048  # narrow rows are folded: F consecutive rows read as one of <= 2048 values
+# ... of <= 256 values in tensors below FOLD_SMALL_ELEMS: each folded column has float64
+# partials merged per channel after its sums, a fixed cost per column that a small tensor
+# does not amortise (BatchNorm1d(64) on (300, 64), one thread: forward 44 -> 17 us,
+# backward 68 -> 26 us; (32768, 32) and larger keep 2048)
+FOLD_WIDTH_SMALL = 256
+FOLD_SMALL_ELEMS = 1 << 17
 COLUMN_BLOCK = 2048  # columns per task: scratch sums stay in L1, rows are read in runs of 8 KB or more
 CHUNK_ELEMS = 65536  # values per chunk: two passes over it stay in cache (256 KB of float32)
 MAX_CHUNK_ROWS = 256  # rows a per-column float sum adds one by one
@@ -80,7 +87,7 @@ def geometry(n_rows: int, width: int, s_len: int, local_elems: int) -> tuple[int
     (the forward and the backward may differ: they share no partial sums).
 
     - ``fold``: the largest divisor ``F`` of ``R`` with ``F * width <=``
-      :data:`FOLD_WIDTH` -- narrow rows (``(N, C)`` or channels-last with few
+      :data:`FOLD_WIDTH` (:data:`FOLD_WIDTH_SMALL` below :data:`FOLD_SMALL_ELEMS`) -- narrow rows (``(N, C)`` or channels-last with few
       channels) are read ``F`` at a time as one row of the ``(R / F, F * width)``
       view, so that loops run over thousands of values instead of a few dozen.
     - ``local``: a block of whole channels, every row of them at most
@@ -98,7 +105,8 @@ def geometry(n_rows: int, width: int, s_len: int, local_elems: int) -> tuple[int
     Chunks hold about :data:`CHUNK_ELEMS` values and at most :data:`MAX_CHUNK_ROWS` rows.
     """
     fold = 1
-    for f in range(min(n_rows, max(1, FOLD_WIDTH // width)), 1, -1):
+    fold_width = FOLD_WIDTH if n_rows * width >= FOLD_SMALL_ELEMS else FOLD_WIDTH_SMALL
+    for f in range(min(n_rows, max(1, fold_width // width)), 1, -1):
         if n_rows % f == 0:
             fold = f
             break
@@ -152,25 +160,19 @@ def _canonical(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=_memory_format(x))
 
 
-def _view(t: Tensor, n_ch: int) -> tuple:
-    """``(array, S)``: the kernels' 2-D numpy view ``(R, C * S)`` of a canonical ``t``.
+def _dims(t: Tensor, n_ch: int) -> tuple:
+    """``(R, W, S)``: the kernels' 2-D view ``(R, W = C * S)`` of a canonical ``t``.
 
     Rows view ``(M, C)``, ``S = 1``, for ``(N, C)`` and channels-last tensors
     (``(N, *spatial, C)`` in memory); planes view ``(N, C * S)`` for contiguous
-    ``(N, C, *spatial)``, channel ``c`` at columns ``c*S .. c*S+S``. A view of
-    ``t``'s storage (numpy reshapes: cheaper per call than torch's).
+    ``(N, C, *spatial)``, channel ``c`` at columns ``c*S .. c*S+S``. Either is
+    ``t``'s storage read in memory order; the kernels get its address.
     """
-    a = _bits(t)
-    if a.ndim > 2 and a.strides[1] == a.itemsize:  # channels-last: channels innermost
-        a = a.transpose(0, *range(2, a.ndim), 1)
-        return a.reshape(-1, n_ch, copy=False), 1
-    n = a.shape[0]
-    return a.reshape(n, -1), a.size // (n * n_ch)  # contiguous: always a view
-
-
-def _folded(a, fold: int):
-    """``a`` (R, W) as (R / fold, fold * W): ``fold`` consecutive rows as one (a view)."""
-    return a if fold == 1 else a.reshape(a.shape[0] // fold, -1, copy=False)
+    numel = t.numel()
+    if t.dim() > 2 and t.stride(1) == 1:  # channels-last: channels innermost
+        return numel // n_ch, n_ch, 1
+    n = t.shape[0]
+    return n, numel // n, numel // (n * n_ch)
 
 
 def _forward(x, w, b, running_mean, running_var, training, eps):
@@ -182,19 +184,21 @@ def _forward(x, w, b, running_mean, running_var, training, eps):
     n_ch = x.shape[1]
     acc = acc_dtype(x.dtype)
     y = torch.empty_like(x)
-    xv, s = _view(x, n_ch)
-    yv, _ = _view(y, n_ch)
+    n_rows, width, s = _dims(x, n_ch)
     sn = np.empty((3, n_ch))
     if not training:
         for row, r in ((0, running_mean), (1, running_var)):
             r = r.detach()
             sn[row] = (r if r.dtype in (torch.float32, torch.float64) else r.float()).numpy()
-    fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS)
-    xf = _folded(xv, fold)
-    work = _work(xf.shape[0], xf.shape[1], sub, group, training)
-    _k(x.numel()).bn_fwd(
-        xf, _folded(yv, fold), _param(w, n_ch, acc, 1.0), _param(b, n_ch, acc, 0.0), sn, work,
-        float(eps), s, cw, sub, group, local, bool(training),
+    fold, cw, sub, group, local = geometry(n_rows, width, s, LOCAL_ELEMS)
+    n_rows, width = n_rows // fold, width * fold  # fold consecutive rows into one
+    work = _work(n_rows, width, sub, group, training)
+    pw, keep_w = _param_ptr(w, acc)
+    pb, keep_b = _param_ptr(b, acc)
+    proto, acc_proto = _PROTO[x.dtype]
+    _call(
+        _k(x.numel()).bn_fwd_at, x.dtype, proto, acc_proto, x.data_ptr(), y.data_ptr(), pw, pb, n_ch, sn,
+        work, float(eps), n_rows, width, s, cw, sub, group, bool(local), bool(training),
     )
     return y, sn
 
@@ -203,7 +207,8 @@ def _backward(dy, x, w, stats, training, need_dx, need_wb):
     """Run the backward kernel; returns ``(dx, dw, db)``: dx in ``x``'s strides (empty (0,) unless
     ``need_dx``), dw/db (C,) float64 (empty (0,) unless ``training`` or ``need_wb``).
 
-    ``x`` is the forward's canonical input, ``stats`` its statistics.
+    ``x`` is the forward's canonical input, ``stats`` its (3, C) float64 statistics
+    (a numpy array or a tensor).
     """
     n_ch = x.shape[1]
     acc = acc_dtype(x.dtype)
@@ -214,15 +219,20 @@ def _backward(dy, x, w, stats, training, need_dx, need_wb):
         if dy.stride() != x.stride():  # size-1 dims: strides that differ only there
             dy = torch.empty_like(x).copy_(dy)
     dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    xv, s = _view(x, n_ch)
-    dyv, _ = _view(dy, n_ch)
-    dxv = _view(dx, n_ch)[0] if need_dx else dyv  # dyv: a placeholder never written
-    fold, cw, sub, group, local = geometry(*xv.shape, s, LOCAL_ELEMS // 2)
-    xf = _folded(xv, fold)
-    work = _work(xf.shape[0], xf.shape[1], sub, group, training or need_wb)
-    db, dw = _k(x.numel()).bn_bwd(
-        _folded(dyv, fold), xf, _folded(dxv, fold), _param(w, n_ch, acc, 1.0), stats.numpy(), work,
-        s, cw, sub, group, local, bool(training), bool(need_dx), bool(need_wb),
+    if isinstance(stats, torch.Tensor):
+        stats = stats.numpy()
+    n_rows, width, s = _dims(x, n_ch)
+    fold, cw, sub, group, local = geometry(n_rows, width, s, LOCAL_ELEMS // 2)
+    n_rows, width = n_rows // fold, width * fold
+    work = _work(n_rows, width, sub, group, training or need_wb)
+    pw, keep_w = _param_ptr(w, acc)
+    proto, acc_proto = _PROTO[x.dtype]
+    pdy = dy.data_ptr()
+    db, dw = _call(
+        _k(x.numel()).bn_bwd_at, x.dtype, proto, acc_proto, pdy, x.data_ptr(),
+        dx.data_ptr() if need_dx else pdy,  # dy: a placeholder never written
+        pw, n_ch, stats, work, n_rows, width, s, cw, sub, group, bool(local), bool(training),
+        bool(need_dx), bool(need_wb),
     )
     return dx, torch.from_numpy(dw), torch.from_numpy(db)
 
@@ -233,11 +243,13 @@ def _update_running(running_mean, running_var, stats, n, momentum):
     ``stats``: the forward's (3, C) float64 statistics, a numpy array.
     """
     rm, rv = running_mean.detach(), running_var.detach()
-    dense = rm.is_contiguous() and rv.is_contiguous()
-    if not dense:
-        rm, rv = rm.contiguous(), rv.contiguous()
-    # written through numpy: the version counters do not move (see the module docstring)
-    _k().update_running(_bits(rm), _bits(rv), stats, int(n), float(momentum))
+    dense = rm.is_contiguous() and rv.is_contiguous() and rm.dtype == rv.dtype
+    if not dense:  # float64 copies: blended in float64 and rounded once, by copy_, as in place
+        rm, rv = rm.to(torch.float64, copy=True), rv.to(torch.float64, copy=True)
+    # written through their addresses: the version counters do not move (see the module docstring)
+    proto = _PROTO[rm.dtype][0]
+    _call(_k().update_running_at, rm.dtype, proto, rm.data_ptr(), rv.data_ptr(), rm.shape[0], stats, int(n),
+          float(momentum))
     if not dense:
         with torch.no_grad():
             running_mean.copy_(rm)
@@ -328,6 +340,8 @@ def _grads(ctx, dy, x, w, stats, need_dx, need_dw, need_db, eager=False):
             dx, dw, db = batch_norm_train_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
         else:
             shape = _stat_shape(x)
+            if not isinstance(stats, torch.Tensor):  # the eager node's array
+                stats = torch.from_numpy(stats)
             mean, rstd = stats[0].to(acc).reshape(shape), stats[2].to(acc).reshape(shape)
             dx, dw, db = batch_norm_eval_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
         return dx, dw, (db.to(ctx.b_dtype) if db is not None else None)
@@ -381,23 +395,32 @@ batch_norm_eval_fwd.register_autograd(_eval_backward, setup_context=_eval_setup)
 class _EagerBatchNorm(torch.autograd.Function):
     """The custom ops' eager twin: same launchers, same backward, no dispatcher.
 
-    Returns ``(y, stats)``; ``stats`` is non-differentiable (training: it
-    feeds the running-statistic update).
+    Returns ``y``. The (3, C) float64 statistics stay a numpy array on ``ctx``
+    (wrapping them as a tensor costs more than a small kernel) and are handed
+    to the caller in ``out`` (a one-element list): in training they feed the
+    running-statistic update.
     """
 
     @staticmethod
-    def forward(ctx, x, w, b, running_mean, running_var, training, eps):
+    def forward(ctx, x, w, b, running_mean, running_var, training, eps, out):
         y, sn = _forward(x, w, b, running_mean, running_var, training, eps)
-        stats = torch.from_numpy(sn)
-        _setup(ctx, x, w, b, eps, stats, training)
-        return y, stats
+        ctx.save_for_backward(x, w)
+        ctx.stats = out[0] = sn
+        ctx.eps = eps
+        ctx.training = training
+        ctx.b_dtype = b.dtype if b is not None else None
+        ctx.set_materialize_grads(False)
+        return y
 
     @staticmethod
-    def backward(ctx, dy, _dstats):
-        x, w, stats = ctx.saved_tensors
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
         need = ctx.needs_input_grad
-        dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[1], need[2], eager=True)
-        return dx, dw, db, None, None, None, None
+        dx, dw, db = _grads(ctx, dy, x, w, ctx.stats, need[0], need[1], need[2], eager=True)
+        return dx, dw, db, None, None, None, None, None
+
+
+_eager_apply = fast_apply(_EagerBatchNorm)
 
 
 # --------------------------------------------------------------------------
@@ -439,8 +462,9 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
     if not torch.compiler.is_compiling():
         rm, rv = (None, None) if training else (running_mean, running_var)
         if _needs_graph(xc, w, b):
-            y, stats = _EagerBatchNorm.apply(xc, w, b, rm, rv, training, eps)
-            sn = stats.numpy()
+            out = [None]
+            y = _eager_apply(xc, w, b, rm, rv, training, eps, out)
+            sn = out[0]
         else:
             y, sn = _forward(xc, w, b, rm, rv, training, eps)
         if update:

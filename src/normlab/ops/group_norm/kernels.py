@@ -89,6 +89,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._ptr import at
 from .._rows import grad_sums as _grad_sums
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
@@ -596,3 +597,54 @@ def update_running(rm, rv, mean, var, momentum, n_spatial):
         new_v = (1.0 - momentum) * load(rv, c) + momentum * ((sv / n) * corr)
         store(rm, c, new_m)
         store(rv, c, new_v)
+
+
+# --------------------------------------------------------------------------
+# Entry functions: the kernels on raw pointers (``ops/_ptr.py``)
+#
+# shape   the kernel's view of x, y, dy, dx: NCHW (N*G, Cg, S) or NHWC (N, S, C)
+# n_ch    C; pw, pb: weight, bias (C,) in the accumulation dtype, address 0 for ones / zeros
+# pmean, pvar, prstd, n_stats: the statistics, n_stats values each in the accumulation
+#         dtype ((N*G,), or (C,) when ``fixed``); pvar is not written when ``fixed``
+# --------------------------------------------------------------------------
+
+
+@njit(**HELPER_OPTIONS)
+def _params_at(acc, pw, pb, n_ch):
+    w = at(pw, acc, (n_ch,)) if pw != 0 else np.ones(n_ch, acc.dtype)
+    b = at(pb, acc, (n_ch,)) if pb != 0 else np.zeros(n_ch, acc.dtype)
+    return w, b
+
+
+@njit(**HELPER_OPTIONS)
+def gn_fwd_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed, rows):
+    """:func:`gn_fwd` on the buffers at the given addresses."""
+    w, b = _params_at(acc, pw, pb, n_ch)
+    gn_fwd(at(px, proto, shape), w, b, at(py, proto, shape), at(pmean, acc, (n_stats,)),
+           at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
+
+
+@njit(**HELPER_OPTIONS)
+def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed,
+                   rows):
+    """:func:`gn_fwd_nhwc` on the buffers at the given addresses."""
+    w, b = _params_at(acc, pw, pb, n_ch)
+    gn_fwd_nhwc(at(px, proto, shape), w, b, at(py, proto, shape), at(pmean, acc, (n_stats,)),
+                at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
+
+
+@njit(**HELPER_OPTIONS)
+def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx, rows):
+    """:func:`gn_bwd` on the buffers at the given addresses; returns ``(dw, db)``."""
+    w, _ = _params_at(acc, pw, 0, n_ch)
+    return gn_bwd(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
+                  at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, fixed, need_dx, rows)
+
+
+@njit(**HELPER_OPTIONS)
+def gn_bwd_nhwc_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx,
+                   rows):
+    """:func:`gn_bwd_nhwc` on the buffers at the given addresses; returns ``(dw, db)``."""
+    w, _ = _params_at(acc, pw, 0, n_ch)
+    return gn_bwd_nhwc(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
+                       at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, fixed, need_dx, rows)

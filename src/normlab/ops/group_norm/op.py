@@ -53,8 +53,10 @@ from torch import Tensor
 
 from .. import _numba
 from .._launch import bits as _bits
-from .._launch import kernels_loader
-from .._launch import param as _param
+from .._launch import PROTO as _PROTO
+from .._launch import call as _call
+from .._launch import fast_apply, kernels_loader
+from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype, to_acc
 from .reference import (
     GroupNormFunction,
@@ -136,12 +138,11 @@ def _array(t: Tensor, shape, nhwc: bool = False, out: bool = False):
     return _bits(t).reshape(shape)
 
 
-def _stats_array(t: Tensor, acc: torch.dtype):
-    """Saved statistics (any shape) as a flat array in the accumulation dtype."""
-    t = t.detach()
+def _stats_tensor(t: Tensor, acc: torch.dtype) -> Tensor:
+    """Statistics (any shape) as a contiguous tensor in the accumulation dtype (no copy if they are)."""
     if t.dtype != acc or not t.is_contiguous():
-        t = t.to(acc).contiguous()
-    return t.view(-1).numpy()
+        t = t.detach().to(acc).contiguous()
+    return t
 
 
 def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buffer=True):
@@ -161,30 +162,32 @@ def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buf
     y = torch.empty_like(x)  # x's (kernel) layout
     if fixed:
         mean = var = rstd = None
-        mean_a, rstd_a = _stats_array(fixed_mean, acc), _stats_array(fixed_rstd, acc)
-        var_a = rstd_a  # not written
     elif one_buffer:
         stats = torch.empty((3, n, num_groups), dtype=acc)
         mean, var, rstd = stats.unbind(0)  # (N, G) each
-        mean_a, var_a, rstd_a = stats.numpy().reshape(3, -1)
     else:
         mean, var, rstd = (torch.empty((n, num_groups), dtype=acc) for _ in range(3))
-        mean_a, var_a, rstd_a = mean.view(-1).numpy(), var.view(-1).numpy(), rstd.view(-1).numpy()
     if y.numel() == 0:
         if not fixed:
             for t in (mean, var, rstd):
                 t.fill_(math.nan)
         return y, mean, var, rstd
-    wa, ba = _param(w, c, acc, 1.0), _param(b, c, acc, 0.0)
+    pw, keep_w = _param_ptr(w, acc)
+    pb, keep_b = _param_ptr(b, acc)
+    if fixed:
+        fixed_mean, fixed_rstd = _stats_tensor(fixed_mean, acc), _stats_tensor(fixed_rstd, acc)
+        pmean, pvar, prstd, n_stats = fixed_mean.data_ptr(), fixed_rstd.data_ptr(), fixed_rstd.data_ptr(), c
+    else:  # var: not written when fixed
+        pmean, pvar, prstd, n_stats = mean.data_ptr(), var.data_ptr(), rstd.data_ptr(), n * num_groups
     k = _k(y.numel())
+    proto, acc_proto = _PROTO[x.dtype]
     if nhwc:
-        shape = (n, s, c)
-        k.gn_fwd_nhwc(_array(x, shape, True), wa, ba, _array(y, shape, True, out=True), mean_a, var_a, rstd_a,
-                         float(eps), num_groups, fixed, _samples_per_task(n, s, c))
+        shape, entry, rows = (n, s, c), k.gn_fwd_nhwc_at, _samples_per_task(n, s, c)
     else:
         shape = (n * num_groups, c // num_groups, s)
-        k.gn_fwd(_array(x, shape), wa, ba, _array(y, shape, out=True), mean_a, var_a, rstd_a, float(eps),
-                    num_groups, fixed, _rows_per_task(shape[0], shape[1] * s))
+        entry, rows = k.gn_fwd_at, _rows_per_task(shape[0], shape[1] * s)
+    _call(entry, x.dtype, proto, acc_proto, x.data_ptr(), pw, pb, y.data_ptr(), pmean, pvar, prstd, n_stats,
+          shape, c, float(eps), num_groups, fixed, rows)
     return y, mean, var, rstd
 
 
@@ -205,18 +208,19 @@ def _backward(dy, x, w, mean, rstd, num_groups, fixed, need_dx):
     dx = torch.empty_like(x) if need_dx else None
     if x.numel() == 0:
         return dx, torch.zeros((c,), dtype=acc), torch.zeros((c,), dtype=acc)
-    wa = _param(w, c, acc, 1.0)
-    mean_a, rstd_a = _stats_array(mean, acc), _stats_array(rstd, acc)
+    pw, keep_w = _param_ptr(w, acc)
+    mean, rstd = _stats_tensor(mean, acc), _stats_tensor(rstd, acc)
     k = _k(x.numel())
-    shape = (n, s, c) if nhwc else (n * num_groups, c // num_groups, s)
-    ax = _array(x, shape, nhwc)
-    adx = _array(dx, shape, nhwc, out=True) if need_dx else ax  # (not written without need_dx)
+    proto, acc_proto = _PROTO[x.dtype]
     if nhwc:
-        dw, db = k.gn_bwd_nhwc(_array(dy, shape, True), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
-                                  _samples_per_task(n, s, c))
+        shape, entry, rows = (n, s, c), k.gn_bwd_nhwc_at, _samples_per_task(n, s, c)
     else:
-        dw, db = k.gn_bwd(_array(dy, shape), ax, wa, mean_a, rstd_a, adx, num_groups, fixed, need_dx,
-                             _rows_per_task(shape[0], shape[1] * s))
+        shape = (n * num_groups, c // num_groups, s)
+        entry, rows = k.gn_bwd_at, _rows_per_task(shape[0], shape[1] * s)
+    px = x.data_ptr()
+    dw, db = _call(entry, x.dtype, proto, acc_proto, dy.data_ptr(), px, pw, mean.data_ptr(), rstd.data_ptr(),
+                   mean.numel(), dx.data_ptr() if need_dx else px,  # x: a placeholder never written
+                   shape, c, num_groups, fixed, bool(need_dx), rows)
     return dx, torch.from_numpy(dw), torch.from_numpy(db)
 
 
@@ -445,6 +449,10 @@ class CpuInstanceNormEvalFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+_gn_apply = fast_apply(CpuGroupNormFunction)
+_in_eval_apply = fast_apply(CpuInstanceNormEvalFunction)
+
+
 # --------------------------------------------------------------------------
 # Entry points (called by normlab.functional after its argument checks)
 # --------------------------------------------------------------------------
@@ -482,7 +490,7 @@ def group_norm(x, num_groups, w, b, eps, backend="ref"):
         if not _eager():
             y, _, _, _ = group_norm_fwd(x3, w, b, num_groups, eps)
         elif _needs_graph(x, w, b):
-            y, _, _ = CpuGroupNormFunction.apply(x3, w, b, num_groups, eps)
+            y, _, _ = _gn_apply(x3, w, b, num_groups, eps)
         else:  # nothing to differentiate: the launcher alone
             y, _, _, _ = _forward(x3, w, b, num_groups, eps)
         return y.reshape(x.shape).contiguous(memory_format=fmt)  # a view (NHWC stays channels_last)
@@ -515,7 +523,7 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
         if use_input_stats:
             if _eager():
                 if _needs_graph(x, w, b):
-                    y, mean, var = CpuGroupNormFunction.apply(x3, w, b, c, eps)
+                    y, mean, var = _gn_apply(x3, w, b, c, eps)
                 else:
                     y, mean, var, _ = _forward(x3, w, b, c, eps)
                 if running_mean is not None:
@@ -532,7 +540,7 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
             if not _eager():
                 y = instance_norm_eval_fwd(x3, w, b, mean, rstd)
             elif _needs_graph(x, w, b):
-                y = CpuInstanceNormEvalFunction.apply(x3, w, b, mean, rstd)
+                y = _in_eval_apply(x3, w, b, mean, rstd)
             else:
                 y, _, _, _ = _forward(x3, w, b, c, 0.0, mean, rstd)
         return y.reshape(x.shape)
