@@ -153,9 +153,10 @@ def _on_disk(fn, sig) -> bool:
 def _announce(fn, key) -> None:
     """One line on stderr before a kernel compiles (seconds, once per install and dtype)."""
     name = fn.py_func.__name__.replace("__serial", "").removesuffix("_at")
-    kind = "serial" if fn.py_func.__qualname__.endswith("__serial") else "parallel"
+    kind = "serial " if fn.py_func.__qualname__.endswith("__serial") else (
+        "parallel " if _numba._reaches_kernel(fn) else "")
     sys.stderr.write(
-        f"normlab: compiling the {kind} {name} kernel for {str(key).replace('torch.', '')} "
+        f"normlab: compiling the {kind}{name} kernel for {str(key).replace('torch.', '')} "
         f"(first use in this install: takes seconds, then cached on disk; "
         f"`normlab warmup` compiles every kernel ahead)\n"
     )

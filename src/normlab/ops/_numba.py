@@ -170,7 +170,8 @@ def serial(disp):
     clone.__module__ = fn.__module__
     clone.__doc__ = fn.__doc__
     options = {k: v for k, v in disp.targetoptions.items() if k not in ("parallel", "nopython")}
-    twin = _TWINS[disp] = numba().njit(**options)(clone)
+    cached = type(disp._cache).__name__ != "NullCache"  # `cache` is no target option: ask the dispatcher
+    twin = _TWINS[disp] = numba().njit(cache=cached, **options)(clone)
     return twin
 
 
