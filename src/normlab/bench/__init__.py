@@ -17,6 +17,7 @@ rows are already there (n/a rows count as there).
     normlab bench --ops layer_norm,add_rms_norm --dtypes bfloat16 --threads 2
     normlab bench --sizes 4x6,4096x1024 --providers torch,normlab-ref,limit
     python -m normlab.bench --quick            # the same without the top-level CLI
+    normlab bench --suite chapters --quick     # module calls at the chapters' sizes (normlab.bench.chapters)
 
 From Python (what the CLI and the tests call)::
 
@@ -48,6 +49,8 @@ __all__ = ["run_bench", "add_arguments", "add_bench_parser", "main_bench", "run"
            "OPS", "MODES", "PROVIDERS"]
 
 DEFAULT_OUT = "bench-results"
+#: ``--suite``: "default" is this module's op benchmark; "chapters" is :mod:`normlab.bench.chapters`
+SUITES = ("default", "chapters")
 
 # (full run, --quick)
 _DEFAULTS = {
@@ -293,14 +296,21 @@ HELP = "time normlab against torch eager, torch.compile and the memory-copy limi
 
 def add_arguments(parser) -> None:
     """The options of ``normlab bench`` (the ``normlab.cli`` convention)."""
+    parser.add_argument("--suite", default="default", choices=SUITES,
+                        help="default: ops against torch eager, torch.compile and the copy limit; "
+                             "chapters: normlab.nn module calls against torch.nn's at the chapters' "
+                             "sizes, and the chapter's training loop (normlab.bench.chapters)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"directory for bench.csv, bench.json and the PNGs (default {DEFAULT_OUT}/)")
+                        help=f"directory for bench.csv, bench.json and the PNGs; chapters.csv, chapters.json with "
+                             f"--suite chapters (default {DEFAULT_OUT}/)")
     parser.add_argument("--quick", action="store_true",
                         help="under a minute: one shape per op family, float32, 1 thread, few repeats")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows in --out and skip groups already measured")
-    parser.add_argument("--ops", metavar="LIST", help=f"comma-separated, from {', '.join(OPS)}, batch_norm")
-    parser.add_argument("--modes", metavar="LIST", help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--ops", metavar="LIST", help=f"comma-separated, from {', '.join(OPS)}, batch_norm "
+                        "(--suite chapters: layer names such as batchnorm1d,layernorm,add_rms_norm,loop)")
+    parser.add_argument("--modes", metavar="LIST", help=f"comma-separated, from {', '.join(MODES)} "
+                        "(--suite chapters: fwd, fwd+bwd, eval fwd)")
     parser.add_argument("--dtypes", metavar="LIST", help="comma-separated, from float32, bfloat16")
     parser.add_argument("--threads", metavar="LIST", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--providers", metavar="LIST", help=f"comma-separated, from {', '.join(PROVIDERS)}")
@@ -313,12 +323,32 @@ def add_arguments(parser) -> None:
                         help="torch.compile backend of the 'compile' provider (default inductor)")
 
 
-_OPTION_NAMES = ("out", "quick", "resume", "ops", "modes", "dtypes", "threads", "providers",
+_OPTION_NAMES = ("suite", "out", "quick", "resume", "ops", "modes", "dtypes", "threads", "providers",
                  "sizes", "repeats", "warmup", "compile_backend")
+
+
+# --suite chapters: the options it takes (--ops names its layers); the rest must be unset
+_CHAPTERS_OPTIONS = ("out", "quick", "resume", "modes", "dtypes", "threads", "repeats", "warmup")
+
+
+def _run_chapters(options: dict) -> dict:
+    from .chapters import run_chapters
+
+    for name in ("sizes", "providers"):
+        if options.get(name) is not None:
+            raise ValueError(f"normlab bench --suite chapters: --{name} is not used by this suite "
+                             "(its shapes and providers are fixed: torch.nn vs normlab.nn)")
+    opts = {k: options[k] for k in _CHAPTERS_OPTIONS if options.get(k) is not None}
+    return run_chapters(layers=options.get("ops"), **opts)
 
 
 def run(**options) -> dict:
     """``normlab.cli`` convention: run with the parsed options, return the result dict."""
+    suite = options.pop("suite", None) or "default"
+    if suite not in SUITES:
+        raise ValueError(f"normlab bench: unknown suite {suite!r}; expected one of {list(SUITES)}")
+    if suite == "chapters":
+        return _run_chapters(options)
     return run_bench(**{k: v for k, v in options.items() if k in _OPTION_NAMES})
 
 
@@ -334,6 +364,9 @@ def _footer(result: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """``normlab.cli`` convention: the result as text (table, then the files written)."""
+    if result.get("suite") == "chapters":
+        from .chapters import render as render_chapters
+        return render_chapters(result)
     return "\n".join([render_table(result["rows"]), *_footer(result)])
 
 
@@ -351,6 +384,10 @@ def main_bench(args) -> int:
     from rich.console import Console
 
     result = run(**{k: getattr(args, k) for k in _OPTION_NAMES if hasattr(args, k)})
+    if result.get("suite") == "chapters":
+        from .chapters import print_result
+        print_result(result)
+        return 130 if result["interrupted"] else 0
     console = Console()
     if not console.is_terminal:  # a file or pipe: do not squeeze the table into 80 columns
         console = Console(width=180)

@@ -1,0 +1,552 @@
+"""``normlab bench --suite chapters``: normlab's module calls against torch.nn's at the chapters' sizes.
+
+1. *Module calls.* For each layer the source chapters use -- BatchNorm1d/2d/3d, LayerNorm,
+   RMSNorm, GroupNorm, InstanceNorm1d/2d -- a ``torch.nn`` module and the ``normlab.nn``
+   module built with the same constructor arguments and dtype, holding the same parameters
+   and buffers (``load_state_dict`` from the torch one), are called on the same input
+   tensor. The fused adds compare ``normlab.functional.add_layer_norm``/``add_rms_norm``
+   with ``h = x + r`` then ``torch.nn.functional.layer_norm``/``rms_norm`` (both return
+   ``(y, h)``). Modes: ``fwd`` -- ``module.train()``, ``x`` without grad, the parameters
+   with (a training step's forward: the graph is built, BatchNorm's running statistics are
+   updated); ``fwd+bwd`` -- the same with ``x`` requiring grad, then ``y.backward(dy)``
+   with a fixed random ``dy`` (``(dy, dh)`` for the fused adds), the ``.grad`` of ``x``
+   and the parameters set to ``None`` first, as ``optimizer.zero_grad()`` does;
+   ``eval fwd`` -- ``module.eval()`` under ``torch.no_grad()``. float32 and bfloat16
+   (module and input), 1 and 2 threads (``torch.set_num_threads``, restored afterwards).
+
+2. *The chapter's training loop.* ``Sequential(Linear(2, 64), BatchNorm1d(64), Tanh(),
+   Linear(64, 64), BatchNorm1d(64), Tanh(), Linear(64, 64), BatchNorm1d(64), Tanh(),
+   Linear(64, 2))`` built after ``torch.manual_seed(123)``. A *run* deep-copies that
+   prebuilt model and takes 30 full-batch SGD steps (lr=2.0, cross-entropy: zero_grad,
+   forward, loss, backward, step) on 300 two-moons points (scikit-learn's
+   ``make_moons(300, noise=0.30, random_state=42)`` when installed, else its recipe drawn
+   with numpy; the output says which). normlab runs the same prebuilt model after
+   ``normlab.convert`` (once, untimed). Also with LayerNorm(64). float32 only.
+
+Both providers of a row run in this process on the same tensors, interleaved in rotating
+order by :func:`normlab.bench.timing.time_interleaved` (the first call -- numba compile
+or cache load -- is timed apart, never in the median). ``x torch`` = torch's median time
+/ normlab's: >= 1.0 means normlab is at least as fast (for the loop: normlab's runs per
+second / torch's). Compare within a row; the load drifts between rows.
+
+Files in ``--out`` (default ``bench-results/``): ``chapters.csv``, ``chapters.json``,
+rewritten after every row (Ctrl-C keeps them; ``--resume`` skips rows already there).
+
+    normlab bench --suite chapters --quick      # float32, 1 thread, few repeats: < 1 min
+    normlab bench --suite chapters              # float32 + bfloat16, 1 and 2 threads
+    normlab bench --suite chapters --ops layernorm,loop --modes fwd+bwd --threads 2
+
+``--ops``: layer class names (any case), ``add_layer_norm``, ``add_rms_norm``, ``loop``
+(both loops), ``loop_batchnorm1d``, ``loop_layernorm``. ``--modes``: ``fwd``,
+``fwd+bwd``, ``eval fwd``. From Python: ``run_chapters(layers="layernorm", threads=1)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import dataclasses
+import gc
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+import normlab
+import normlab.functional as NF
+
+from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard
+from .cases import DTYPES, Candidate, exception_status
+from .report import _atomic_write, fmt_time, write_json
+from .timing import Timing, time_interleaved
+
+SUITE = "chapters"
+CSV_NAME = "chapters.csv"
+JSON_NAME = "chapters.json"
+PROVIDERS = ("torch", "normlab")
+MODES = ("fwd", "fwd+bwd", "eval fwd")
+MODE_ALIASES = {"forward": ("fwd",), "forward+backward": ("fwd+bwd",), "eval": ("eval fwd",)}
+LOOP_MODE = "train 30 steps"
+EPS, RMS_EPS = 1e-5, 1e-6  # the fused adds: explicit eps for both providers
+
+# (full run, --quick)
+_DEFAULTS = {"dtypes": (("float32", "bfloat16"), ("float32",)), "threads": ((1, 2), (1,)),
+             "repeats": (21, 5), "warmup": (2, 1), "min_sample_ms": (3.0, 1.0),
+             "max_group_s": (20.0, 3.0)}
+
+FIELDS = ("layer", "name", "shape", "layout", "dtype", "threads", "mode", "status", "reason",
+          "torch_us", "normlab_us", "x_torch", "torch_min_us", "normlab_min_us", "repeats",
+          "torch_inner", "normlab_inner", "torch_first_call_s", "normlab_first_call_s",
+          "torch_runs_per_s", "normlab_runs_per_s", "data")
+KEY_FIELDS = ("layer", "shape", "layout", "dtype", "threads", "mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A ``torch.nn``/``normlab.nn`` class ``name`` built with ``args``/``kwargs`` and called
+    on an input of ``shape`` in ``layout``; or a fused add (``add_*``); or a loop (``loop_*``,
+    ``args=(norm,)``, ``shape`` the data's)."""
+
+    name: str
+    args: tuple
+    shape: tuple
+    kwargs: tuple = ()
+    layout: str = "contiguous"
+
+    @property
+    def label(self) -> str:
+        if self.name.startswith("loop_"):
+            return f"MLP[2,64,64,64,2]+{self.args[0]}(64)"
+        return f"{self.name}({', '.join([*map(str, self.args), *(f'{k}={v}' for k, v in self.kwargs)])})"
+
+    @property
+    def shape_str(self) -> str:
+        return "x".join(map(str, self.shape))
+
+    def what(self, dtype: str, threads: int, mode: str) -> str:
+        lay = " channels_last" if self.layout == "channels_last" else ""
+        return f"{self.label} {self.shape_str}{lay} {dtype} t{threads} {mode}"
+
+
+_AFF = (("affine", True),)
+CASES = (
+    Case("BatchNorm1d", (3,), (4, 3)),
+    Case("BatchNorm1d", (64,), (300, 64)),
+    Case("BatchNorm2d", (16,), (8, 16, 16, 16)),
+    Case("BatchNorm2d", (16,), (8, 16, 16, 16), layout="channels_last"),
+    Case("BatchNorm3d", (8,), (4, 8, 4, 8, 8)),
+    Case("LayerNorm", (6,), (4, 6)),
+    Case("LayerNorm", (512,), (32, 10, 512)),
+    Case("RMSNorm", (6,), (4, 6)),
+    Case("RMSNorm", (512,), (32, 10, 512)),
+    Case("GroupNorm", (8, 32), (8, 32, 16, 16)),
+    Case("InstanceNorm1d", (64,), (8, 64, 32), _AFF),
+    Case("InstanceNorm2d", (16,), (8, 16, 16, 16), _AFF),
+    Case("add_layer_norm", (6,), (4, 6)),
+    Case("add_layer_norm", (512,), (32, 10, 512)),
+    Case("add_rms_norm", (6,), (4, 6)),
+    Case("add_rms_norm", (512,), (32, 10, 512)),
+)
+LOOPS = (Case("loop_batchnorm1d", ("BatchNorm1d",), (300, 2)),
+         Case("loop_layernorm", ("LayerNorm",), (300, 2)))
+LAYERS = tuple(dict.fromkeys(c.name for c in CASES + LOOPS))
+LAYER_ALIASES = {"loop": tuple(c.name for c in LOOPS)}
+
+
+def _choose(value, allowed: Sequence[str], what: str,
+            aliases: Mapping[str, Sequence[str]] | None = None) -> list[str] | None:
+    """The names in ``value`` (a comma-separated string or a list), matched in any case."""
+    items = _listify(value, what)
+    if items is None:
+        return None
+    aliases = aliases or {}
+    by_lower = {n.lower(): (n,) for n in allowed} | {k.lower(): tuple(v) for k, v in aliases.items()}
+    out = []
+    for item in items:
+        if item.lower() not in by_lower:
+            raise ValueError(f"normlab bench --suite chapters: unknown {what} {item!r}; "
+                             f"expected one of {list(allowed) + list(aliases)}")
+        out += [n for n in by_lower[item.lower()] if n not in out]
+    return out
+
+
+# --------------------------------------------------------------------------
+# What each provider runs
+# --------------------------------------------------------------------------
+
+def _randn(shape, dtype, gen, layout="contiguous") -> torch.Tensor:
+    t = torch.randn(shape, generator=gen).to(dtype)
+    return t.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else t
+
+
+def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[str, torch.nn.Module]:
+    """``{"torch": torch.nn module, "normlab": normlab.nn twin}``: same arguments and dtype; the
+    torch module's parameters are perturbed (seeded), then copied into the twin."""
+    kwargs = dict(case.kwargs, dtype=dtype)
+    tm = getattr(torch.nn, case.name)(*case.args, **kwargs)
+    with torch.no_grad():
+        for p in tm.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen).to(dtype))
+    nm = getattr(normlab.nn, case.name)(*case.args, **kwargs)
+    nm.load_state_dict(tm.state_dict())
+    return {"torch": tm, "normlab": nm}
+
+
+def _fused(case: Case, dtype: torch.dtype, gen: torch.Generator):
+    """``({provider: f(x, r) -> (y, h)}, parameters)`` for ``add_layer_norm``/``add_rms_norm``."""
+    n = case.args[0]
+    w = torch.nn.Parameter((1.0 + 0.1 * torch.randn(n, generator=gen)).to(dtype))
+    if case.name == "add_rms_norm":
+        return {"torch": lambda x, r: (F.rms_norm(h := x + r, (n,), w, RMS_EPS), h),
+                "normlab": lambda x, r: NF.add_rms_norm(x, r, (n,), w, RMS_EPS)}, (w,)
+    b = torch.nn.Parameter((0.1 * torch.randn(n, generator=gen)).to(dtype))
+    return {"torch": lambda x, r: (F.layer_norm(h := x + r, (n,), w, b, EPS), h),
+            "normlab": lambda x, r: NF.add_layer_norm(x, r, (n,), w, b, EPS)}, (w, b)
+
+
+def layer_candidates(case: Case, dtype: str, mode: str, seed: int = 0) -> dict[str, Candidate]:
+    """``{provider: Candidate}`` for one case in one mode, both on the same (seeded) tensors."""
+    dt = DTYPES[dtype]
+    gen = torch.Generator().manual_seed(seed)
+    x, dy = _randn(case.shape, dt, gen, case.layout), _randn(case.shape, dt, gen, case.layout)
+    if case.name.startswith("add_"):
+        fns, params = _fused(case, dt, gen)
+        r, dh = _randn(case.shape, dt, gen), _randn(case.shape, dt, gen)
+        args, grads = (x, r), (dy, dh)
+        models = {p: (f, params) for p, f in fns.items()}
+    else:
+        args, grads = (x,), (dy,)
+        models = {p: (m, tuple(m.parameters())) for p, m in build_modules(case, dt, gen).items()}
+    leaves = tuple(a.clone().requires_grad_(True) for a in args)  # fwd+bwd's inputs
+    eval_mode = mode == "eval fwd"
+
+    def candidate(model, params):
+        def forward():
+            return model(*args)
+
+        def step():
+            for t in leaves + params:
+                t.grad = None
+            torch.autograd.backward(model(*leaves), grads)
+
+        def prepare():  # train/eval is set once per row; three untimed calls (first-call time)
+            if isinstance(model, torch.nn.Module):  # so that the timer calibrates on a warm call
+                model.train(not eval_mode)
+            fn = step if mode == "fwd+bwd" else forward
+            for _ in range(3):
+                fn()
+            return fn
+        return Candidate(prepare, torch.no_grad if eval_mode else contextlib.nullcontext)
+    return {p: candidate(*mp) for p, mp in models.items()}
+
+
+# --------------------------------------------------------------------------
+# The chapter's training loop
+# --------------------------------------------------------------------------
+
+def moons(n_samples: int = 300, noise: float = 0.30, random_state: int = 42):
+    """``(X float32 [n, 2], y int64 [n], source)``: scikit-learn's ``make_moons`` when it is
+    installed, else its recipe drawn with numpy (other values, same shape and classes)."""
+    try:
+        from sklearn.datasets import make_moons
+        X, y = make_moons(n_samples=n_samples, noise=noise, random_state=random_state)
+        source = f"sklearn make_moons(n_samples={n_samples}, noise={noise}, random_state={random_state})"
+    except ImportError:
+        import numpy as np
+        rng, n_out = np.random.RandomState(random_state), n_samples // 2
+        t_out, t_in = np.linspace(0, np.pi, n_out), np.linspace(0, np.pi, n_samples - n_out)
+        X = np.concatenate([np.stack([np.cos(t_out), np.sin(t_out)], 1),
+                            np.stack([1 - np.cos(t_in), 0.5 - np.sin(t_in)], 1)])
+        y = (np.arange(n_samples) >= n_out).astype(np.int64)
+        perm = rng.permutation(n_samples)
+        X, y = (X + rng.normal(scale=noise, size=X.shape))[perm], y[perm]
+        source = f"numpy two-moons (sklearn not installed; n={n_samples}, noise={noise}, seed={random_state})"
+    return torch.tensor(X, dtype=torch.float32), torch.tensor(y, dtype=torch.int64), source
+
+
+def chapter_mlp(norm: str = "BatchNorm1d", seed: int = 123) -> torch.nn.Sequential:
+    """The chapter's MLP [2, 64, 64, 64, 2] with ``torch.nn.<norm>(64)`` before each Tanh."""
+    torch.manual_seed(seed)
+    nn = torch.nn
+    layers = []
+    for i, o in ((2, 64), (64, 64), (64, 64)):
+        layers += [nn.Linear(i, o), getattr(nn, norm)(64), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(64, 2))
+
+
+def train(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, steps: int = 30,
+          lr: float = 2.0, record: bool = False) -> list[float] | None:
+    """Full-batch SGD with cross-entropy, in place. ``record``: return the loss before each
+    step and after the last one (``steps + 1`` floats); else ``None`` (no ``.item()`` syncs)."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model(X), y)
+        if record:
+            losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    if record:
+        with torch.no_grad():
+            losses.append(loss_fn(model(X), y).item())
+        return losses
+    return None
+
+
+def loop_candidates(case: Case, data) -> dict[str, Candidate]:
+    """A run per call: deep-copy the prebuilt model, then :func:`train` it for 30 steps."""
+    X, y, _ = data
+    proto = chapter_mlp(case.args[0])
+    protos = {"torch": proto, "normlab": normlab.convert(copy.deepcopy(proto))}
+    return {p: Candidate(lambda m=m: (lambda: train(copy.deepcopy(m), X, y))) for p, m in protos.items()}
+
+
+# --------------------------------------------------------------------------
+# Rows and files
+# --------------------------------------------------------------------------
+
+def row_key(row: Mapping) -> tuple:
+    return tuple(str(row[f]) for f in KEY_FIELDS)
+
+
+def make_row(case: Case, dtype: str, threads: int, mode: str, timings: Mapping[str, Timing],
+             data: str = "") -> dict:
+    """One row: both providers' times (µs); ``x_torch`` = torch time / normlab time."""
+    t, n = timings["torch"], timings["normlab"]
+    bad = [(p, tm) for p, tm in timings.items() if tm.status != "ok"]
+    ok, loop = not bad, case.name.startswith("loop_")
+    row = {"layer": case.label, "name": case.name, "shape": case.shape_str, "layout": case.layout,
+           "dtype": dtype, "threads": threads, "mode": mode, "status": bad[0][1].status if bad else "ok",
+           "reason": "; ".join(f"{p}: {tm.reason}" for p, tm in bad),
+           "x_torch": t.median_s / n.median_s if ok else None,
+           "repeats": min(len(tm.samples) for tm in timings.values()), "data": data if loop else ""}
+    for p, tm in timings.items():  # a provider's own times are kept when the other one failed
+        mine = tm.status == "ok"
+        row.update({f"{p}_us": tm.median_s * 1e6 if mine else None,
+                    f"{p}_min_us": tm.min_s * 1e6 if mine else None, f"{p}_inner": tm.inner,
+                    f"{p}_first_call_s": tm.first_call_s,
+                    f"{p}_runs_per_s": 1.0 / tm.median_s if ok and loop else None})
+    return row
+
+
+def write_csv(rows: Sequence[dict], path: str) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS} for r in rows)
+    _atomic_write(path, buf.getvalue())
+
+
+def read_rows(out_dir: str) -> list[dict]:
+    """Rows already in ``out_dir/chapters.json`` (``--resume``); none if absent or damaged."""
+    try:
+        with open(os.path.join(out_dir, JSON_NAME)) as f:
+            return list(json.load(f)["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+# --------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------
+
+def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str] | str | None = None,
+                 dtypes: Iterable[str] | str | None = None, threads: Iterable[int] | str | None = None,
+                 out: str = DEFAULT_OUT, quick: bool = False, resume: bool = False,
+                 repeats: int | None = None, warmup: int | None = None,
+                 min_sample_ms: float | None = None, max_group_s: float | None = None,
+                 progress: bool = True, on_group: Callable[[dict], None] | None = None) -> dict:
+    """Run the suite; write ``chapters.csv``/``chapters.json`` into ``out`` after every row.
+
+    ``layers``: from ``LAYERS`` (any case) or ``"loop"``; ``modes``: from ``MODES`` (the loops
+    have their own); ``dtypes``, ``threads``, ``quick``, ``resume``, ``repeats``... as in
+    ``run_bench``; the loops run in float32 only, when it is chosen. ``on_group(row)`` runs
+    after each row is written. Ctrl-C stops with the files holding every finished row
+    (``interrupted=True``). Returns a JSON-serialisable dict: ``suite``, ``rows``, ``files``,
+    ``summary``, ``measured``, ``skipped``, ``interrupted``, ``warnings``, ``data``.
+    """
+    q = 1 if quick else 0
+    names = _choose(layers, LAYERS, "layer", LAYER_ALIASES) or list(LAYERS)
+    modes = _choose(modes, MODES, "mode", MODE_ALIASES) or list(MODES)
+    dtypes = _choose(dtypes, list(DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
+    thread_list = [int(t) for t in (_listify(threads, "thread count") or _DEFAULTS["threads"][q])]
+    if min(thread_list) < 1:
+        raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
+    pick = (lambda v, k: _DEFAULTS[k][q] if v is None else float(v))
+    repeats, warmup = int(pick(repeats, "repeats")), int(pick(warmup, "warmup"))
+    min_sample_s, max_group_s = 1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s")
+
+    os.makedirs(out, exist_ok=True)
+    files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
+    rows = read_rows(out) if resume else []
+    have = {row_key(r) for r in rows}
+    loops = [c for c in LOOPS if c.name in names and "float32" in dtypes]
+    data = moons() if loops else None
+    plan, skipped = [], 0  # (threads, case, dtype, modes to measure)
+    for n_threads in thread_list:
+        todo = [(c, d, modes) for d in dtypes for c in CASES if c.name in names]
+        for case, dtype, case_modes in todo + [(c, "float32", [LOOP_MODE]) for c in loops]:
+            left = [m for m in case_modes if (case.label, case.shape_str, case.layout, dtype,
+                                              str(n_threads), m) not in have]
+            skipped += len(case_modes) - len(left)
+            if left:
+                plan.append((n_threads, case, dtype, left))
+
+    meta = _meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes,
+                  "threads": thread_list, "quick": quick, "repeats": repeats, "warmup": warmup,
+                  "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
+    warnings: list[str] = []
+    meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=normlab.get_backend(),
+                warnings=warnings)
+    measured, interrupted = 0, False
+    saved_threads = _get_threads()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, disable=not progress)
+    try:
+        with bar:
+            task = bar.add_task("chapters", total=sum(len(m) for *_, m in plan))
+            current = None
+            for n_threads, case, dtype, left in plan:
+                if n_threads != current:
+                    _set_threads(n_threads)
+                    current = n_threads
+                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
+                for mode in left:
+                    what = case.what(dtype, n_threads, mode)
+                    bar.update(task, description=what)
+                    try:  # a module that cannot be built is a row with its error, not a crash
+                        cands = loop_candidates(case, data) if mode == LOOP_MODE else \
+                            layer_candidates(case, dtype, mode)
+                    except Exception as e:  # noqa: BLE001
+                        cands, why = {}, exception_status(e)
+                        timed = {p: Timing(status=why[0], reason=why[1]) for p in PROVIDERS}
+                    else:
+                        timed = time_interleaved(cands, repeats=repeats, warmup=warmup,
+                                                 min_sample_s=min_sample_s, max_total_s=max_group_s,
+                                                 after_call=guard)
+                    row = make_row(case, dtype, n_threads, mode, timed, meta["data"] or "")
+                    del cands, timed
+                    rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
+                    meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+                    write_csv(rows, files["csv"])
+                    write_json(rows, meta, files["json"])
+                    measured += 1
+                    if progress:
+                        bar.console.print(f"  {what}: {_cell(row)}", highlight=False, soft_wrap=True)
+                    bar.advance(task)
+                    if on_group is not None:
+                        on_group(row)
+                gc.collect()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
+    finally:
+        torch.set_num_threads(saved_threads[0])
+        numba = sys.modules.get("numba")
+        if saved_threads[1] is not None and numba is not None:
+            numba.set_num_threads(saved_threads[1])
+    if not os.path.exists(files["json"]):  # nothing measured: still leave valid files
+        write_csv(rows, files["csv"])
+        write_json(rows, meta, files["json"])
+    return {"suite": SUITE, "out": out, "files": files, "rows": rows, "measured": measured,
+            "skipped": skipped, "interrupted": interrupted, "warnings": warnings,
+            "data": meta["data"], "summary": summary(rows)}
+
+
+def _cell(row: Mapping) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['reason']}"
+    return (f"torch {fmt_time(row['torch_us'] * 1e-6)}, normlab {fmt_time(row['normlab_us'] * 1e-6)}, "
+            f"{row['x_torch']:.2f}x")
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+_ORDER = {(c.label, c.shape_str, c.layout): i for i, c in enumerate(CASES + LOOPS)}
+
+
+def _sort_key(r: Mapping):
+    index = (lambda seq, v: seq.index(v) if v in seq else len(seq))
+    return (_ORDER.get((r["layer"], r["shape"], r["layout"]), len(_ORDER)), index(list(DTYPES), r["dtype"]),
+            int(r["threads"]), index(MODES, r["mode"]))
+
+
+def summary(rows: Sequence[Mapping]) -> str:
+    """The verdict in one line: rows >= 1.0x, the slowest module call, the loops' ratios."""
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=_sort_key)
+    failed = f"; {len(rows) - len(ok)} rows failed" if len(ok) < len(rows) else ""
+    text = f"chapters: {sum(r['x_torch'] >= 1.0 for r in ok)} of {len(ok)} rows >= 1.0x"
+    calls = [r for r in ok if r["mode"] != LOOP_MODE]
+    if calls:
+        slow = min(calls, key=lambda r: r["x_torch"])
+        lay = " channels_last" if slow["layout"] == "channels_last" else ""
+        text += (f"; slowest module call {slow['x_torch']:.2f}x ({slow['layer']} {slow['shape']}{lay} "
+                 f"{slow['dtype']} t{slow['threads']} {slow['mode']})")
+    loops = [f"{r['layer'].split('+')[1]} t{r['threads']} {r['x_torch']:.2f}x" for r in ok if r["mode"] == LOOP_MODE]
+    return text + ("; training loop " + ", ".join(loops) if loops else "") + failed
+
+
+def _table(title: str, columns: str, caption: str | None = None):
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption, caption_justify="left", pad_edge=False)
+    for name in columns.split("|"):
+        table.add_column(name, no_wrap=True, justify="left" if name in ("layer", "model", "shape", "dtype", "mode")
+                         else "right")
+    return table
+
+
+def make_tables(rows: Sequence[Mapping]) -> list:
+    """``rich`` tables: the module calls (a section per layer and shape), then the loops."""
+    from rich.markup import escape
+
+    calls = _table("normlab bench --suite chapters: module calls",
+                   "layer|shape|dtype|thr|mode|torch|normlab|×torch",
+                   "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as "
+                   "fast); add_*: normlab.functional.add_*_norm vs x + r then torch.nn.functional.*_norm")
+    loops = _table("the chapter's training loop: a run = 30 full-batch SGD steps on 300 points",
+                   "model|dtype|thr|torch|normlab|torch runs/s|normlab runs/s|×torch")
+    last, data = None, set()
+    for r in sorted(rows, key=_sort_key):
+        ok = r["status"] == "ok"
+        ratio = "" if not ok else (f"[green]{r['x_torch']:.2f}[/]" if r["x_torch"] >= 1.0
+                                   else f"[red]{r['x_torch']:.2f}[/]")
+        times = [fmt_time(r["torch_us"] * 1e-6), fmt_time(r["normlab_us"] * 1e-6)] if ok else \
+            [escape(f"{r['status']}: {r['reason']}"[:60]), ""]
+        if r["mode"] == LOOP_MODE:
+            data.add(r.get("data") or "")
+            per_s = [f"{r['torch_runs_per_s']:.1f}", f"{r['normlab_runs_per_s']:.1f}"] if ok else ["", ""]
+            loops.add_row(r["layer"], r["dtype"], str(r["threads"]), *times, *per_s, ratio)
+            continue
+        group = (r["layer"], r["shape"], r["layout"])
+        if last is not None and group != last:
+            calls.add_section()
+        head = ["", ""] if group == last else [r["layer"], r["shape"] + (" cl" if r["layout"] == "channels_last" else "")]
+        last = group
+        calls.add_row(*head, r["dtype"], str(r["threads"]), r["mode"], *times, ratio)
+    loops.caption = "data: " + ", ".join(sorted(d for d in data if d)) if data - {""} else None
+    return [t for t in (calls, loops) if t.row_count]
+
+
+def _footer(result: Mapping) -> list[str]:
+    lines = [f"warning: {w}" for w in result.get("warnings", [])]
+    lines += [result["summary"], f"files: {result['files']['csv']}, {result['files']['json']}"]
+    if result["interrupted"]:
+        lines.append("interrupted: the files hold every row finished before Ctrl-C; continue with --resume")
+    return lines
+
+
+def render(result: Mapping, width: int = 140) -> str:
+    """The result as plain text: the tables, the summary line, the files."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    for table in make_tables(result["rows"]):
+        con.print(table)
+    return buf.getvalue().rstrip("\n") + "\n" + "\n".join(_footer(result))
+
+
+def print_result(result: Mapping, console=None) -> None:
+    """The result on a rich console (colours on a terminal)."""
+    from rich.console import Console
+
+    console = console or (Console() if Console().is_terminal else Console(width=140))
+    for table in make_tables(result["rows"]):
+        console.print(table)
+    for line in _footer(result):
+        console.print(line, highlight=False, soft_wrap=True)
