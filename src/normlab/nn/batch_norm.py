@@ -48,10 +48,10 @@ class _BatchNorm(_NormBase):
     def _check_input_dim(self, input: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _check_num_channels(self, input: torch.Tensor) -> None:
+    def _check_num_channels(self, input: torch.Tensor, weight=None, running_mean=None) -> None:
         # Only where the module holds per-channel tensors: without weight and
         # running statistics torch accepts any channel count, and so do we.
-        holds_per_channel = self.weight is not None or self.running_mean is not None
+        holds_per_channel = weight is not None or running_mean is not None
         if holds_per_channel and input.shape[1] != self.num_features:
             raise RuntimeError(
                 f"{type(self).__name__}: expected input with {self.num_features} channels "
@@ -61,32 +61,37 @@ class _BatchNorm(_NormBase):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        self._check_num_channels(input)
+        # each parameter and buffer read once: a module attribute lookup costs ~1 us
+        weight, bias = self.weight, self.bias
+        running_mean, running_var = self.running_mean, self.running_var
+        self._check_num_channels(input, weight, running_mean)
 
         # The weight of the new batch statistic. Without tracking it is unused.
-        factor = 0.0 if self.momentum is None else self.momentum
-        tracking = self.training and self.track_running_stats and self.num_batches_tracked is not None
-        if tracking and self.momentum is None:
+        momentum = self.momentum
+        factor = 0.0 if momentum is None else momentum
+        training = self.training
+        count = self.num_batches_tracked if training and self.track_running_stats else None
+        if count is not None and momentum is None:
             # cumulative average: this batch will be number num_batches_tracked + 1
-            factor = 1.0 / float(self.num_batches_tracked + 1)
+            factor = 1.0 / float(count + 1)
 
         # Batch statistics in training, and in eval when there are no running ones.
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        use_batch_stats = training or (running_mean is None and running_var is None)
         # Running statistics are passed only to be used (eval) or to be updated (tracking).
-        pass_running = not self.training or self.track_running_stats
+        pass_running = not training or self.track_running_stats
         y = F.batch_norm(
             input,
-            self.running_mean if pass_running else None,
-            self.running_var if pass_running else None,
-            self.weight,
-            self.bias,
+            running_mean if pass_running else None,
+            running_var if pass_running else None,
+            weight,
+            bias,
             use_batch_stats,
             factor,
             self.eps,
         )
         # Counted after the call succeeded, so a rejected input leaves the count as it was.
-        if tracking:
-            self.num_batches_tracked.add_(1)
+        if count is not None:
+            count.add_(1)
         return y
 
 
