@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import multiprocessing.process
 import os
 import threading
 import types
@@ -101,19 +102,26 @@ SERIAL_ELEMS = 32768
 _PARALLEL: set = set()
 _TWINS: dict = {}
 
-# Whether this process has started numba's OpenMP thread pool (a parallel kernel
-# ran here), and whether it may (False in a child forked after its parent had:
-# GNU OpenMP aborts a forked child at its first parallel region -- "fork() called
-# from a process already using GNU OpenMP" -- so such a child runs every kernel
-# through its serial twin; same source, same chunks, the same bits).
+# Whether this process has started numba's thread pool (a parallel kernel ran
+# here), and whether it may start parallel regions at all: not in a forked child.
+# numba's OpenMP layer kills a child forked after its parent ran a parallel kernel
+# ("Terminating: fork() called from a process already using GNU OpenMP, this is
+# unsafe."), and libgomp, which torch shares, hangs a forked child's first
+# parallel region when the parent's torch ops had started its pool. A forked
+# child (DataLoader workers, fork pools, pre-forking servers) therefore runs
+# every kernel through its serial twin: same source, same chunks, the same bits.
+# A process that multiprocessing started (a DataLoader worker, a Pool worker, a
+# Process) counts as such a child even when normlab is first imported there, after
+# the fork: its parent may well have started torch's pool. (A child started by
+# "spawn" is a fresh interpreter and would be safe; it is not told apart, and runs
+# serially too -- the same bits, only large tensors are slower there.)
 _pool_started = False
-_parallel_ok = True
+_parallel_ok = multiprocessing.process.parent_process() is None
 
 
 def _after_fork_in_child() -> None:
-    global _parallel_ok, _pool_started
-    if _pool_started:
-        _parallel_ok = False
+    global _parallel_ok
+    _parallel_ok = False
     _threads.__dict__.clear()
 
 
