@@ -203,9 +203,9 @@ def _forward(x, w, b, running_mean, running_var, training, eps):
     return y, sn
 
 
-def _backward(dy, x, w, stats, training, need_dx, need_wb):
+def _backward_arrays(dy, x, w, stats, training, need_dx, need_wb):
     """Run the backward kernel; returns ``(dx, dw, db)``: dx in ``x``'s strides (empty (0,) unless
-    ``need_dx``), dw/db (C,) float64 (empty (0,) unless ``training`` or ``need_wb``).
+    ``need_dx``), dw/db (C,) float64 numpy arrays (empty (0,) unless ``training`` or ``need_wb``).
 
     ``x`` is the forward's canonical input, ``stats`` its (3, C) float64 statistics
     (a numpy array or a tensor).
@@ -234,7 +234,25 @@ def _backward(dy, x, w, stats, training, need_dx, need_wb):
         pw, n_ch, stats, work, n_rows, width, s, cw, sub, group, bool(local), bool(training),
         bool(need_dx), bool(need_wb),
     )
+    return dx, dw, db
+
+
+def _backward(dy, x, w, stats, training, need_dx, need_wb):
+    """:func:`_backward_arrays` with dw/db as (C,) float64 tensors (the custom op's outputs)."""
+    dx, dw, db = _backward_arrays(dy, x, w, stats, training, need_dx, need_wb)
     return dx, torch.from_numpy(dw), torch.from_numpy(db)
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _to(a, dtype: torch.dtype) -> Tensor:
+    """A float64 array as a tensor of ``dtype``: rounded by numpy for float32/float64 (the same
+    round-to-nearest-even as ``Tensor.to``, at a fraction of its per-call cost), by torch otherwise."""
+    np_dtype = _NUMPY.get(dtype)
+    if np_dtype is not None:
+        return torch.from_numpy(a.astype(np_dtype, copy=False))
+    return torch.from_numpy(a).to(dtype)
 
 
 def _update_running(running_mean, running_var, stats, n, momentum):
@@ -242,10 +260,10 @@ def _update_running(running_mean, running_var, stats, n, momentum):
 
     ``stats``: the forward's (3, C) float64 statistics, a numpy array.
     """
-    rm, rv = running_mean.detach(), running_var.detach()
+    rm, rv = running_mean, running_var  # buffers: no autograd history to detach from
     dense = rm.is_contiguous() and rv.is_contiguous() and rm.dtype == rv.dtype
     if not dense:  # float64 copies: blended in float64 and rounded once, by copy_, as in place
-        rm, rv = rm.to(torch.float64, copy=True), rv.to(torch.float64, copy=True)
+        rm, rv = rm.detach().to(torch.float64, copy=True), rv.detach().to(torch.float64, copy=True)
     # written through their addresses: the version counters do not move (see the module docstring)
     proto = _PROTO[rm.dtype][0]
     _call(_k().update_running_at, rm.dtype, proto, rm.data_ptr(), rv.data_ptr(), rm.shape[0], stats, int(n),
@@ -346,7 +364,12 @@ def _grads(ctx, dy, x, w, stats, need_dx, need_dw, need_db, eager=False):
             dx, dw, db = batch_norm_eval_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
         return dx, dw, (db.to(ctx.b_dtype) if db is not None else None)
     if eager:
-        dx, dw, db = _backward(dy, x, w, stats, ctx.training, need_dx, need_dw or need_db)
+        dx, dw, db = _backward_arrays(dy, x, w, stats, ctx.training, need_dx, need_dw or need_db)
+        return (
+            dx if need_dx else None,
+            _to(dw, w.dtype) if need_dw else None,
+            _to(db, ctx.b_dtype) if need_db else None,
+        )
     else:
         dx, dw, db = batch_norm_bwd(dy, x, w, stats, ctx.training, need_dx, need_dw or need_db)
     return (
