@@ -4,8 +4,6 @@ and the files of a run (written, interrupted, resumed). No timed assertions."""
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 
 import pytest
@@ -18,6 +16,7 @@ from normlab.bench import add_bench_parser, main_bench, render, run, run_bench
 from normlab.bench.cases import (MIN_TRAFFIC, MODES, OPS, Case, make_setup, min_bytes,
                                  num_groups, traffic)
 from normlab.bench.report import KEY_FIELDS
+from tests.bench.files import csv_rows, json_rows
 
 MiB = 1 << 20
 
@@ -180,16 +179,6 @@ FAST = {"repeats": 1, "warmup": 0, "min_sample_ms": 0.05, "dtypes": "float32", "
         "progress": False}
 
 
-def _csv_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _json_rows(path):
-    with open(path) as f:
-        return json.load(f)["rows"]
-
-
 def _keys(rows):
     return [tuple(str(r[k]) for k in KEY_FIELDS) for r in rows]
 
@@ -202,8 +191,8 @@ def test_quick_like_run_writes_csv_json_png(tmp_path):
     # layer_norm, add_rms_norm: 4x6 only (2-D); batch_norm_train: 4x6, 1x6x2x2 in two layouts
     n_groups = (1 + 1 + 3) * len(MODES)
     assert result["measured"] == n_groups and not result["interrupted"]
-    rows = _json_rows(result["files"]["json"])
-    assert len(rows) == n_groups * 5 == len(_csv_rows(result["files"]["csv"]))
+    rows = json_rows(result["files"]["json"])
+    assert len(rows) == n_groups * 5 == len(csv_rows(result["files"]["csv"]))
     assert len(set(_keys(rows))) == len(rows)
     for r in rows:
         if r["provider"] == "normlab-cpu":
@@ -238,22 +227,22 @@ def test_interrupted_then_resumed_run_has_no_duplicate_rows(tmp_path):
 
     first = run_bench(on_group=interrupt_after_two, **opts)
     assert first["interrupted"] and first["measured"] == 2
-    assert len(_json_rows(first["files"]["json"])) == 2 * 3
-    assert len(_csv_rows(first["files"]["csv"])) == 2 * 3
+    assert len(json_rows(first["files"]["json"])) == 2 * 3
+    assert len(csv_rows(first["files"]["csv"])) == 2 * 3
 
     second = run_bench(resume=True, **opts)
     assert not second["interrupted"]
     assert second["skipped"] == 2 and second["measured"] == n_groups - 2
-    rows = _json_rows(second["files"]["json"])
+    rows = json_rows(second["files"]["json"])
     assert len(rows) == n_groups * 3 and len(set(_keys(rows))) == len(rows)
-    csv_keys = _keys(_csv_rows(second["files"]["csv"]))
+    csv_keys = _keys(csv_rows(second["files"]["csv"]))
     assert len(csv_keys) == len(set(csv_keys)) == n_groups * 3
 
     # resuming a finished run measures nothing; from the CSV alone as well
     os.remove(second["files"]["json"])
     third = run_bench(resume=True, **opts)
     assert third["measured"] == 0 and third["skipped"] == n_groups
-    assert len(_json_rows(third["files"]["json"])) == n_groups * 3
+    assert len(json_rows(third["files"]["json"])) == n_groups * 3
 
     # a run without --resume starts afresh
     fresh = run_bench(**{**opts, "ops": "layer_norm"})

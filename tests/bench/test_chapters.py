@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 
 import pytest
@@ -14,18 +13,9 @@ from normlab import cli
 from normlab.bench import add_bench_parser, main_bench, render, run
 from normlab.bench.chapters import (CASES, KEY_FIELDS, LOOP_MODE, MODES, chapter_mlp,
                                     layer_candidates, moons, run_chapters, train)
+from tests.bench.files import csv_rows, json_rows
 
 FAST = {"repeats": 1, "warmup": 0, "min_sample_ms": 0.05, "threads": "1", "progress": False}
-
-
-def _csv_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _json_rows(path):
-    with open(path) as f:
-        return json.load(f)["rows"]
 
 
 def _check_times(r):
@@ -49,10 +39,10 @@ def test_subset_rows_and_files(tmp_path):
     for r in rows:
         _check_times(r)
         assert r["torch_runs_per_s"] is None and r["dtype"] == "float32" and r["threads"] == 1
-    for got in (_json_rows(result["files"]["json"]), _csv_rows(result["files"]["csv"])):
+    for got in (json_rows(result["files"]["json"]), csv_rows(result["files"]["csv"])):
         assert len(got) == 12
         assert len({tuple(str(r[k]) for k in KEY_FIELDS) for r in got}) == 12
-    for r in _csv_rows(result["files"]["csv"]):
+    for r in csv_rows(result["files"]["csv"]):
         assert float(r["x_torch"]) == pytest.approx(float(r["torch_us"]) / float(r["normlab_us"]), rel=1e-6)
     text = render(result)  # normlab.bench.render dispatches on the suite
     assert "LayerNorm(512)" in text and "eval fwd" in text
@@ -169,7 +159,7 @@ def test_interrupted_then_resumed(tmp_path):
 
     first = run_chapters(on_group=stop_after_two, **opts)
     assert first["interrupted"] and first["measured"] == 2
-    assert len(_json_rows(first["files"]["json"])) == len(_csv_rows(first["files"]["csv"])) == 2
+    assert len(json_rows(first["files"]["json"])) == len(csv_rows(first["files"]["csv"])) == 2
     second = run_chapters(resume=True, **opts)
     assert second["skipped"] == 2 and second["measured"] == 4 and len(second["rows"]) == 6
     assert len({tuple(str(r[k]) for k in KEY_FIELDS) for r in second["rows"]}) == 6

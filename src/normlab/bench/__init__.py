@@ -120,6 +120,15 @@ def _thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]
     return guard
 
 
+def progress_bar(show: bool):
+    """The rich progress bar of a bench run, on stderr (hidden unless ``show``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=not show)
+
+
 def _meta(options: dict) -> dict:
     numba = sys.modules.get("numba")
     import normlab
@@ -223,12 +232,8 @@ def run_bench(
     measured = 0
     interrupted = False
     saved_threads = _get_threads()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, disable=not progress)
+    bar = progress_bar(progress)
+    console = bar.console
     try:
         with bar:
             task = bar.add_task("normlab bench", total=sum(len(m) for _, _, m in plan))

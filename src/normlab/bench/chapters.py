@@ -60,7 +60,7 @@ import torch.nn.functional as F
 import normlab
 import normlab.functional as NF
 
-from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard
+from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
 from .cases import DTYPES, Candidate, exception_status
 from .report import _atomic_write, fmt_time, write_json
 from .timing import Timing, time_interleaved
@@ -388,12 +388,8 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
                 warnings=warnings)
     measured, interrupted = 0, False
     saved_threads = _get_threads()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, disable=not progress)
+    bar = progress_bar(progress)
+    console = bar.console
     try:
         with bar:
             task = bar.add_task("chapters", total=sum(len(m) for *_, m in plan))

@@ -15,6 +15,7 @@ for the duration of the call).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import carray, types
 from numba.extending import intrinsic
 
@@ -38,3 +39,12 @@ def _pointer(typingctx, addr, proto):
 def at(addr, proto, shape):
     """The C-contiguous array of ``shape`` (a tuple) at address ``addr``, with ``proto``'s dtype."""
     return carray(_pointer(addr, proto), shape)
+
+
+@helper
+def params_at(acc, pw, pb, n):
+    """Weight and bias (n,) in the accumulation dtype (``acc``'s) at ``pw``/``pb``; ones / zeros
+    for address 0 (an absent weight or bias)."""
+    w = at(pw, acc, (n,)) if pw != 0 else np.ones(n, acc.dtype)
+    b = at(pb, acc, (n,)) if pb != 0 else np.zeros(n, acc.dtype)
+    return w, b

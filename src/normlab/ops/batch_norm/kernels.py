@@ -113,7 +113,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
-from .._ptr import at
+from .._ptr import at, params_at
 from .._rows import grad_sums, shift_row, sqdev
 from .._simd import wide
 
@@ -861,19 +861,11 @@ def update_running(running_mean, running_var, stats, n, momentum):
 
 
 @njit(**HELPER_OPTIONS)
-def _params_at(acc, pw, pb, n_ch):
-    """Weight and bias (C,) in the accumulation dtype at ``pw``/``pb``; ones / zeros for address 0."""
-    w = at(pw, acc, (n_ch,)) if pw != 0 else np.ones(n_ch, acc.dtype)
-    b = at(pb, acc, (n_ch,)) if pb != 0 else np.zeros(n_ch, acc.dtype)
-    return w, b
-
-
-@njit(**HELPER_OPTIONS)
 def bn_fwd_at(proto, acc, px, py, pw, pb, n_ch, stats, work, eps, n_rows, width, s_len, cw, sub, group,
               local, train):
     """:func:`bn_fwd` on x, y (the ``(n_rows, width)`` view, storage dtype) and weight, bias
     (accumulation dtype; address 0 for ones / zeros) at the given addresses."""
-    w, b = _params_at(acc, pw, pb, n_ch)
+    w, b = params_at(acc, pw, pb, n_ch)
     shape = (n_rows, width)
     bn_fwd(at(px, proto, shape), at(py, proto, shape), w, b, stats, work, eps, s_len, cw, sub, group, local,
            train)
@@ -884,7 +876,7 @@ def bn_bwd_at(proto, acc, pdy, px, pdx, pw, n_ch, stats, work, n_rows, width, s_
               train, need_dx, need_wb):
     """:func:`bn_bwd` on dy, x, dx (the ``(n_rows, width)`` view) and the weight at the given
     addresses (0: ones); returns ``(db, dw)``."""
-    w, _ = _params_at(acc, pw, 0, n_ch)
+    w, _ = params_at(acc, pw, 0, n_ch)
     shape = (n_rows, width)
     return bn_bwd(at(pdy, proto, shape), at(px, proto, shape), at(pdx, proto, shape), w, stats, work, s_len,
                   cw, sub, group, local, train, need_dx, need_wb)

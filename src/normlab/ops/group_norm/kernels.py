@@ -89,7 +89,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
-from .._ptr import at
+from .._ptr import at, params_at
 from .._rows import grad_sums as _grad_sums
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
@@ -610,16 +610,9 @@ def update_running(rm, rv, mean, var, momentum, n_spatial):
 
 
 @njit(**HELPER_OPTIONS)
-def _params_at(acc, pw, pb, n_ch):
-    w = at(pw, acc, (n_ch,)) if pw != 0 else np.ones(n_ch, acc.dtype)
-    b = at(pb, acc, (n_ch,)) if pb != 0 else np.zeros(n_ch, acc.dtype)
-    return w, b
-
-
-@njit(**HELPER_OPTIONS)
 def gn_fwd_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed, rows):
     """:func:`gn_fwd` on the buffers at the given addresses."""
-    w, b = _params_at(acc, pw, pb, n_ch)
+    w, b = params_at(acc, pw, pb, n_ch)
     gn_fwd(at(px, proto, shape), w, b, at(py, proto, shape), at(pmean, acc, (n_stats,)),
            at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
 
@@ -628,7 +621,7 @@ def gn_fwd_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_
 def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed,
                    rows):
     """:func:`gn_fwd_nhwc` on the buffers at the given addresses."""
-    w, b = _params_at(acc, pw, pb, n_ch)
+    w, b = params_at(acc, pw, pb, n_ch)
     gn_fwd_nhwc(at(px, proto, shape), w, b, at(py, proto, shape), at(pmean, acc, (n_stats,)),
                 at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
 
@@ -636,7 +629,7 @@ def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shap
 @njit(**HELPER_OPTIONS)
 def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx, rows):
     """:func:`gn_bwd` on the buffers at the given addresses; returns ``(dw, db)``."""
-    w, _ = _params_at(acc, pw, 0, n_ch)
+    w, _ = params_at(acc, pw, 0, n_ch)
     return gn_bwd(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
                   at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, fixed, need_dx, rows)
 
@@ -645,6 +638,6 @@ def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, 
 def gn_bwd_nhwc_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx,
                    rows):
     """:func:`gn_bwd_nhwc` on the buffers at the given addresses; returns ``(dw, db)``."""
-    w, _ = _params_at(acc, pw, 0, n_ch)
+    w, _ = params_at(acc, pw, 0, n_ch)
     return gn_bwd_nhwc(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
                        at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, fixed, need_dx, rows)

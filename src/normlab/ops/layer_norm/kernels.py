@@ -40,7 +40,7 @@ from numba import njit, prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
-from .._ptr import at
+from .._ptr import at, params_at
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
 from .._simd import wide
@@ -274,8 +274,7 @@ def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_r
     x = at(px, proto, shape)
     res = at(pres if has_res else px, proto, shape)
     h = at(ph if has_res else px, proto, shape)
-    w = at(pw, acc, (n_cols,)) if pw != 0 else np.ones(n_cols, acc.dtype)
-    b = at(pb, acc, (n_cols,)) if pb != 0 else np.zeros(n_cols, acc.dtype)
+    w, b = params_at(acc, pw, pb, n_cols)
     mean = np.empty(n_rows if center else 0, acc.dtype)
     rstd = np.empty(n_rows, acc.dtype)
     norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, rows)
@@ -293,7 +292,7 @@ def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, r
     """
     shape = (n_rows, n_cols)
     dy = at(pdy, proto, shape)
-    w = at(pw, acc, (n_cols,)) if pw != 0 else np.ones(n_cols, acc.dtype)
+    w, _ = params_at(acc, pw, 0, n_cols)
     dh = at(pdh if has_dh else pdy, proto, shape)
     return norm_bwd(dy, at(px, proto, shape), w, mean, rstd, dh, at(pdx, proto, shape), rows, has_dh, center,
                     need_wb)
