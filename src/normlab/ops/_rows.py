@@ -20,17 +20,25 @@ from ._simd import wide
 def shift_row(x, r, d, shift):
     """``d[j] = x[r, j] - shift`` over the row (``d``'s length); returns the sum of ``d``.
 
-    One loop: the row is read from memory once, converted to the accumulation
-    dtype (``d``'s), stored in scratch and summed. Each difference is stored,
-    and so used twice: it is a value of its own, which reassociation keeps
+    Two loops: the row is read from memory once, converted to the accumulation
+    dtype (``d``'s) and stored in scratch; then the scratch (in L1) is summed.
+    Each difference is a stored value of its own, which reassociation keeps
     whole (the sum is split into lanes, the difference is never rewritten).
+
+    Why not one loop that stores and sums: LLVM then guards its vector loop with
+    a run-time check that ``d`` does not overlap the row -- a check on how far
+    apart the two addresses are, which fails for scratch that merely lies just
+    after the row in memory -- and falls back to a scalar loop that adds in
+    another order. The bits then depended on where malloc put the scratch
+    (seen: a GroupNorm result 1 ulp off in about one run in twenty). A loop that
+    only reads has no such check: one order, whatever the addresses.
     """
     wide()
+    for j in range(d.shape[0]):
+        d[j] = load(x, (r, j)) - shift
     s = acc_zero(d)
     for j in range(d.shape[0]):
-        e = load(x, (r, j)) - shift
-        d[j] = e
-        s += e
+        s += d[j]
     return s
 
 

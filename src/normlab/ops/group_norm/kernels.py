@@ -147,17 +147,22 @@ def _dot(a, b, n):
 
 @njit(**SUM_OPTIONS)
 def _grad_row(dy, x, r, k, m, u, v):
-    """``u[k, j] = dy[r, k, j]``, ``v[k, j] = x[r, k, j] - m``; returns ``(sum(u[k]), sum(u[k] * v[k]))``."""
+    """``u[k, j] = dy[r, k, j]``, ``v[k, j] = x[r, k, j] - m``; returns ``(sum(u[k]), sum(u[k] * v[k]))``.
+
+    Stores first, then sums the scratch in a loop that only reads: a loop that
+    stored and summed at once would add in an order that depends on the
+    scratch's address (``ops/_rows.shift_row`` says why).
+    """
     _wide()
+    for j in range(u.shape[1]):
+        u[k, j] = load(dy, (r, k, j))
+        v[k, j] = load(x, (r, k, j)) - m
     s1 = acc_zero(u)
     s2 = acc_zero(u)
     for j in range(u.shape[1]):
-        a = load(dy, (r, k, j))
-        e = load(x, (r, k, j)) - m
-        u[k, j] = a
-        v[k, j] = e
+        a = u[k, j]
         s1 += a
-        s2 += a * e
+        s2 += a * v[k, j]
     return s1, s2
 
 

@@ -51,19 +51,21 @@ from .._simd import wide
 def _grad_row(dyr, xr, w, m, rs, x_hat, g):
     """``x_hat[j] = (x[j] - m) * rs``, ``g[j] = dy[j] * w[j]``; returns ``(sum(g), sum(g * x_hat))``.
 
-    One loop over the two input rows (each read from memory once); both
-    products are stored before they are summed.
+    One loop over the two input rows (each read from memory once) stores both
+    products; a second loop sums them from scratch (L1). A loop that stored and
+    summed at once would add in an order that depends on the scratch's address
+    (``ops/_rows.shift_row`` says why).
     """
     wide()
+    for j in range(g.shape[0]):
+        x_hat[j] = (load(xr, j) - m) * rs
+        g[j] = load(dyr, j) * w[j]
     s1 = acc_zero(g)
     s2 = acc_zero(g)
     for j in range(g.shape[0]):
-        xh = (load(xr, j) - m) * rs
-        gv = load(dyr, j) * w[j]
-        x_hat[j] = xh
-        g[j] = gv
+        gv = g[j]
         s1 += gv
-        s2 += gv * xh
+        s2 += gv * x_hat[j]
     return s1, s2
 
 
