@@ -5,9 +5,7 @@
 - :func:`bits`: a numpy view of a tensor's storage, no copy. Numba has no
   bfloat16, so half tensors travel as their bits: bfloat16 as int16, float16 as
   uint16; the kernels convert them (``ops/_bf16.py``).
-- :func:`param`: a weight or bias as a contiguous 1-D array in the
-  accumulation dtype, or a cached array of ones/zeros when it is None.
-- the pointer path of small calls (``ops/_ptr.py``): :data:`PROTO` (the
+- the pointer path (``ops/_ptr.py``): :data:`PROTO` (the
   prototype arrays an entry function takes for a dtype), :func:`param_ptr`
   (a weight or bias as an address) and :func:`call` (a jitted function called
   through its compiled entry point).
@@ -22,13 +20,11 @@ import sys
 from typing import Callable, Optional
 
 import numpy as np
-
 import torch
 
 from . import _numba
 
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
-_FILL: dict = {}  # (n, dtype, value) -> read-only array of ones / zeros
 
 
 class _SerialKernels:
@@ -70,22 +66,6 @@ def bits(t: torch.Tensor):
         t = t.detach()
     as_bits = _BITS.get(t.dtype)
     return (t if as_bits is None else t.view(as_bits)).numpy()
-
-
-def param(p: Optional[torch.Tensor], n: int, acc: torch.dtype, fill: float):
-    """Weight or bias as a contiguous (n,) array in dtype ``acc`` (``fill`` everywhere if None)."""
-    if p is None:
-        key = (n, acc, fill)
-        arr = _FILL.get(key)
-        if arr is None:
-            if len(_FILL) > 64:
-                _FILL.clear()
-            arr = _FILL[key] = torch.full((n,), fill, dtype=acc).numpy()
-        return arr
-    p = p.detach()
-    if p.dtype != acc or not p.is_contiguous():
-        p = p.to(acc).contiguous()
-    return (p if p.dim() == 1 else p.reshape(-1)).numpy()
 
 
 # --------------------------------------------------------------------------

@@ -12,6 +12,11 @@ a helper in another module (``_bf16.py``) does not invalidate kernels cached
 from ``kernels.py``; delete the ``.nbi``/``.nbc`` files after such an edit.
 (An installed release changes every file, so users are not affected.)
 
+Every kernel has a serial twin (:func:`serial`: the same source without
+``parallel``); :func:`use_parallel` picks the version a call runs -- serial for
+small tensors, one thread and forked processes (:data:`_parallel_ok`), where
+numba's OpenMP pool must not start. Both give the same bits.
+
 Also here, because several families need them: :func:`serves_cpu` (which
 tensors the ``"cpu"`` backend takes), :func:`sync_threads` (numba uses as many
 threads as torch) and :func:`rows_per_chunk` (fixed chunk boundaries for
