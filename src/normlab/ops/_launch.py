@@ -10,7 +10,8 @@
   (a weight or bias as an address) and :func:`call` (a jitted function called
   through its compiled entry point).
 - :func:`fast_apply`: an ``autograd.Function``'s apply without the Python layer
-  of ``Function.apply``.
+  of ``Function.apply``; :func:`records`: whether autograd records a call (else
+  the launcher runs without a Function).
 """
 
 from __future__ import annotations
@@ -159,3 +160,15 @@ def fast_apply(function: type) -> Callable:
         return full_apply(*args) if active() else c_apply(*args)
 
     return apply
+
+
+def records(*tensors) -> bool:
+    """Whether autograd records a call on ``tensors`` (None allowed): grad mode is on and one
+    of them requires grad. When it does not, the eager paths run the launcher alone (~10 us
+    less than an ``autograd.Function``)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False

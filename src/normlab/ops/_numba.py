@@ -107,8 +107,7 @@ SERIAL_ELEMS = 32768
 _PARALLEL: set = set()
 _TWINS: dict = {}
 
-# Whether this process has started numba's thread pool (a parallel kernel ran
-# here), and whether it may start parallel regions at all: not in a forked child.
+# Whether this process may start parallel regions at all: not in a forked child.
 # numba's OpenMP layer kills a child forked after its parent ran a parallel kernel
 # ("Terminating: fork() called from a process already using GNU OpenMP, this is
 # unsafe."), and libgomp, which torch shares, hangs a forked child's first
@@ -120,7 +119,6 @@ _TWINS: dict = {}
 # the fork: its parent may well have started torch's pool. (A child started by
 # "spawn" is a fresh interpreter and would be safe; it is not told apart, and runs
 # serially too -- the same bits, only large tensors are slower there.)
-_pool_started = False
 _parallel_ok = multiprocessing.process.parent_process() is None
 
 
@@ -211,14 +209,12 @@ def use_parallel(numel: int) -> bool:
     after its parent had started one). When it does, numba's thread count is made
     to match torch's (:func:`sync_threads`).
     """
-    global _pool_started
     if _forced is not None:  # warmup: the version it is compiling
         if not (_forced and _parallel_ok):
             return False
     elif numel < SERIAL_ELEMS or not _parallel_ok or torch.get_num_threads() == 1:
         return False
     sync_threads()
-    _pool_started = True
     return True
 
 

@@ -50,6 +50,7 @@ from .. import _numba
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply, kernels_loader
+from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype
 from .reference import (
@@ -451,13 +452,6 @@ _eager_apply = fast_apply(_EagerBatchNorm)
 # --------------------------------------------------------------------------
 
 
-def _needs_graph(x, w, b) -> bool:
-    """Whether autograd must record this call (else the launcher runs alone)."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
-    )
-
-
 def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, backend="ref"):
     """BatchNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
 
@@ -484,7 +478,7 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
     update = training and running_mean is not None
     if not torch.compiler.is_compiling():
         rm, rv = (None, None) if training else (running_mean, running_var)
-        if _needs_graph(xc, w, b):
+        if _records(xc, w, b):
             out = [None]
             y = _eager_apply(xc, w, b, rm, rv, training, eps, out)
             sn = out[0]

@@ -56,6 +56,7 @@ from .._launch import bits as _bits
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply, kernels_loader
+from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype, to_acc
 from .reference import (
@@ -463,13 +464,6 @@ def _eager() -> bool:
     return not torch.compiler.is_compiling()
 
 
-def _needs_graph(x: Tensor, w: Optional[Tensor], b: Optional[Tensor]) -> bool:
-    """Whether autograd will record this call (else the launcher runs without a Function: ~10 us less)."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
-    )
-
-
 def _kernel_input(x: Tensor, fmt: torch.memory_format) -> Tensor:
     """``x`` as (N, C, S) in a layout the kernels read: NHWC for a channels_last ``fmt``
     (no copy when ``x`` already is), contiguous otherwise (copies only if it must)."""
@@ -489,7 +483,7 @@ def group_norm(x, num_groups, w, b, eps, backend="ref"):
         x3 = _kernel_input(x, fmt)  # (N, C, S)
         if not _eager():
             y, _, _, _ = group_norm_fwd(x3, w, b, num_groups, eps)
-        elif _needs_graph(x, w, b):
+        elif _records(x, w, b):
             y, _, _ = _gn_apply(x3, w, b, num_groups, eps)
         else:  # nothing to differentiate: the launcher alone
             y, _, _, _ = _forward(x3, w, b, num_groups, eps)
@@ -522,7 +516,7 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
         x3 = x.reshape(n, c, s).contiguous()  # (N, C, S); torch's output is contiguous
         if use_input_stats:
             if _eager():
-                if _needs_graph(x, w, b):
+                if _records(x, w, b):
                     y, mean, var = _gn_apply(x3, w, b, c, eps)
                 else:
                     y, mean, var, _ = _forward(x3, w, b, c, eps)
@@ -539,7 +533,7 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
                 rstd = torch.rsqrt(running_var.to(acc) + eps)  # (C,)
             if not _eager():
                 y = instance_norm_eval_fwd(x3, w, b, mean, rstd)
-            elif _needs_graph(x, w, b):
+            elif _records(x, w, b):
                 y = _in_eval_apply(x3, w, b, mean, rstd)
             else:
                 y, _, _, _ = _forward(x3, w, b, c, 0.0, mean, rstd)

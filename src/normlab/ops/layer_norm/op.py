@@ -41,6 +41,7 @@ from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply
 from .._launch import kernels_loader
+from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype, to_acc
 from .reference import (
@@ -81,16 +82,16 @@ def _forward(x, res, w, b, eps, center):
         if not res.is_contiguous():
             res = res.contiguous()
     numel = n_rows * n_cols
+    proto, acc_proto = _PROTO[x.dtype]
     if numel == 0:
-        acc = _PROTO[x.dtype][1].dtype
         if h is not None:
             h.copy_(x + res)
+        acc = acc_proto.dtype
         return y, h, np.full(n_rows if center else 0, np.nan, acc), np.full(n_rows, np.nan, acc)
     acc = _ACC.get(x.dtype, torch.float32)
     pw, keep_w = _param_ptr(w, acc)
     pb, keep_b = _param_ptr(b, acc)
     k = _k(numel)
-    proto, acc_proto = _PROTO[x.dtype]
     px = x.data_ptr()
     mean, rstd = _call(
         k.norm_fwd_at, x.dtype, proto, acc_proto, px,
@@ -391,12 +392,7 @@ _eager_apply = fast_apply(_EagerNorm)
 
 def _eager_norm(x, res, w, b, eps, center):
     """``(y, h)`` through :class:`_EagerNorm` when autograd records the call, else the launcher alone."""
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or (w is not None and w.requires_grad)
-        or (b is not None and b.requires_grad)
-        or (res is not None and res.requires_grad)
-    ):
+    if _records(x, w, b, res):
         return _eager_apply(x, res, w, b, eps, center)
     y, h, _, _ = _forward(x, res, w, b, eps, center)
     return y, h
