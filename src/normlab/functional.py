@@ -119,6 +119,9 @@ def rms_norm(
     """
     fn = "rms_norm"
     shape = normalized_shape
+    if (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor) and weight.dtype != input.dtype
+            and weight.is_floating_point() and input.is_floating_point()):
+        return _rms_norm_other_weight(input, normalized_shape, weight, eps)
     if not _rows_fit(input, shape, eps, weight):
         check_input(fn, input)
         shape = normalized_shape_tuple(fn, normalized_shape)
@@ -127,6 +130,18 @@ def rms_norm(
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
     return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn))
+
+
+def _rms_norm_other_weight(input, normalized_shape, weight, eps):
+    """RMSNorm with a weight in another float dtype than the input, as torch computes it: the
+    normalised rows in the input's dtype, times the weight in the promoted dtype, rounded back
+    to the input's dtype (``(x_hat.to(x.dtype) * w).to(x.dtype)``)."""
+    fn = "rms_norm"
+    check_input(fn, input)
+    shape = normalized_shape_tuple(fn, normalized_shape)
+    _check_normalized_shape(fn, input, shape)
+    check_param(fn, "weight", weight.detach().to(input.dtype), input, shape, "normalized_shape")
+    return (rms_norm(input, shape, None, eps) * weight).to(input.dtype)
 
 
 def _check_residual(fn: str, x: torch.Tensor, residual) -> None:
@@ -217,8 +232,21 @@ def _plain_momentum(momentum) -> bool:
 
 
 def _check_momentum(fn: str, momentum) -> None:
+    if _scalar_tensor(momentum):  # normlab.nn's momentum=None factor under torch.compile
+        return
     if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or math.isnan(momentum):
         raise TypeError(f"{fn}: expected momentum to be a float, got {momentum!r}")
+
+
+def _scalar_tensor(v) -> bool:
+    """A 0-dim floating-point tensor: a momentum that is read when the update runs (the
+    cumulative factor of ``momentum=None``, computed from ``num_batches_tracked`` in a
+    traced graph)."""
+    return isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()
+
+
+def _momentum(v):
+    return v if isinstance(v, torch.Tensor) else float(v)
 
 
 def _values_per_channel(x: torch.Tensor) -> int:
@@ -272,6 +300,11 @@ def batch_norm(
     normalises with ``running_mean``/``running_var``.
     """
     fn = "batch_norm"
+    if training and isinstance(eps, numbers.Real) and not eps > 0:
+        raise ValueError(
+            f"{fn}: expected eps > 0 in training, got {eps!r}; eps keeps 1 / sqrt(var + eps) finite "
+            f"for a channel whose batch values are all equal (torch raises here too)"
+        )
     if not (
         isinstance(input, torch.Tensor)
         and input.dim() >= 2
@@ -299,7 +332,7 @@ def batch_norm(
                 f"Expected more than 1 value per channel when training, got input size {input.size()}"
             )
     return _bn.batch_norm(
-        input, running_mean, running_var, weight, bias, bool(training), float(momentum),
+        input, running_mean, running_var, weight, bias, bool(training), _momentum(momentum),
         float(eps), _backend.resolve(input, fn),
     )
 

@@ -73,7 +73,10 @@ class _BatchNorm(_NormBase):
         count = self.num_batches_tracked if training and self.track_running_stats else None
         if count is not None and momentum is None:
             # cumulative average: this batch will be number num_batches_tracked + 1
-            factor = 1.0 / float(count + 1)
+            if torch.compiler.is_compiling():  # a tensor, read when the update runs: no graph break
+                factor = 1.0 / (count + 1).to(torch.float64)
+            else:
+                factor = 1.0 / float(count + 1)
 
         # Batch statistics in training, and in eval when there are no running ones.
         use_batch_stats = training or (running_mean is None and running_var is None)

@@ -312,10 +312,15 @@ def _(x, running_mean, running_var, w, b, eps):
     "normlab::batch_norm_update_stats", mutates_args=("running_mean", "running_var"), device_types="cpu"
 )
 def batch_norm_update_stats(
-    running_mean: Tensor, running_var: Tensor, stats: Tensor, n: int, momentum: float
+    running_mean: Tensor, running_var: Tensor, stats: Tensor, n: int, momentum: Tensor
 ) -> None:
-    """Blend the batch statistics (``stats`` rows 0, 1: mean, biased var) into the running ones, in place."""
-    _update_running(running_mean, running_var, stats.numpy(), n, momentum)
+    """Blend the batch statistics (``stats`` rows 0, 1: mean, biased var) into the running ones, in place.
+
+    ``momentum`` is a 0-dim float64 tensor, read when the op runs: ``momentum=None``'s
+    cumulative factor ``1 / (num_batches_tracked + 1)`` depends on a buffer's value, which a
+    traced graph must not bake in.
+    """
+    _update_running(running_mean, running_var, stats.numpy(), n, float(momentum))
 
 
 @batch_norm_update_stats.register_fake
@@ -490,6 +495,8 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
     if training:
         y, stats = batch_norm_train_fwd(xc, w, b, eps)
         if update:
+            if not isinstance(momentum, Tensor):
+                momentum = torch.tensor(momentum, dtype=torch.float64)
             batch_norm_update_stats(running_mean, running_var, stats, x.numel() // x.shape[1], momentum)
     else:
         y, _ = batch_norm_eval_fwd(xc, running_mean, running_var, w, b, eps)

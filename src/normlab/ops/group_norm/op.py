@@ -496,6 +496,16 @@ def group_norm(x, num_groups, w, b, eps, backend="ref"):
     return y.reshape(x.shape).contiguous(memory_format=fmt)
 
 
+def _no_channels(x, w, b):
+    """The empty output of an input with 0 channels, differentiable in ``x``, ``w`` and ``b``
+    (their gradients: empty tensors, as torch's)."""
+    y = x.contiguous().clone()
+    for p in (w, b):
+        if p is not None:
+            y = y + p.sum()  # an empty sum: adds 0 to no value, links p into the graph
+    return y
+
+
 def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps, backend="ref"):
     """InstanceNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
 
@@ -511,6 +521,8 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
     The output is contiguous.
     """
     c = x.shape[1]
+    if c == 0:  # no channels: an empty output, as torch gives (nothing to normalise or update)
+        return _no_channels(x, w, b)
     if backend == "cpu" and x.numel() > 0:
         n, s = x.shape[0], math.prod(x.shape[2:])
         x3 = x.reshape(n, c, s).contiguous()  # (N, C, S); torch's output is contiguous
