@@ -122,6 +122,11 @@ def resolve(x: torch.Tensor, op: str) -> str:
     Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
     """
     choice = get_backend()
+    if torch.compiler.is_exporting() or torch.jit.is_tracing():
+        # torch.export (and torch.onnx.export, which runs it) and torch.jit.trace (the older
+        # ONNX exporter): the reference math in aten ops, which every runtime an exported
+        # program goes to can run; a kernel call is opaque there (and invisible to a trace)
+        return "ref"
     if choice == "auto":
         for name, serves in _auto_order(op):
             if serves(x):

@@ -250,7 +250,8 @@ def _momentum(v):
 
 
 def _values_per_channel(x: torch.Tensor) -> int:
-    return math.prod(x.shape) // x.shape[1] if x.shape[1] else 0
+    """``N * prod(spatial)``: the values of one channel (as torch counts them, even for 0 channels)."""
+    return x.shape[0] * math.prod(x.shape[2:])
 
 
 _PER_CHANNEL = "one value per channel, C = input.shape[1]"
@@ -318,7 +319,7 @@ def batch_norm(
         check_input(fn, input)
         _check_channels_input(fn, input)
         _check_running_pair(fn, running_mean, running_var)
-        if not training and running_mean is None:
+        if not training and running_mean is None and input.numel() > 0:  # (torch: empty in, empty out)
             raise RuntimeError(
                 f"{fn}: running_mean must be defined in evaluation mode (training=False); "
                 f"pass training=True to normalise with the batch's own statistics"

@@ -56,3 +56,51 @@ def shifted_mean_var(
     var = (xc * xc).mean(dim=dim, keepdim=True)
     mean = shift + mean_d
     return mean, var, xc
+
+
+def empty_output(x: torch.Tensor, *params) -> torch.Tensor:
+    """The (empty) output of a norm of an ``x`` with no value to normalise: 0 channels, or a
+    ``normalized_shape`` with a 0. Differentiable in ``x`` and in ``params`` (their gradients
+    are empty tensors, as torch gives)."""
+    y = x.contiguous().clone()
+    for p in params:
+        if p is not None:
+            y = y + p.sum()  # an empty sum: adds 0 to no value, links p into the graph
+    return y
+
+
+# --------------------------------------------------------------------------
+# Forward mode (docs/derivations/forward_mode.md)
+# --------------------------------------------------------------------------
+
+
+def x_hat_jvp(x_hat: torch.Tensor, rstd: torch.Tensor, t: torch.Tensor, dims, center: bool) -> torch.Tensor:
+    """The tangent of ``x_hat = (x - mean) * rstd`` along a tangent ``t`` of ``x``.
+
+    ``mean`` and the variance are taken over ``dims``; differentiating them gives::
+
+        d mean = mean(t)
+        d rstd = -rstd * mean(t * x_hat)            (d var = 2 * mean(t * (x - mean)))
+        d x_hat = rstd * (t - mean(t) - x_hat * mean(t * x_hat))
+
+    RMSNorm (``center=False``: no mean, the variance is the mean square) drops
+    ``mean(t)``. ``x_hat``, ``rstd`` and ``t`` in the accumulation dtype, ``rstd``
+    broadcastable to ``x_hat``.
+    """
+    out = t - x_hat * (t * x_hat).mean(dim=dims, keepdim=True)
+    if center:
+        out = out - t.mean(dim=dims, keepdim=True)
+    return rstd * out
+
+
+def affine_jvp(x_hat, dx_hat, w, wt, bt):
+    """The tangent of ``y = x_hat * w + b`` from those of ``x_hat``, ``w`` and ``b`` (each may be
+    None: no tangent, or no parameter); ``w``, ``wt``, ``bt`` broadcast against ``x_hat``."""
+    yt = None
+    if dx_hat is not None:
+        yt = dx_hat if w is None else dx_hat * w
+    if wt is not None:
+        yt = x_hat * wt if yt is None else yt + x_hat * wt
+    if bt is not None:
+        yt = bt.expand_as(x_hat) if yt is None else yt + bt
+    return yt

@@ -46,19 +46,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _numba
+from .. import _numba, _transforms
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply, kernels_loader
 from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
-from .._common import acc_dtype
+from .._common import acc_dtype, empty_output
 from .reference import (
     _memory_format,
     _stat_shape,
     batch_norm_eval_backward_ref,
     batch_norm_ref,
     batch_norm_stats,
+    batch_norm_jvp,
     batch_norm_train_backward_ref,
 )
 
@@ -357,7 +358,7 @@ def _grads(ctx, dy, x, w, stats, need_dx, need_dw, need_db, eager=False):
     need_db = need_db and ctx.b_dtype is not None
     if dy is None or not (need_dx or need_dw or need_db):
         return None, None, None
-    if torch.is_grad_enabled():  # create_graph=True: the differentiable reference backward
+    if _transforms.differentiable_backward():  # create_graph=True: the differentiable reference backward
         acc = acc_dtype(x.dtype)
         if ctx.training:  # the statistics as functions of x
             mean, _, rstd = batch_norm_stats(x.to(acc), ctx.eps)
@@ -452,6 +453,87 @@ class _EagerBatchNorm(torch.autograd.Function):
 _eager_apply = fast_apply(_EagerBatchNorm)
 
 
+class _TransformBatchNorm(torch.autograd.Function):
+    """BatchNorm on the kernels under torch.func transforms and forward-mode AD
+    (``ops/_transforms.py``): returns ``(y, stats)``, ``stats`` the (3, C) float64 rows mean,
+    biased var, rstd (not differentiable). The running-statistic update is the caller's."""
+
+    @staticmethod
+    def forward(x, w, b, running_mean, running_var, training, eps):
+        y, sn = _forward(_canonical(x), w, b, running_mean, running_var, training, eps)
+        return y, torch.from_numpy(sn)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, _, _, training, eps = inputs
+        stats = output[1]
+        ctx.save_for_backward(x, w, stats)
+        ctx.save_for_forward(x, w, stats)
+        ctx.eps = eps
+        ctx.training = training
+        ctx.b_dtype = b.dtype if b is not None else None
+        ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, dy, _dstats):
+        x, w, stats = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[1], need[2], eager=True)
+        return dx, dw, db, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, xt, wt, bt, _rmt, _rvt, _training_t, _eps_t):
+        x, w, stats = ctx.saved_tensors
+        shape = _stat_shape(x)
+        acc = acc_dtype(x.dtype)
+        mean, rstd = stats[0].to(acc).reshape(shape), stats[2].to(acc).reshape(shape)
+        return batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, ctx.training), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, w, b, running_mean, running_var, training, eps):
+        """Each batch member's channels become channels of their own: (B, N, C, *) is normalised
+        as (N, B * C, *), so every member gets its own statistics from one kernel call."""
+        n = info.batch_size
+        xb = _transforms.front(x, in_dims[0], n)  # (B, N, C, *spatial)
+        c = xb.shape[2]
+        x2 = xb.movedim(0, 1).reshape(xb.shape[1], n * c, *xb.shape[3:])  # (N, B*C, *spatial)
+
+        def channels(t, d):  # (C,) or batched (B, C) -> (B*C,)
+            if t is None:
+                return None
+            return t.repeat(n) if d is None else _transforms.front(t, d, n).reshape(n * c)
+
+        y, stats = _TransformBatchNorm.apply(
+            x2, channels(w, in_dims[1]), channels(b, in_dims[2]),
+            channels(running_mean, in_dims[3]), channels(running_var, in_dims[4]), training, eps,
+        )
+        return (y.reshape(xb.shape[1], n, c, *xb.shape[3:]), stats.view(3, n, c)), (1, 1)
+
+
+def check_batched_buffers(x, running_mean, running_var) -> None:
+    """Under vmap, the running statistics an update writes must be batched where the input is
+    (one pair per batch member), as torch requires."""
+    is_batched = torch._C._functorch.is_batchedtensor
+    if is_batched(x) and not (is_batched(running_mean) and is_batched(running_var)):
+        raise RuntimeError(
+            "batch_norm: got a batched tensor as input while the running_mean or running_var, which "
+            "will be updated in place, were not batched; use track_running_stats=False, batched "
+            "buffers (torch.func.stack_module_state), or eval mode"
+        )
+
+
+def _update_running_ops(running_mean, running_var, x, stats, n, momentum):
+    """:func:`_update_running` in torch ops (under transforms: the buffers may be batched), the
+    same float64 blend, rounded once to each buffer. A batched input with unbatched buffers
+    raises torch's error."""
+    check_batched_buffers(x, running_mean, running_var)
+    keep = 1.0 - momentum
+    with torch.no_grad():
+        running_mean.copy_(keep * running_mean.to(torch.float64) + momentum * stats[0])
+        running_var.copy_(keep * running_var.to(torch.float64) + momentum * (stats[1] * (n / (n - 1.0))))
+
+
 # --------------------------------------------------------------------------
 # Entry point (called by normlab.functional after its argument checks)
 # --------------------------------------------------------------------------
@@ -471,6 +553,10 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
     an empty batch takes the reference path).
     """
     if backend == "ref":
+        if x.numel() == 0 and not training and running_mean is None:
+            return empty_output(x, w, b)
+        if training and running_mean is not None and _transforms.active():
+            check_batched_buffers(x, running_mean, running_var)
         return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
     if backend != "cpu":
         raise RuntimeError(
@@ -478,9 +564,17 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
             f"available for batch_norm: ['ref', 'cpu']"
         )
     if x.numel() == 0:
+        if not training and running_mean is None:  # nothing to normalise: torch's empty output
+            return empty_output(x, w, b)
         return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
-    xc = _canonical(x)  # the one copy of an input that is neither contiguous nor channels-last
     update = training and running_mean is not None
+    if _transforms.active():  # the layout is settled on the plain tensors, in the Function's forward
+        rm, rv = (None, None) if training else (running_mean, running_var)
+        y, stats = _TransformBatchNorm.apply(x, w, b, rm, rv, training, eps)
+        if update:
+            _update_running_ops(running_mean, running_var, x, stats, x.numel() // x.shape[1], momentum)
+        return y
+    xc = _canonical(x)  # the one copy of an input that is neither contiguous nor channels-last
     if not torch.compiler.is_compiling():
         rm, rv = (None, None) if training else (running_mean, running_var)
         if _records(xc, w, b):

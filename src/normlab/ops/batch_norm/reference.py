@@ -56,7 +56,8 @@ from __future__ import annotations
 
 import torch
 
-from .._common import acc_dtype, shifted_mean_var
+from .. import _transforms
+from .._common import acc_dtype, affine_jvp, shifted_mean_var, x_hat_jvp
 
 # --------------------------------------------------------------------------
 # Shapes and layouts
@@ -325,29 +326,58 @@ def batch_norm_eval_backward_ref(
 # --------------------------------------------------------------------------
 
 
+def batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, training):
+    """Tangent of BatchNorm's ``y`` along tangents of ``x``, ``w``, ``b`` (each may be None).
+
+    ``mean``/``rstd`` (1, C, 1, ...): the forward's statistics (the batch's in
+    training, where they move with ``x``: ``ops/_common.x_hat_jvp`` over every dim
+    but the channels; the running ones in evaluation, constants: ``d x_hat = rstd * t``).
+    """
+    acc = acc_dtype(x.dtype)
+    x_hat = (x.to(acc) - mean) * rstd  # (N, C, *spatial)
+    dx_hat = None
+    if xt is not None:
+        t = xt.to(acc)
+        dx_hat = x_hat_jvp(x_hat, rstd, t, _reduce_dims(x), True) if training else rstd * t
+    yt = affine_jvp(x_hat, dx_hat, _per_channel(w, x, acc), _per_channel(wt, x, acc), _per_channel(bt, x, acc))
+    return None if yt is None else yt.to(x.dtype)
+
+
 class BatchNormTrainFunction(torch.autograd.Function):
-    """Training-mode BatchNorm with the hand-derived backward.
+    """Training-mode BatchNorm with the hand-derived backward and forward-mode rule.
 
     Returns ``(y, mean_c, var_c)``; the per-channel statistics are marked
     non-differentiable (they only feed the running-statistic update). Saves
-    ``x``, ``w``, ``mean`` and ``rstd``. Under ``create_graph=True`` the
-    backward recomputes ``mean``/``rstd`` from ``x`` with differentiable ops,
-    so the second derivative sees how the batch statistics depend on ``x``.
+    ``x``, ``w``, ``mean`` and ``rstd`` (from ``mean_c``, ``var_c``). Under
+    ``create_graph=True`` the backward recomputes ``mean``/``rstd`` from ``x``
+    with differentiable ops, so the second derivative sees how the batch
+    statistics depend on ``x``. Torch ops throughout: torch.func's vmap batches it
+    as it is (``generate_vmap_rule``).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, w, b, eps):
-        y, mean, rstd, mean_c, var_c = batch_norm_train_ref(x, w, b, eps)
+    def forward(x, w, b, eps):
+        y, _, _, mean_c, var_c = batch_norm_train_ref(x, w, b, eps)
+        return y, mean_c, var_c
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, eps = inputs
+        _, mean_c, var_c = output
+        shape = _stat_shape(x)
+        mean, rstd = mean_c.reshape(shape), torch.rsqrt(var_c.reshape(shape) + eps)  # as the forward's
         ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
         ctx.eps = eps
         ctx.b_dtype = b.dtype if b is not None else None
         ctx.mark_non_differentiable(mean_c, var_c)
-        return y, mean_c, var_c
 
     @staticmethod
     def backward(ctx, dy, _dmean_c, _dvar_c):
         x, w, mean, rstd = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: statistics as functions of x
+        if _transforms.differentiable_backward():  # double backward: statistics as functions of x
             mean, _, rstd = batch_norm_stats(x.to(acc_dtype(x.dtype)), ctx.eps)
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dx, dw, db = batch_norm_train_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
@@ -355,21 +385,36 @@ class BatchNormTrainFunction(torch.autograd.Function):
             db = db.to(ctx.b_dtype)
         return dx, dw, db, None
 
+    @staticmethod
+    def _jvp(ctx, xt, wt, bt, _eps_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        return batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, True), None, None
+
 
 class BatchNormEvalFunction(torch.autograd.Function):
-    """Evaluation-mode BatchNorm (running statistics) with the hand-derived backward.
+    """Evaluation-mode BatchNorm (running statistics) with the hand-derived backward and
+    forward-mode rule.
 
     Saves ``x``, ``w`` and the running ``mean``/``rstd``; these do not depend
     on ``x``, so the backward (written in differentiable ops) is already its
     own correct double backward. No gradient for the running statistics.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, running_mean, running_var, w, b, eps):
-        y, mean, rstd = batch_norm_eval_ref(x, running_mean, running_var, w, b, eps)
+    def forward(x, running_mean, running_var, w, b, eps):
+        return batch_norm_eval_ref(x, running_mean, running_var, w, b, eps)[0]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, running_mean, running_var, w, b, eps = inputs
+        acc = acc_dtype(x.dtype)
+        mean = _per_channel(running_mean, x, acc)  # (1, C, 1, ...), as the forward's
+        rstd = torch.rsqrt(_per_channel(running_var, x, acc) + eps)
         ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
         ctx.b_dtype = b.dtype if b is not None else None
-        return y
 
     @staticmethod
     def backward(ctx, dy):
@@ -379,6 +424,11 @@ class BatchNormEvalFunction(torch.autograd.Function):
         if db is not None:
             db = db.to(ctx.b_dtype)
         return dx, None, None, dw, db, None
+
+    @staticmethod
+    def _jvp(ctx, xt, _rmt, _rvt, wt, bt, _eps_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        return batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, False)
 
 
 # --------------------------------------------------------------------------
@@ -395,13 +445,13 @@ def batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps):
     the running statistics, which are left untouched.
     """
     if not training:
-        return BatchNormEvalFunction.apply(x, running_mean, running_var, w, b, eps)
+        return _transforms.pick(BatchNormEvalFunction).apply(x, running_mean, running_var, w, b, eps)
     if x.numel() == 0:
         # An empty batch (torch accepts it in training): an empty output, zero
         # dw/db, running statistics untouched. Any statistics would do; 0 and 1.
         stat = torch.zeros(x.shape[1], dtype=acc_dtype(x.dtype), device=x.device)
-        return BatchNormEvalFunction.apply(x, stat, stat + 1, w, b, eps)
-    y, mean_c, var_c = BatchNormTrainFunction.apply(x, w, b, eps)
+        return _transforms.pick(BatchNormEvalFunction).apply(x, stat, stat + 1, w, b, eps)
+    y, mean_c, var_c = _transforms.pick(BatchNormTrainFunction).apply(x, w, b, eps)
     if running_mean is not None:
         n = x.numel() // x.shape[1]  # values per channel
         update_running_stats(running_mean, running_var, mean_c, var_c, n, momentum)

@@ -51,20 +51,21 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _numba
+from .. import _numba, _transforms
 from .._launch import bits as _bits
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply, kernels_loader
 from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
-from .._common import acc_dtype, to_acc
+from .._common import acc_dtype, empty_output, to_acc
 from .reference import (
     GroupNormFunction,
     InstanceNormEvalFunction,
     _grouped,
     _per_channel,
     group_norm_backward_ref,
+    group_norm_jvp,
     group_norm_stats,
     instance_norm_eval_backward_ref,
     output_memory_format,
@@ -351,7 +352,7 @@ def _grads(ctx, dy, x, w, mean, rstd, needs, eager):
     need_dw = need_dw and w is not None
     need_db = need_db and ctx.b_dtype is not None
     g = ctx.num_groups
-    if torch.is_grad_enabled():  # double backward
+    if _transforms.differentiable_backward():  # double backward
         x4, dy4, w3 = _grouped(x, g), _grouped(dy, g), _per_channel(w, g)  # (N, G, Cg, S), (G, Cg, 1)
         if ctx.fixed:
             m4, r4 = mean.reshape(1, g, 1, 1), rstd.reshape(1, g, 1, 1)
@@ -450,6 +451,92 @@ class CpuInstanceNormEvalFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+class _TransformGroupNorm(torch.autograd.Function):
+    """GroupNorm of ``x`` (N, C, S) on the kernels under torch.func transforms and forward-mode AD
+    (``ops/_transforms.py``); with ``mean``/``rstd`` (C,) given, InstanceNorm with those fixed
+    statistics. Returns ``(y, mean, var)``: the group statistics (N, G), not differentiable
+    (empty with fixed statistics)."""
+
+    @staticmethod
+    def forward(x, w, b, num_groups, eps, fixed_mean, fixed_rstd):
+        if fixed_mean is None:
+            y, mean, var, _ = _forward(x, w, b, num_groups, eps, one_buffer=False)
+            return y, mean, var
+        y = _forward(x, w, b, num_groups, 0.0, fixed_mean, fixed_rstd)[0]
+        empty = fixed_mean.new_empty((x.shape[0], 0))
+        return y, empty, empty.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, num_groups, eps, fixed_mean, fixed_rstd = inputs
+        _, mean, var = output
+        fixed = fixed_mean is not None
+        rstd = fixed_rstd if fixed else torch.rsqrt(var + eps)  # as the kernel's
+        _setup(ctx, x, w, b, fixed_mean if fixed else mean, rstd, num_groups, eps, fixed)
+        ctx.save_for_forward(x, w, fixed_mean if fixed else mean, rstd)
+        ctx.mark_non_differentiable(mean, var)
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _dvar):
+        x, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=True)
+        return dx, dw, db, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, xt, wt, bt, _g_t, _eps_t, _mean_t, _rstd_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        g = ctx.num_groups
+        stat = (1, g, 1, 1) if ctx.fixed else (x.shape[0], g, 1, 1)
+        yt = group_norm_jvp(_grouped(x, g), _per_channel(w, g), mean.reshape(stat), rstd.reshape(stat),
+                            _grouped(xt, g) if xt is not None else None, _per_channel(wt, g),
+                            _per_channel(bt, g), fixed=ctx.fixed)
+        return (None if yt is None else yt.reshape(x.shape)), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, w, b, num_groups, eps, fixed_mean, fixed_rstd):
+        """GroupNorm: the batch members' samples are more samples (a batched weight or bias is
+        applied after the kernel, in torch ops). Fixed statistics: the members' channels are
+        more channels, each with its own statistics, weight and bias."""
+        n = info.batch_size
+        xb = _transforms.front(x, in_dims[0], n)  # (B, N, C, S)
+        bn, c, s = xb.shape[1:]
+        if fixed_mean is not None:
+            def channels(t, d):  # (C,) or batched (B, C) -> (B*C,)
+                if t is None:
+                    return None
+                return t.repeat(n) if d is None else _transforms.front(t, d, n).reshape(n * c)
+
+            x2 = xb.movedim(0, 1).reshape(bn, n * c, s).contiguous()  # (N, B*C, S)
+            y, mean, var = _TransformGroupNorm.apply(
+                x2, channels(w, in_dims[1]), channels(b, in_dims[2]), n * c, eps,
+                channels(fixed_mean, in_dims[5]), channels(fixed_rstd, in_dims[6]))
+            return (y.view(bn, n, c, s), mean.new_empty((n, bn, 0)), var.new_empty((n, bn, 0))), (1, 0, 0)
+        x2 = xb.reshape(n * bn, c, s).contiguous()  # (B*N, C, S)
+        if in_dims[1] is None and in_dims[2] is None:
+            y, mean, var = _TransformGroupNorm.apply(x2, w, b, num_groups, eps, None, None)
+            y = y.reshape(n, bn, c, s)
+        else:
+            y, mean, var = _TransformGroupNorm.apply(x2, None, None, num_groups, eps, None, None)
+            y = to_acc(y.reshape(n, bn, c, s))
+            if w is not None:
+                y = y * to_acc(_transforms.front(w, in_dims[1], n)).reshape(n, 1, c, 1)
+            if b is not None:
+                y = y + to_acc(_transforms.front(b, in_dims[2], n)).reshape(n, 1, c, 1)
+            y = y.to(x.dtype)
+        return (y, mean.view(n, bn, -1), var.view(n, bn, -1)), (0, 0, 0)
+
+
+def _update_running_ops(running_mean, running_var, mean, var, momentum, n_spatial):
+    """InstanceNorm's running-statistic update in torch ops (under transforms: batched buffers
+    update per member): the batch average of the per-instance mean and unbiased variance."""
+    with torch.no_grad():
+        acc = mean.dtype
+        mean_stat = mean.mean(dim=0)  # (C,)
+        var_stat = (var * (n_spatial / (n_spatial - 1))).mean(dim=0)  # (C,) unbiased
+        running_mean.copy_((1 - momentum) * running_mean.to(acc) + momentum * mean_stat)
+        running_var.copy_((1 - momentum) * running_var.to(acc) + momentum * var_stat)
+
+
 _gn_apply = fast_apply(CpuGroupNormFunction)
 _in_eval_apply = fast_apply(CpuInstanceNormEvalFunction)
 
@@ -481,29 +568,21 @@ def group_norm(x, num_groups, w, b, eps, backend="ref"):
     fmt = output_memory_format(x)
     if backend == "cpu" and x.numel() > 0:
         x3 = _kernel_input(x, fmt)  # (N, C, S)
-        if not _eager():
+        if _transforms.active():
+            y = _TransformGroupNorm.apply(x3, w, b, num_groups, eps, None, None)[0]
+        elif not _eager():
             y, _, _, _ = group_norm_fwd(x3, w, b, num_groups, eps)
         elif _records(x, w, b):
             y, _, _ = _gn_apply(x3, w, b, num_groups, eps)
         else:  # nothing to differentiate: the launcher alone
             y, _, _, _ = _forward(x3, w, b, num_groups, eps)
         return y.reshape(x.shape).contiguous(memory_format=fmt)  # a view (NHWC stays channels_last)
-    y, _, _ = GroupNormFunction.apply(
+    y, _, _ = _transforms.pick(GroupNormFunction).apply(
         _grouped(x, num_groups), _per_channel(w, num_groups), _per_channel(b, num_groups), eps
     )
     # The grouped view may keep x's strides (a view, not a copy), and elementwise
     # ops keep them too: settle the layout torch gives, once, at the end.
     return y.reshape(x.shape).contiguous(memory_format=fmt)
-
-
-def _no_channels(x, w, b):
-    """The empty output of an input with 0 channels, differentiable in ``x``, ``w`` and ``b``
-    (their gradients: empty tensors, as torch's)."""
-    y = x.contiguous().clone()
-    for p in (w, b):
-        if p is not None:
-            y = y + p.sum()  # an empty sum: adds 0 to no value, links p into the graph
-    return y
 
 
 def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps, backend="ref"):
@@ -522,11 +601,15 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
     """
     c = x.shape[1]
     if c == 0:  # no channels: an empty output, as torch gives (nothing to normalise or update)
-        return _no_channels(x, w, b)
+        return empty_output(x, w, b)
     if backend == "cpu" and x.numel() > 0:
         n, s = x.shape[0], math.prod(x.shape[2:])
         x3 = x.reshape(n, c, s).contiguous()  # (N, C, S); torch's output is contiguous
-        if use_input_stats:
+        if use_input_stats and _transforms.active():
+            y, mean, var = _TransformGroupNorm.apply(x3, w, b, c, eps, None, None)
+            if running_mean is not None:
+                _update_running_ops(running_mean, running_var, mean, var, momentum, s)
+        elif use_input_stats:
             if _eager():
                 if _records(x, w, b):
                     y, mean, var = _gn_apply(x3, w, b, c, eps)
@@ -543,7 +626,9 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
                 acc = acc_dtype(x.dtype)
                 mean = running_mean.to(acc, copy=True)  # (C,)
                 rstd = torch.rsqrt(running_var.to(acc) + eps)  # (C,)
-            if not _eager():
+            if _transforms.active():
+                y = _TransformGroupNorm.apply(x3, w, b, c, 0.0, mean, rstd)[0]
+            elif not _eager():
                 y = instance_norm_eval_fwd(x3, w, b, mean, rstd)
             elif _records(x, w, b):
                 y = _in_eval_apply(x3, w, b, mean, rstd)
@@ -553,20 +638,15 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
     x4 = _grouped(x, c)  # (N, C, 1, S)
     w3, b3 = _per_channel(w, c), _per_channel(b, c)  # (C, 1, 1)
     if use_input_stats:
-        y, mean, var = GroupNormFunction.apply(x4, w3, b3, eps)
-        if running_mean is not None:
-            s = x4.shape[3]
-            with torch.no_grad():
-                mean_stat = mean.reshape(x4.shape[0], c).mean(dim=0)  # (C,)
-                var_stat = (var.reshape(x4.shape[0], c) * (s / (s - 1))).mean(dim=0)  # (C,) unbiased
-                new_mean = (1 - momentum) * to_acc(running_mean) + momentum * mean_stat
-                new_var = (1 - momentum) * to_acc(running_var) + momentum * var_stat
-                running_mean.copy_(new_mean)
-                running_var.copy_(new_var)
+        y, mean, var = _transforms.pick(GroupNormFunction).apply(x4, w3, b3, eps)
+        if running_mean is not None and x.numel() > 0:  # an empty batch leaves them as they are, as in torch
+            n = x4.shape[0]
+            _update_running_ops(running_mean, running_var, mean.reshape(n, c), var.reshape(n, c), momentum,
+                                x4.shape[3])
     else:
         with torch.no_grad():  # the running statistics are constants of this map
             # (a copy: the backward must not see later in-place updates of the buffer)
             mean = to_acc(running_mean).reshape(1, c, 1, 1).clone()  # (1, C, 1, 1)
             rstd = torch.rsqrt(to_acc(running_var).reshape(1, c, 1, 1) + eps)  # (1, C, 1, 1)
-        y = InstanceNormEvalFunction.apply(x4, w3, b3, mean, rstd)
+        y = _transforms.pick(InstanceNormEvalFunction).apply(x4, w3, b3, mean, rstd)
     return y.reshape(x.shape).contiguous()  # torch's instance_norm output is contiguous

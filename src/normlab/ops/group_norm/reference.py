@@ -56,7 +56,8 @@ import math
 
 import torch
 
-from .._common import shifted_mean_var, to_acc
+from .. import _transforms
+from .._common import affine_jvp, shifted_mean_var, to_acc, x_hat_jvp
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -220,30 +221,56 @@ def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | N
     return None if t is None or like is None else t.to(like.dtype)
 
 
+def group_norm_jvp(x, w, mean, rstd, xt, wt, bt, fixed=False):
+    """Tangent of GroupNorm's ``y`` on the grouped view (N, G, Cg, S) along tangents of ``x``,
+    ``w``, ``b`` (each may be None; ``w``-shaped (G, Cg, 1)). ``mean``/``rstd`` (N, G, 1, 1) or
+    (1, C, 1, 1): the group statistics, which move with ``x`` (``ops/_common.x_hat_jvp`` over a
+    group's values), or ``fixed`` ones (InstanceNorm's running statistics: ``d x_hat = rstd * t``).
+    """
+    xa = to_acc(x)
+    x_hat = (xa - mean) * rstd  # (N, G, Cg, S)
+    dx_hat = None
+    if xt is not None:
+        t = to_acc(xt)
+        dx_hat = rstd * t if fixed else x_hat_jvp(x_hat, rstd, t, _GROUP_DIMS, True)
+    yt = affine_jvp(x_hat, dx_hat, to_acc(w), to_acc(wt), to_acc(bt))
+    return None if yt is None else yt.to(x.dtype)
+
+
 class GroupNormFunction(torch.autograd.Function):
-    """GroupNorm on a grouped ``x`` (N, G, Cg, S) with the hand-derived backward.
+    """GroupNorm on a grouped ``x`` (N, G, Cg, S) with the hand-derived backward and forward-mode rule.
 
     Returns ``(y, mean, var)``; ``mean`` and ``var`` (N, G, 1, 1, biased,
     accumulation dtype) are non-differentiable outputs that InstanceNorm uses
     to update its running statistics. Saves ``x``, ``w``, ``mean``, ``rstd``.
     Under ``create_graph=True`` the backward recomputes ``mean``/``rstd`` from
     ``x`` with differentiable ops, so the second derivative sees how the
-    statistics depend on ``x``.
+    statistics depend on ``x``. Torch ops throughout: torch.func's vmap batches
+    it as it is (``generate_vmap_rule``).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, w, b, eps):
-        y, mean, var, rstd = _group_norm_forward(x, w, b, eps)
+    def forward(x, w, b, eps):
+        y, mean, var, _ = _group_norm_forward(x, w, b, eps)
+        return y, mean, var
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, eps = inputs
+        _, mean, var = output
+        rstd = torch.rsqrt(var + eps)  # as the forward's
         ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
         ctx.eps = eps
         ctx.b_dtype = b.dtype if b is not None else None
         ctx.mark_non_differentiable(mean, var)
-        return y, mean, var
 
     @staticmethod
     def backward(ctx, dy, _dmean, _dvar):
         x, w, mean, rstd = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: statistics as functions of x
+        if _transforms.differentiable_backward():  # double backward: statistics as functions of x
             mean, _, rstd, _ = group_norm_stats(to_acc(x), ctx.eps)
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         need_db = need_db and ctx.b_dtype is not None
@@ -251,15 +278,27 @@ class GroupNormFunction(torch.autograd.Function):
         db = db.to(ctx.b_dtype) if db is not None else None
         return dx, _cast(dw, w), db, None
 
+    @staticmethod
+    def _jvp(ctx, xt, wt, bt, _eps_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        return group_norm_jvp(x, w, mean, rstd, xt, wt, bt), None, None
+
 
 class InstanceNormEvalFunction(torch.autograd.Function):
     """InstanceNorm with fixed statistics ``mean``/``rstd`` (1, C, 1, 1): a per-channel linear map."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, w, b, mean, rstd):
-        ctx.save_for_backward(x, w, mean, rstd)
-        ctx.b_dtype = b.dtype if b is not None else None
+    def forward(x, w, b, mean, rstd):
         return instance_norm_eval_ref(x, w, b, mean, rstd)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, mean, rstd = inputs
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
+        ctx.b_dtype = b.dtype if b is not None else None
 
     @staticmethod
     def backward(ctx, dy):
@@ -269,6 +308,11 @@ class InstanceNormEvalFunction(torch.autograd.Function):
         dx, dw, db = instance_norm_eval_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
         db = db.to(ctx.b_dtype) if db is not None else None
         return dx, _cast(dw, w), db, None, None
+
+    @staticmethod
+    def _jvp(ctx, xt, wt, bt, _mean_t, _rstd_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        return group_norm_jvp(x, w, mean, rstd, xt, wt, bt, fixed=True)
 
 
 # --------------------------------------------------------------------------

@@ -36,15 +36,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _numba
+from .. import _numba, _transforms
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply
 from .._launch import kernels_loader
 from .._launch import records as _records
 from .._launch import param_ptr as _param_ptr
-from .._common import acc_dtype, to_acc
+from .._common import acc_dtype, empty_output, to_acc
 from .reference import (
+    norm_jvp,
     LayerNormFunction,
     RMSNormFunction,
     layer_norm_backward_ref,
@@ -276,7 +277,7 @@ def _ln_grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
         return dh, None, None
     need_dw = need_dw and w is not None
     need_db = need_db and ctx.center and ctx.b_dtype is not None
-    if torch.is_grad_enabled():  # create_graph=True: the differentiable reference backward
+    if _transforms.differentiable_backward():  # create_graph=True: the differentiable reference backward
         xa = to_acc(x)
         if ctx.center:
             mean, rstd = layer_norm_stats(xa, ctx.eps)
@@ -391,10 +392,82 @@ _eager_apply = fast_apply(_EagerNorm)
 
 
 def _eager_norm(x, res, w, b, eps, center):
-    """``(y, h)`` through :class:`_EagerNorm` when autograd records the call, else the launcher alone."""
+    """``(y, h)`` through :class:`_EagerNorm` when autograd records the call, else the launcher alone
+    (under torch.func transforms and forward-mode AD: :class:`_TransformNorm`)."""
+    if _transforms.active():
+        return _transform_norm(x, res, w, b, eps, center)
     if _records(x, w, b, res):
         return _eager_apply(x, res, w, b, eps, center)
     y, h, _, _ = _forward(x, res, w, b, eps, center)
+    return y, h
+
+
+class _TransformNorm(torch.autograd.Function):
+    """LayerNorm (``center``) / RMSNorm of 2-D ``x`` on the kernels, under torch.func transforms
+    and forward-mode AD (``ops/_transforms.py``): returns ``(y, mean, rstd)`` ((n_rows,)
+    statistics, not differentiable; ``mean`` empty for RMSNorm)."""
+
+    @staticmethod
+    def forward(x, w, b, eps, center):
+        y, _, mean, rstd = _forward(x, None, w, b, eps, center)
+        return y, torch.from_numpy(mean), torch.from_numpy(rstd)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, eps, center = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
+        ctx.eps = eps
+        ctx.center = center
+        ctx.b_dtype = b.dtype if b is not None else None
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _drstd):
+        x, w, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = _ln_grads(ctx, dy, None, x, w, mean, rstd, need[1], need[2], eager=True)
+        return dx, dw, db, None, None
+
+    @staticmethod
+    def jvp(ctx, xt, wt, bt, _eps_t, _center_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        m = mean.unsqueeze(1) if ctx.center else None
+        return norm_jvp(x, w, m, rstd.unsqueeze(1), xt, wt, bt, ctx.center), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, w, b, eps, center):
+        """A batch of row sets is one set of more rows; a batched weight or bias is applied after
+        the kernel (which then normalises without one), in torch ops."""
+        n = info.batch_size
+        xb = _transforms.front(x, in_dims[0], n)  # (B, n_rows, n_cols)
+        rows = xb.reshape(-1, xb.shape[-1])
+        if in_dims[1] is None and in_dims[2] is None:
+            y, mean, rstd = _TransformNorm.apply(rows, w, b, eps, center)
+        else:
+            y, mean, rstd = _TransformNorm.apply(rows, None, None, eps, center)
+            y = _affine_batched(y.view(xb.shape), _transforms.front(w, in_dims[1], n),
+                                _transforms.front(b, in_dims[2], n))
+        return (y.view(xb.shape), mean.view(n, -1) if center else mean.new_empty((n, 0)), rstd.view(n, -1)), (0, 0, 0)
+
+
+def _affine_batched(x_hat, w, b):
+    """``x_hat * w + b`` for (B, n_rows, n_cols) ``x_hat`` and (B, n_cols) ``w``/``b`` (or None), in the
+    accumulation dtype, rounded once to ``x_hat``'s dtype."""
+    y = to_acc(x_hat)
+    if w is not None:
+        y = y * to_acc(w).unsqueeze(1)
+    if b is not None:
+        y = y + to_acc(b).unsqueeze(1)
+    return y.to(x_hat.dtype)
+
+
+def _transform_norm(x, res, w, b, eps, center):
+    """``(y, h)`` under a transform: ``h = x + res`` in torch ops (as the kernel rounds it), then the norm."""
+    h = None if res is None else x + res
+    y, _, _ = _TransformNorm.apply(x if h is None else h, w, b, eps, center)
     return y, h
 
 
@@ -437,6 +510,8 @@ def _rms_eps(x: Tensor, eps: Optional[float]) -> float:
 
 def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
     """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        return empty_output(x, w, b)
     if backend == "cpu":
         x2 = _rows(x, normalized_shape)  # _forward makes the one copy of a non-contiguous x
         if _eager():
@@ -444,12 +519,14 @@ def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
         else:
             y, _, _ = layer_norm_fwd(x2, _flat(w), _flat(b), eps)
         return _like(y, x)
-    y = LayerNormFunction.apply(_rows(x, normalized_shape), _flat(w), _flat(b), eps)
+    y = _transforms.pick(LayerNormFunction).apply(_rows(x, normalized_shape), _flat(w), _flat(b), eps)[0]
     return _like(y, x)
 
 
 def rms_norm(x, normalized_shape, w, eps, backend="ref"):
     """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        return empty_output(x, w)
     eps = _rms_eps(x, eps)
     if backend == "cpu":
         x2 = _rows(x, normalized_shape)
@@ -458,12 +535,15 @@ def rms_norm(x, normalized_shape, w, eps, backend="ref"):
         else:
             y, _ = rms_norm_fwd(x2, _flat(w), eps)
         return _like(y, x)
-    y = RMSNormFunction.apply(_rows(x, normalized_shape), _flat(w), eps)
+    y = _transforms.pick(RMSNormFunction).apply(_rows(x, normalized_shape), _flat(w), eps)[0]
     return _like(y, x)
 
 
 def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
     """``h = x + residual``, ``y = layer_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        h = x + residual
+        return empty_output(h, w, b), h
     if backend == "cpu":
         x2 = _rows(x, normalized_shape)
         r2 = _rows(residual, normalized_shape)
@@ -478,6 +558,9 @@ def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
 
 def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref"):
     """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        h = x + residual
+        return empty_output(h, w), h
     if backend == "cpu":
         x2 = _rows(x, normalized_shape)
         r2 = _rows(residual, normalized_shape)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from .._common import shifted_mean_var, to_acc
+from .. import _transforms
+from .._common import affine_jvp, x_hat_jvp, shifted_mean_var, to_acc
 
 # --------------------------------------------------------------------------
 # Reference forward: the formula in plain torch ops, in the accumulation dtype
@@ -167,27 +168,48 @@ def rms_norm_backward_ref(
 # --------------------------------------------------------------------------
 
 
-class LayerNormFunction(torch.autograd.Function):
-    """LayerNorm on a 2-D ``x`` with the hand-derived backward.
+def norm_jvp(x, w, mean, rstd, xt, wt, bt, center):
+    """Tangent of LayerNorm (``center``) or RMSNorm of 2-D ``x`` along tangents of ``x``, ``w``, ``b``
+    (each may be None); ``mean``/``rstd`` are the forward's (n_rows, 1) statistics (``mean``
+    unused for RMSNorm). Hand-derived: ``ops/_common.x_hat_jvp`` and ``affine_jvp``."""
+    xa = to_acc(x)
+    x_hat = (xa - mean) * rstd if center else xa * rstd  # (n_rows, n_cols)
+    dx_hat = None if xt is None else x_hat_jvp(x_hat, rstd, to_acc(xt), (-1,), center)
+    yt = affine_jvp(x_hat, dx_hat, to_acc(w), to_acc(wt), to_acc(bt))
+    return None if yt is None else yt.to(x.dtype)
 
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm on a 2-D ``x`` with the hand-derived backward and forward-mode rule.
+
+    Returns ``(y, mean, rstd)`` (the statistics: (n_rows, 1), not differentiable).
     Saves ``x``, ``w``, ``mean`` and ``rstd`` -- not ``x_hat``, which the backward
     recomputes in one fused expression. Under ``create_graph=True`` the backward
     recomputes ``mean``/``rstd`` from ``x`` with differentiable ops, so the
-    second derivative sees how the statistics depend on ``x``.
+    second derivative sees how the statistics depend on ``x``. Written in torch
+    ops throughout, so torch.func's vmap batches it as it is (``generate_vmap_rule``).
     """
 
-    @staticmethod
-    def forward(ctx, x, w, b, eps):
-        y, mean, rstd = layer_norm_ref(x, w, b, eps)
-        ctx.save_for_backward(x, w, mean, rstd)
-        ctx.eps = eps
-        ctx.b_dtype = b.dtype if b is not None else None
-        return y
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx, dy):
+    def forward(x, w, b, eps):
+        return layer_norm_ref(x, w, b, eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, eps = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, w, mean, rstd)
+        ctx.save_for_forward(x, w, mean, rstd)
+        ctx.eps = eps
+        ctx.b_dtype = b.dtype if b is not None else None
+        ctx.mark_non_differentiable(mean, rstd)
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _drstd):
         x, w, mean, rstd = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: statistics as functions of x
+        if _transforms.differentiable_backward():  # double backward: statistics as functions of x
             mean, rstd = layer_norm_stats(to_acc(x), ctx.eps)
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dx, dw, db = layer_norm_backward_ref(dy, x, w, mean, rstd, need_dx, need_dw, need_db)
@@ -195,22 +217,43 @@ class LayerNormFunction(torch.autograd.Function):
             db = db.to(ctx.b_dtype)
         return dx, dw, db, None
 
+    @staticmethod
+    def _jvp(ctx, xt, wt, bt, _eps_t):
+        x, w, mean, rstd = ctx.saved_tensors
+        return norm_jvp(x, w, mean, rstd, xt, wt, bt, True), None, None
+
 
 class RMSNormFunction(torch.autograd.Function):
-    """RMSNorm on a 2-D ``x`` with the hand-derived backward (saves ``x``, ``w``, ``rstd``)."""
+    """RMSNorm on a 2-D ``x`` with the hand-derived backward and forward-mode rule.
+
+    Returns ``(y, rstd)`` (``rstd`` (n_rows, 1), not differentiable); saves ``x``, ``w``, ``rstd``.
+    """
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x, w, eps):
-        y, rstd = rms_norm_ref(x, w, eps)
+    def forward(x, w, eps):
+        return rms_norm_ref(x, w, eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, eps = inputs
+        _, rstd = output
         ctx.save_for_backward(x, w, rstd)
+        ctx.save_for_forward(x, w, rstd)
         ctx.eps = eps
-        return y
+        ctx.mark_non_differentiable(rstd)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, _drstd):
         x, w, rstd = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: rstd as a function of x
+        if _transforms.differentiable_backward():  # double backward: rstd as a function of x
             rstd = rms_norm_stats(to_acc(x), ctx.eps)
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx, dw = rms_norm_backward_ref(dy, x, w, rstd, need_dx, need_dw)
         return dx, dw, None
+
+    @staticmethod
+    def _jvp(ctx, xt, wt, _eps_t):
+        x, w, rstd = ctx.saved_tensors
+        return norm_jvp(x, w, None, rstd, xt, wt, None, False), None
