@@ -11,6 +11,7 @@ plainly and the gradients derived by hand.
 from . import functional, nn
 from ._backend import available_backends, get_backend, set_backend, use_backend
 from .nn.convert import convert, revert
+from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
 from .warmup import warmup
 
 __version__ = "0.1.0"
@@ -20,6 +21,11 @@ __all__ = [
     "nn",
     "convert",
     "revert",
+    "freeze_batch_norm",
+    "unfreeze_batch_norm",
+    "recalibrate_batch_norm",
+    "fold",
+    "inspect",
     "warmup",
     "set_backend",
     "use_backend",

@@ -43,6 +43,7 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
     "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
     "warmup": Leaf("normlab.warmup", "compile the cpu kernels ahead of their first use (a progress bar; cached on disk)"),
+    "inspect": Leaf("normlab.tools.inspect_command", "table of a model's norm layers: statistics axes, measured batch dependence, running-stats health, pitfalls with fixes"),
 }
 
 

@@ -6,6 +6,7 @@ runs through ``normlab.functional``.
 """
 
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layer_norm import LayerNorm, RMSNorm
 
@@ -15,6 +16,9 @@ __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",
+    "FrozenBatchNorm1d",
+    "FrozenBatchNorm2d",
+    "FrozenBatchNorm3d",
     "GroupNorm",
     "InstanceNorm1d",
     "InstanceNorm2d",

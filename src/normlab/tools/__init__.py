@@ -1,0 +1,19 @@
+"""normlab.tools: model-level tools for a normalization layer's whole life.
+
+- :func:`freeze_batch_norm` / :func:`unfreeze_batch_norm`: BatchNorm layers that compute
+  the eval formula in every mode (``freezing.py``).
+- :func:`recalibrate_batch_norm`: running statistics recomputed exactly over a set of
+  batches (``recalibration.py``).
+- :func:`fold`: an inference copy with BatchNorm folded into the layer before it and
+  LayerNorm/RMSNorm affines into the Linear after them (``folding.py``).
+- :func:`inspect`: every norm layer's statistics, measured batch dependence, running-statistics
+  health and pitfalls, as a table (``inspection.py``; also ``normlab inspect``).
+"""
+
+from .freezing import freeze_batch_norm, unfreeze_batch_norm
+from .folding import FoldReport, fold
+from .inspection import InspectReport, inspect
+from .recalibration import recalibrate_batch_norm
+
+__all__ = ["freeze_batch_norm", "unfreeze_batch_norm", "recalibrate_batch_norm", "fold", "FoldReport",
+           "inspect", "InspectReport"]

@@ -1,0 +1,102 @@
+"""What the model-level tools share: which modules are norm layers, argument checks,
+and putting a model's state back exactly as it was after running it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ..nn import batch_norm as _bn
+from ..nn import frozen_batch_norm as _fbn
+from ..nn import group_norm as _gn
+from ..nn import layer_norm as _ln
+
+
+def check_model(fn: str, model) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{fn}: expected model to be a torch.nn.Module, got {type(model).__name__}")
+
+
+def _normlab_sync_batch_norm():
+    # normlab's SyncBatchNorm may or may not exist in this version: looked up, never required
+    from .. import nn as normlab_nn
+
+    return getattr(normlab_nn, "SyncBatchNorm", None)
+
+
+def batch_norm_rank(m: nn.Module) -> int | None:
+    """1, 2 or 3 for a trainable BatchNorm1d/2d/3d (torch's or normlab's), 0 for a
+    SyncBatchNorm (any rank), None for anything else (frozen layers included)."""
+    for rank, (torch_cls, normlab_cls) in enumerate(
+        ((nn.BatchNorm1d, _bn.BatchNorm1d), (nn.BatchNorm2d, _bn.BatchNorm2d),
+         (nn.BatchNorm3d, _bn.BatchNorm3d)), start=1):
+        if isinstance(m, (torch_cls, normlab_cls)):
+            return rank
+    sync = _normlab_sync_batch_norm()
+    if isinstance(m, nn.SyncBatchNorm) or (sync is not None and isinstance(m, sync)):
+        return 0
+    if isinstance(m, (nn.modules.batchnorm._BatchNorm, _bn._BatchNorm)):
+        return 0
+    return None
+
+
+def is_batch_norm(m: nn.Module) -> bool:
+    """A BatchNorm that computes batch statistics in training (not a frozen one)."""
+    return batch_norm_rank(m) is not None
+
+
+def is_frozen(m: nn.Module) -> bool:
+    return isinstance(m, _fbn._FrozenBatchNorm)
+
+
+_FAMILIES = (
+    ("layer", (nn.LayerNorm, _ln.LayerNorm)),
+    ("rms", (nn.RMSNorm, _ln.RMSNorm)),
+    ("group", (nn.GroupNorm, _gn.GroupNorm)),
+    ("instance", (nn.modules.instancenorm._InstanceNorm, _gn._InstanceNorm)),
+)
+
+
+def norm_family(m: nn.Module) -> str | None:
+    """``"batch"``, ``"frozen"``, ``"layer"``, ``"rms"``, ``"group"``, ``"instance"`` or None."""
+    if is_frozen(m):
+        return "frozen"
+    if is_batch_norm(m):
+        return "batch"
+    for name, classes in _FAMILIES:
+        if isinstance(m, classes):
+            return name
+    return None
+
+
+def as_args(example_input) -> tuple:
+    """A model's positional inputs: a tuple/list is several, anything else is one."""
+    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+
+
+def shapes(args: tuple) -> str:
+    return ", ".join(str(list(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` freely inside; on the way out every module's train/eval flag and every
+    buffer (values and the tensor objects themselves) are as they were."""
+    flags = [(m, m.training) for m in model.modules()]
+    saved = []
+    for m in model.modules():
+        for name, buf in m._buffers.items():
+            if buf is not None:
+                saved.append((m, name, buf, buf.detach().clone()))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, name, buf, copy in saved:
+                buf.copy_(copy)
+                m._buffers[name] = buf
+        for m, flag in flags:
+            m.training = flag
