@@ -9,7 +9,7 @@ plainly and the gradients derived by hand.
 """
 
 from . import functional, nn
-from ._backend import available_backends, get_backend, set_backend, use_backend
+from ._backend import available_backends, backend_for, get_backend, set_backend, use_backend
 from .nn.convert import convert, revert
 from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
 from .warmup import warmup
@@ -31,5 +31,6 @@ __all__ = [
     "use_backend",
     "get_backend",
     "available_backends",
+    "backend_for",
     "__version__",
 ]

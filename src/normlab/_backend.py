@@ -2,9 +2,13 @@
 
 Backends by name:
 
-- ``"ref"``  -- the reference math in plain torch ops (``ops/<family>.py``); serves
-  every device and dtype.
+- ``"ref"``  -- the reference math in plain torch ops (``ops/<family>/reference.py``);
+  serves every device and dtype.
 - ``"auto"`` -- the fastest registered backend that serves the tensor (the default).
+
+While ``torch.export`` (and ``torch.onnx.export``) or ``torch.jit.trace`` records
+a model, every call resolves to ``"ref"``: the recorded graph then holds aten ops
+that any runtime can run, where a kernel call would be opaque (or invisible).
 
 Further backends (fused CPU kernels) register themselves with
 :func:`register_backend`, naming the ops they implement: ``"cpu"`` is
@@ -114,6 +118,13 @@ def get_backend() -> str:
         # lookup in os.environ costs microseconds there
         choice = _validate(_ENV_CHOICE)
     return choice
+
+
+def backend_for(x: torch.Tensor, op: str) -> str:
+    """The backend that would run ``op`` (``"layer_norm"``, ``"batch_norm"``, ...) on ``x`` now,
+    under the current choice; raises ``RuntimeError`` when an explicitly chosen backend cannot
+    serve ``x`` (the message lists the backends that can)."""
+    return resolve(x, op)
 
 
 def resolve(x: torch.Tensor, op: str) -> str:

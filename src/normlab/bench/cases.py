@@ -90,7 +90,6 @@ import torch.nn.functional as F
 
 import normlab
 import normlab.functional as NF
-from normlab import _backend
 
 OPS = (
     "layer_norm",
@@ -267,7 +266,7 @@ def exception_status(e: BaseException) -> tuple[str, str]:
 def normlab_unavailable(op: str, backend: str, x: torch.Tensor | None = None) -> str | None:
     """Why ``normlab-<backend>`` cannot run ``op`` (on ``x``); ``None`` when it can.
 
-    Asks the backend registry itself (``normlab._backend.resolve`` under
+    Asks the backend registry itself (``normlab.backend_for`` under
     ``use_backend``), which knows the ops each backend implements and the tensors
     it serves; so an op without a ``"cpu"`` kernel is n/a instead of being timed
     under the wrong name.
@@ -280,7 +279,7 @@ def normlab_unavailable(op: str, backend: str, x: torch.Tensor | None = None) ->
     if x is not None:
         try:
             with normlab.use_backend(backend):
-                _backend.resolve(x, name)
+                normlab.backend_for(x, name)
         except RuntimeError as e:
             return str(e).splitlines()[0][:200]
     return None
