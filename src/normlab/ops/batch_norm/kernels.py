@@ -1,107 +1,21 @@
 """Numba kernels of the ``"cpu"`` backend for BatchNorm.
 
-Every input reaches the kernels as one 2-D view, ``(R, C * S)`` (``op.py``
-makes it, copying only inputs that are neither contiguous nor channels-last):
+Every input reaches the kernels as one 2-D view, ``(R, C * S)``: rows ``(M, C)``
+(``(N, C)`` and channels-last tensors) or planes ``(N, C * S)`` (contiguous
+NCHW/NCDHW), narrow rows folded. Two kernels, :func:`bn_fwd` (training:
+statistics then normalise; evaluation: normalise with the running statistics)
+and :func:`bn_bwd` (gradients of either), each a serial driver around one
+parallel pass function; :func:`update_running` blends the running statistics.
+Statistics per column per chunk by the corrected two-pass algorithm, merged
+with Chan's formula in float64 in a fixed order (the same bits for any number
+of threads); the mean split into ``hi + lo`` for the normalisation.
 
-- **rows** ``(M, C)``, ``S = 1``: ``(N, C)``, and ``channels_last`` /
-  ``channels_last_3d`` tensors seen as ``(N*H*W, C)`` / ``(N*D*H*W, C)``;
-- **planes** ``(N, C * S)``: contiguous ``(N, C, L)``, NCHW, NCDHW, a sample
-  per row, channel ``c`` at columns ``c*S .. c*S+S`` (``S = prod(spatial)``).
+The algorithm -- views and folding, tasks and chunks, the statistics, the
+normalisation, the backward's sums -- is written out in
+``docs/derivations/batch_norm.md`` ("The cpu kernels").
 
-Narrow rows are **folded**: ``F`` consecutive rows read as one row of
-``F * C * S`` columns (a plain reshape), so that a loop runs over ~2000
-values rather than a few dozen; channel ``c`` then owns columns
-``r*C*S + c*S .. + S`` for ``r < F``.
-
-Two kernels, :func:`bn_fwd` (training: statistics then normalise;
-evaluation: normalise with the running statistics) and :func:`bn_bwd`
-(gradients of either), each a serial driver around one parallel pass function
-called once or twice, compiled for the four storage types of ``x`` (float32,
-float64, int16 = bfloat16 bits, uint16 = float16 bits; see ``ops/_bf16.py``),
-with arithmetic in the accumulation dtype (float64 for float64, float32
-otherwise) and per-channel results in float64. Loops run over rows and
-vectorise over columns.
-
-Statistics (training forward)
------------------------------
-
-Per *column* first (a column's values all belong to one channel), in tasks of
-``group * sub`` rows by ``cw`` columns, each task's rows cut into **chunks** of
-``sub`` rows that stay in cache; boundaries depend on the shape only
-(``op.geometry``). A chunk's per-column mean and M2 come from two passes over
-it, the corrected two-pass algorithm, in the accumulation dtype::
-
-    pass 1:  m  = x0 + sum(x - x0) / k          shifted by the chunk's first row
-    pass 2:  d  = x - m                         small: x and m are close
-             s1 = sum(d),  s2 = sum(d * d)
-    chunk:   mean = m + s1 / k,  M2 = s2 - s1^2 / k      (float64)
-
-``E[x^2] - E[x]^2`` is never formed: each float sum is of values at the scale
-of the spread and adds at most 256 of them, so a channel with mean 1e4 and std 1
-keeps its digits, and a constant channel gives ``d == 0``, ``M2 == 0`` and its
-own value as the mean, exactly. Partials ``(count, mean, M2)`` are merged with
-Chan's formula in float64, always in the same order::
-
-    delta = mean_b - mean_a,   n = n_a + n_b
-    mean  = mean_a + delta * n_b / n
-    M2    = M2_a + M2_b + delta^2 * n_a * n_b / n
-
-chunks within a task, then the tasks of a column in row order, then a
-channel's ``F * S`` columns (equal counts: the mean of their means, shifted by
-the first, and M2 plus the spread of the means). So statistics, outputs,
-running statistics and gradients are the same bits for any number of threads
-and any run.
-
-Where a block of whole channels with every row fits in cache (contiguous NCHW
-with a modest batch: ``local``), one task computes its channels' statistics
-and then normalises them (or, backward, its sums and then ``dx``) while they
-are in cache: the input is read from memory once. Otherwise a second parallel
-pass normalises (computes ``dx``) row by row, in memory order. A local task
-whose planes hold at least ``PLANE_MIN`` values takes its statistics plane by
-plane instead of per column (:func:`_task_stats_planes`): the same two passes
-over pieces of a contiguous plane, summed in registers, merged in float64
-shifted by the channel's first value.
-
-Normalisation
--------------
-
-The float64 mean is split into ``hi + lo`` (``hi`` = the mean rounded to the
-accumulation dtype, ``lo`` = the rest), and::
-
-    y = ((x - hi) - lo) * a + b = (x - hi) * a + b2,   a = rstd * w,  b2 = b - lo * a
-
-(``a`` and ``b2`` formed in float64 and rounded once). ``x - hi`` is exact when
-``x`` is close to the mean, so float32 inputs with a mean of 1e4 lose nothing
-to the mean's rounding; a constant channel gives ``x - hi == 0``, ``lo == 0``
-and exactly ``b``. (torch folds this into ``x * a + (b - mean * a)``, which
-loses the digits of a large mean.) The output is rounded to the storage dtype
-once.
-
-Backward
---------
-
-With ``xc = (x - hi) - lo`` (so ``x_hat = xc * rstd``), per channel::
-
-    sum_dy   = sum(dy)                              # db
-    sum_dyxc = sum(dy * (x - hi)) - lo * sum_dy     # dw = rstd * sum_dyxc
-    train:  dx = a * ((dy - m1) - xc * m2),   m1 = sum_dy / n,  m2 = rstd^2 * sum_dyxc / n
-               = (a * dy - k2 * (x - hi)) - k0,     k2 = a * m2,  k0 = a * m1 - k2 * lo
-    eval:   dx = a * dy
-
-which is ``rstd * w * (dy - mean(dy) - x_hat * mean(dy * x_hat))``: the terms
-through ``x`` directly, the batch mean and the batch variance (derivation in
-``docs/derivations/batch_norm.md``). The sums follow the same task and chunk
-structure: float sums over a chunk's rows per column, float64 after that, in
-a fixed order -- except for tasks of whole planes of at least ``PLANE_MIN``
-values (contiguous NCHW with a large ``H * W``), which sum each plane of each
-row on its own (a float sum split into SIMD lanes, in pieces of at most
-``PLANE_PIECE`` values) and add it in float64 into the plane's first column:
-two loads per value instead of four loads and two stores of per-column
-accumulators. Training needs the sums before ``dx``; in evaluation ``dx`` is
-written in the same pass as the sums.
-
-NaN and Inf propagate as in torch (``fastmath`` off): a NaN in a channel makes
-its statistics, its whole output and its running statistics NaN.
+This file is longer than the project's ~500 lines: numba caches compiled code
+per source file, and the two kernels share most helpers, so they stay together.
 
 This module imports numba: ``op.py`` loads it on first use.
 """
