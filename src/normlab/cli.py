@@ -44,6 +44,16 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
     "warmup": Leaf("normlab.warmup", "compile the cpu kernels ahead of their first use (a progress bar; cached on disk)"),
     "inspect": Leaf("normlab.tools.inspect_command", "table of a model's norm layers: statistics axes, measured batch dependence, running-stats health, pitfalls with fixes"),
+    "experiment": Group("the chapters' experiments over many seeds, stored in SQLite (resumable)", {
+        "stability": Leaf("normlab.experiments.stability",
+                          "the chapter's MLP at lr 0.1..4 with no norm, BatchNorm, LayerNorm, RMSNorm, GroupNorm"),
+        "batch-size": Leaf("normlab.experiments.batch_size",
+                           "a small CNN on digits at batch sizes 2..128: BatchNorm vs GroupNorm (Wu & He, Figure 1)"),
+        "train-eval": Leaf("normlab.experiments.train_eval",
+                           "forgetting model.eval(): BatchNorm vs LayerNorm evaluated in train mode at batch 1, 2, 8, all"),
+        "ddp": Leaf("normlab.experiments.ddp", "SyncBatchNorm vs per-rank BatchNorm vs one process, DistributedDataParallel on CPU (gloo)"),
+    }),
+    "report": Leaf("normlab.experiments.report", "the stored experiment runs as Markdown + HTML with plots, and a CSV"),
 }
 
 

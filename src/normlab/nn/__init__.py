@@ -9,6 +9,7 @@ from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layer_norm import LayerNorm, RMSNorm
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "LayerNorm",
@@ -23,4 +24,5 @@ __all__ = [
     "InstanceNorm1d",
     "InstanceNorm2d",
     "InstanceNorm3d",
+    "SyncBatchNorm",
 ]

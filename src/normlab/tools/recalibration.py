@@ -61,6 +61,21 @@ from ._common import check_model, is_batch_norm
 __all__ = ["recalibrate_batch_norm"]
 
 
+def _sync_group(m):
+    """The process group a SyncBatchNorm layer synchronises over (None: not one, or nothing to
+    synchronise with). Every rank must then recalibrate with the same number of batches: the
+    layer synchronises in the pass too."""
+    from ..nn.sync_batch_norm import SyncBatchNorm
+
+    return m._sync_group() if isinstance(m, SyncBatchNorm) else None
+
+
+def _merge_moments(count, mean, m2, num_features, group):
+    from ..ops.batch_norm.sync import merge_moments
+
+    return merge_moments(count, mean, m2, num_features, group)
+
+
 class _Moments:
     """Per-channel ``(count, mean, M2)`` of everything seen so far, in float64."""
 
@@ -207,6 +222,10 @@ def recalibrate_batch_norm(
         with torch.no_grad():
             for name, m in layers.items():
                 acc = moments[name]
+                group = _sync_group(m)
+                if group is not None:  # SyncBatchNorm: every rank's moments pooled, one collective a layer
+                    acc.count, acc.mean, acc.m2 = _merge_moments(acc.count, acc.mean, acc.m2, m.num_features,
+                                                                 group)
                 if acc.count == 0:
                     missed.append(name or "(the model)")
                     for k, v in saved[name].items():

@@ -1,0 +1,221 @@
+"""The BatchNorm chapter's MLP: its data, its plain training loop, and many of it at once.
+
+- :func:`moons`, :func:`chapter_mlp`, :func:`train_loop`: the chapter's
+  ``mlp_dengan_tanpa_batchnorm.py`` (make_moons 300 points, MLP [2, 64, 64, 64, 2] with
+  Tanh, the norm after each hidden Linear and before Tanh, full-batch SGD on
+  cross-entropy, evaluation in eval mode on the same 300 points).
+- :class:`BatchedMLP`, :func:`train_batched`: M copies of that MLP ("members", each with
+  its own weight seed and learning rate) trained as one model: stacked weights and
+  batched matmuls (``torch.baddbmm``), so that one Python step trains every member.
+  The members never mix: each has its own weights, statistics and loss; the gradient
+  of the summed loss with respect to a member's weights is that member's own gradient.
+
+  Norms in the batched model, all from ``normlab.nn``:
+
+  ``batch``  ``BatchNorm1d(M*64)`` over the activations laid out as (1, M*64, N): a
+             channel per member and unit, so each member gets its own batch statistics
+             and running statistics.
+  ``layer``  ``LayerNorm(64, elementwise_affine=False)`` over the last dim, then the
+             member's own weight and bias (M, 64).
+  ``rms``    ``RMSNorm(64, elementwise_affine=False)``, then the member's own weight.
+  ``group``  ``GroupNorm(8, 64, affine=False)`` on the (rows, 64) view, then the member's
+             own weight and bias (8 groups of 8 units per member).
+
+Member ``m`` starts from exactly the weights ``torch.manual_seed(seed_m)`` followed by
+:func:`chapter_mlp` gives (the norm layers draw no random numbers), so seed 123 is the
+chapter's model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+import normlab
+
+NORMS = ("none", "batch", "layer", "rms", "group")
+WIDTHS = (2, 64, 64, 64, 2)
+GROUPS = 8           # GroupNorm(8, 64): 8 units per group
+EPOCHS = 30
+CHAPTER_SEED = 123
+DIVERGE_FACTOR = 10.0
+
+
+def moons(n_samples: int = 300, noise: float = 0.30, random_state: int = 42) -> tuple[torch.Tensor, torch.Tensor]:
+    """``make_moons`` as the chapter draws it: X float32 (n, 2), y int64 (n,)."""
+    from sklearn.datasets import make_moons
+    X, y = make_moons(n_samples=n_samples, noise=noise, random_state=random_state)
+    return torch.tensor(X, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
+
+
+def norm_layer(layers, norm: str, width: int) -> torch.nn.Module:
+    """The norm ``norm`` of width ``width`` from ``layers`` (``torch.nn`` or ``normlab.nn``)."""
+    if norm == "batch":
+        return layers.BatchNorm1d(width)
+    if norm == "layer":
+        return layers.LayerNorm(width)
+    if norm == "rms":
+        return layers.RMSNorm(width)
+    if norm == "group":
+        return layers.GroupNorm(GROUPS, width)
+    raise ValueError(f"unknown norm {norm!r}; known norms are {', '.join(NORMS)}")
+
+
+def chapter_mlp(norm: str = "batch", seed: int = CHAPTER_SEED, layers=torch.nn) -> torch.nn.Sequential:
+    """``torch.manual_seed(seed)``, then the chapter's MLP with ``norm`` before each Tanh."""
+    torch.manual_seed(seed)
+    mods: list[torch.nn.Module] = []
+    for i, o in zip(WIDTHS[:-2], WIDTHS[1:-1]):
+        mods.append(torch.nn.Linear(i, o))
+        if norm != "none":
+            mods.append(norm_layer(layers, norm, o))
+        mods.append(torch.nn.Tanh())
+    return torch.nn.Sequential(*mods, torch.nn.Linear(WIDTHS[-2], WIDTHS[-1]))
+
+
+def diverged(train_loss: Sequence[float], eval_loss: float) -> bool:
+    """NaN/inf anywhere, or the last training loss above 10x the first."""
+    values = torch.tensor(list(train_loss) + [eval_loss], dtype=torch.float64)
+    return bool(not torch.isfinite(values).all() or train_loss[-1] > DIVERGE_FACTOR * train_loss[0])
+
+
+def train_loop(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, lr: float,
+               epochs: int = EPOCHS) -> dict:
+    """The chapter's ``latih``: full-batch SGD, ``model.train()`` every epoch, then eval
+    mode on the same data. ``train_loss[e]`` is the loss of epoch e+1 (before its step)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    criterion = torch.nn.CrossEntropyLoss()
+    losses = []
+    for _ in range(epochs):
+        model.train()
+        optimizer.zero_grad()
+        loss = criterion(model(X), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    with torch.no_grad():
+        logits = model(X)
+        eval_loss = criterion(logits, y).item()
+        eval_acc = (logits.argmax(dim=1) == y).float().mean().item()
+    return {"train_loss": losses, "eval_loss": eval_loss, "eval_acc": eval_acc}
+
+
+class BatchedMLP(torch.nn.Module):
+    """M chapter MLPs with one norm, trained as one model. See the module docstring."""
+
+    def __init__(self, norm: str, seeds: Sequence[int]) -> None:
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"unknown norm {norm!r}; known norms are {', '.join(NORMS)}")
+        protos = [chapter_mlp(norm, s) for s in seeds]
+        self.norm, self.members, self.width = norm, len(seeds), WIDTHS[1]
+        M, C = self.members, self.width
+        linears = [[m for m in p if isinstance(m, torch.nn.Linear)] for p in protos]
+        stack = lambda get: torch.nn.Parameter(torch.stack([get(ls) for ls in linears]).detach().clone())
+        self.weight = torch.nn.ParameterList([stack(lambda ls, k=k: ls[k].weight) for k in range(len(WIDTHS) - 1)])
+        self.bias = torch.nn.ParameterList([stack(lambda ls, k=k: ls[k].bias) for k in range(len(WIDTHS) - 1)])
+        hidden = len(WIDTHS) - 2
+        self.norms = torch.nn.ModuleList()
+        self.norm_weight = torch.nn.ParameterList()
+        self.norm_bias = torch.nn.ParameterList()
+        if norm == "none":
+            return
+        proto_norms = [[m for m in p if not isinstance(m, (torch.nn.Linear, torch.nn.Tanh))] for p in protos]
+        for k in range(hidden):
+            w = torch.stack([ns[k].weight for ns in proto_norms]).detach().clone()          # (M, C)
+            b = (torch.stack([ns[k].bias for ns in proto_norms]).detach().clone()
+                 if getattr(proto_norms[0][k], "bias", None) is not None else None)
+            if norm == "batch":
+                bn = normlab.nn.BatchNorm1d(M * C)
+                with torch.no_grad():
+                    bn.weight.copy_(w.reshape(-1))
+                    bn.bias.copy_(b.reshape(-1))
+                self.norms.append(bn)
+                continue
+            if norm == "layer":
+                self.norms.append(normlab.nn.LayerNorm(C, elementwise_affine=False))
+            elif norm == "rms":
+                self.norms.append(normlab.nn.RMSNorm(C, elementwise_affine=False))
+            else:
+                self.norms.append(normlab.nn.GroupNorm(GROUPS, C, affine=False))
+            self.norm_weight.append(torch.nn.Parameter(w))
+            if b is not None:
+                self.norm_bias.append(torch.nn.Parameter(b))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, 2), shared by every member -> logits (M, N, 2)."""
+        return self._forward_mcn(x) if self.norm == "batch" else self._forward_mnc(x)
+
+    def _forward_mcn(self, x: torch.Tensor) -> torch.Tensor:
+        # BatchNorm: activations as (M, C, N), a row of N points per member and unit, so
+        # that BatchNorm1d(M*C) reads them as one (1, M*C, N) batch: statistics over the
+        # N points of each row, and no copy between the layers.
+        N, M, C = x.shape[0], self.members, self.width
+        h = torch.addmm(self.bias[0].reshape(-1, 1), self.weight[0].reshape(M * C, -1), x.t())   # (M*C, N)
+        a = torch.tanh(self.norms[0](h.unsqueeze(0))).view(M, C, N)
+        last = len(self.weight) - 1
+        for k in range(1, last):
+            h = torch.baddbmm(self.bias[k].unsqueeze(2), self.weight[k], a)                       # (M, C, N)
+            a = torch.tanh(self.norms[k](h.view(1, M * C, N))).view(M, C, N)
+        return torch.baddbmm(self.bias[last].unsqueeze(2), self.weight[last], a).transpose(1, 2)   # (M, N, 2)
+
+    def _forward_mnc(self, x: torch.Tensor) -> torch.Tensor:
+        # The other norms work on the last dim: activations as (M, N, C).
+        N, M, C = x.shape[0], self.members, self.width
+        a = x.expand(M, N, x.shape[1])
+        last = len(self.weight) - 1
+        for k in range(last):
+            h = torch.baddbmm(self.bias[k].unsqueeze(1), a, self.weight[k].transpose(1, 2))      # (M, N, C)
+            if self.norm != "none":
+                h = self.norms[k](h.view(M * N, C)).view(M, N, C) if self.norm == "group" else self.norms[k](h)
+                h = h * self.norm_weight[k].unsqueeze(1)
+                if len(self.norm_bias):
+                    h = h + self.norm_bias[k].unsqueeze(1)
+            a = torch.tanh(h)
+        return torch.baddbmm(self.bias[last].unsqueeze(1), a, self.weight[last].transpose(1, 2))  # (M, N, 2)
+
+
+def _member_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each member, averaged over the samples: (M,)."""
+    M, N = logits.shape[:2]
+    return F.cross_entropy(logits.reshape(M * N, -1), y.repeat(M), reduction="none").view(M, N).mean(1)
+
+
+def train_batched(norm: str, members: Sequence[tuple[float, int]], X: torch.Tensor, y: torch.Tensor,
+                  epochs: int = EPOCHS) -> list[dict]:
+    """Train one member per ``(lr, seed)`` as one :class:`BatchedMLP`; a result per member,
+    as :func:`train_loop` gives it, plus ``diverged`` and ``wall_s`` (the batch's time
+    divided by the number of members)."""
+    t0 = time.perf_counter()
+    lrs = [lr for lr, _ in members]
+    model = BatchedMLP(norm, [s for _, s in members])
+    M = len(members)
+    lr = torch.tensor(lrs, dtype=torch.float32)
+    params = list(model.parameters())
+    # each parameter's learning rates, broadcast over its member dimension
+    steps = [lr.repeat_interleave(p.shape[0] // M).view(-1, *[1] * (p.dim() - 1)) for p in params]
+    losses = torch.empty(M, epochs)
+    for e in range(epochs):
+        model.train()
+        loss = _member_loss(model(X), y)
+        grads = torch.autograd.grad(loss.sum(), params)
+        with torch.no_grad():
+            for p, g, s in zip(params, grads, steps):
+                p.addcmul_(g, s, value=-1.0)        # SGD: p <- p - lr * grad, per member
+        losses[:, e] = loss.detach()
+    model.eval()
+    with torch.no_grad():
+        logits = model(X)
+        eval_loss = _member_loss(logits, y)
+        eval_acc = (logits.argmax(dim=2) == y).float().mean(1)
+    wall = (time.perf_counter() - t0) / M
+    out = []
+    for m in range(M):
+        tl = losses[m].tolist()
+        out.append({"train_loss": tl, "eval_loss": eval_loss[m].item(), "eval_acc": eval_acc[m].item(),
+                    "diverged": diverged(tl, eval_loss[m].item()), "wall_s": wall})
+    return out

@@ -1,0 +1,146 @@
+"""SyncBatchNorm: BatchNorm with statistics shared by every rank of a process group.
+
+A drop-in for ``torch.nn.SyncBatchNorm`` -- same constructor, parameters,
+buffers, ``state_dict`` and ``convert_sync_batchnorm`` -- that also runs on CPU
+tensors (gloo), not only on GPUs. The math and the collectives are in
+``normlab.ops.batch_norm.sync``; this module decides when to synchronise:
+
+- training, with ``torch.distributed`` initialised and more than one rank in
+  the group: statistics over the concatenated batch of every rank (one
+  collective in the forward, one in the backward);
+- otherwise (evaluation, world size 1, no process group initialised): plain
+  ``normlab.functional.batch_norm``, no communication.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import functional as F
+from ..ops.batch_norm import sync as _sync
+from .batch_norm import _BatchNorm
+
+__all__ = ["SyncBatchNorm"]
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalization of an ``(N, C, *)`` input over the batches of every rank of ``process_group``.
+
+    In training, each channel is normalised with the mean and biased variance
+    of its values on *all* ranks together, exactly as ``BatchNorm`` over the
+    concatenated global batch; ``running_mean``/``running_var`` are updated
+    with the global statistics (unbiased variance), identically on every rank.
+    Ranks may hold different batch sizes, including none. ``process_group``:
+    the group to synchronise over (None: the default group). In evaluation,
+    with a single rank, or without ``torch.distributed`` initialised it is
+    ``BatchNorm`` on the local batch. Every rank must call the same
+    SyncBatchNorm layers in the same order; a rank that fails or falls silent
+    makes the others raise after the group's timeout.
+
+    >>> import torch, normlab
+    >>> bn = normlab.nn.SyncBatchNorm(3)  # no process group: plain BatchNorm
+    >>> x = torch.randn(8, 3, 5)
+    >>> torch.allclose(bn(x), torch.nn.functional.batch_norm(x, None, None, training=True), atol=1e-6)
+    True
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group=None,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        self.process_group = process_group
+        # (group name, C) of the last input whose channel count the ranks agreed on
+        self._agreed: tuple | None = None
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _check_non_zero_input_channels(self, input: torch.Tensor) -> None:
+        if input.size(1) == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+
+    def _sync_group(self):
+        """The group to synchronise over, or None when there is nothing to synchronise with."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            raise RuntimeError(
+                f"SyncBatchNorm: rank {dist.get_rank()} is not a member of the layer's process_group; "
+                f"give each rank a group it belongs to (torch.distributed.new_group returns a "
+                f"non-member placeholder to the ranks outside it)"
+            )
+        return group if dist.get_world_size(group) > 1 else None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        self._check_non_zero_input_channels(input)
+        weight, bias = self.weight, self.bias
+        running_mean, running_var = self.running_mean, self.running_var
+        self._check_num_channels(input, weight, running_mean)
+
+        # momentum: the weight of the new statistic; None: the cumulative average
+        momentum = self.momentum
+        factor = 0.0 if momentum is None else momentum
+        training = self.training
+        count = self.num_batches_tracked if training and self.track_running_stats else None
+        if count is not None and momentum is None:
+            if torch.compiler.is_compiling():  # a tensor, read when the update runs
+                factor = 1.0 / (count + 1).to(torch.float64)
+            else:
+                factor = 1.0 / float(count + 1)
+        use_batch_stats = training or (running_mean is None and running_var is None)
+        pass_running = not training or self.track_running_stats
+        rm = running_mean if pass_running else None
+        rv = running_var if pass_running else None
+
+        group = self._sync_group() if training else None  # evaluation never communicates
+        if group is None:
+            y = F.batch_norm(input, rm, rv, weight, bias, use_batch_stats, factor, self.eps)
+        else:
+            key = (_sync.group_name(group), input.shape[1])
+            y = _sync.sync_batch_norm(input, rm, rv, weight, bias, factor, self.eps, group,
+                                      check=self._agreed != key)
+            self._agreed = key
+        if count is not None:  # counted after the call succeeded
+            count.add_(1)
+        return y
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: nn.Module, process_group=None) -> nn.Module:
+        """Replace every BatchNorm (torch's or normlab's) in ``module`` with a SyncBatchNorm, in place.
+
+        The new layers take over the very same parameters and buffers, the
+        train/eval flag and ``qconfig``; returns ``module`` (or its replacement
+        when ``module`` itself is a BatchNorm).
+        """
+        out = module
+        if isinstance(module, (nn.modules.batchnorm._BatchNorm, _BatchNorm)) and not isinstance(
+            module, nn.modules.batchnorm._LazyNormBase
+        ):
+            out = cls(module.num_features, module.eps, module.momentum, module.affine,
+                      module.track_running_stats, process_group, device="meta",
+                      bias=module.bias is not None)
+            for name in ("weight", "bias"):
+                out._parameters[name] = module._parameters.get(name)
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                out._buffers[name] = module._buffers.get(name)
+            out.train(module.training)
+            if hasattr(module, "qconfig"):
+                out.qconfig = module.qconfig
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return out
