@@ -10,7 +10,7 @@ plainly and the gradients derived by hand.
 
 from . import functional, nn
 from ._backend import available_backends, backend_for, get_backend, set_backend, use_backend
-from .nn.convert import convert, revert
+from .nn.convert import convert, register_conversion, revert
 from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
 from .warmup import warmup
 
@@ -21,6 +21,7 @@ __all__ = [
     "nn",
     "convert",
     "revert",
+    "register_conversion",
     "freeze_batch_norm",
     "unfreeze_batch_norm",
     "recalibrate_batch_norm",

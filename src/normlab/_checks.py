@@ -7,6 +7,7 @@ expected, what was given and, where there is one, the fix.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Sequence
 
@@ -123,3 +124,31 @@ def check_eps(fn: str, eps) -> None:
         return
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"{fn}: expected eps to be a non-negative number, got {eps!r}")
+
+
+# RMSNorm's casting variants -> whether x_hat is rounded to the input's dtype before the weight
+_CAST_X_HAT = {"torch": False, "llama": True, "gemma": False}
+
+
+def rms_variant(fn: str, casting, offset, weight) -> tuple[bool, float]:
+    """``(cast_x_hat, offset)`` of an RMSNorm variant, after checking ``casting`` and ``offset``."""
+    cast = _CAST_X_HAT.get(casting) if type(casting) is str else None
+    # (offset - offset == 0 is math.isfinite in arithmetic, which torch.compile traces without a break)
+    if cast is not None and type(offset) is float and (
+            offset == 0.0 or (weight is not None and offset - offset == 0.0)):
+        return cast, offset
+    if cast is None:
+        raise ValueError(
+            f"{fn}: expected casting to be one of 'torch', 'llama', 'gemma', got {casting!r} "
+            f"('torch': one rounding at the end; 'llama': x_hat rounded to the input's dtype, then "
+            f"times the weight; 'gemma': everything in float32, the weight of any dtype)"
+        )
+    if not isinstance(offset, numbers.Real) or isinstance(offset, bool) or not math.isfinite(offset):
+        raise TypeError(f"{fn}: expected offset to be a finite float (the weight is applied as "
+                        f"weight + offset), got {offset!r}")
+    if offset != 0 and weight is None:
+        raise ValueError(
+            f"{fn}: offset={offset!r} shifts the weight, but weight is None; pass the weight "
+            f"(it is applied as weight + offset) or leave offset at 0.0"
+        )
+    return cast, float(offset)

@@ -21,10 +21,12 @@ import numbers
 import torch
 
 from . import _backend
-from ._checks import check_eps, check_input, check_param, cpu_params_fit, normalized_shape_tuple, plain_eps
+from ._checks import (check_eps, check_input, check_param, cpu_params_fit, normalized_shape_tuple, plain_eps,
+                      rms_variant)
 from .ops import batch_norm as _bn
 from .ops import group_norm as _gn
 from .ops import layer_norm as _ln
+from .ops._common import acc_dtype
 
 __all__ = [
     "layer_norm",
@@ -34,6 +36,9 @@ __all__ = [
     "batch_norm",
     "group_norm",
     "instance_norm",
+    "layer_norm2d",
+    "batch_renorm",
+    "ghost_batch_norm",
 ]
 
 
@@ -106,22 +111,50 @@ def layer_norm(
     return _ln.layer_norm(input, shape, weight, bias, float(eps), _backend.resolve(input, fn))
 
 
+def _other_float_dtype(weight, input) -> bool:
+    return (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor) and weight.dtype != input.dtype
+            and weight.is_floating_point() and input.is_floating_point())
+
+
 def rms_norm(
     input: torch.Tensor,
     normalized_shape,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> torch.Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims: ``x / sqrt(mean(x^2) + eps) * weight``.
 
     ``eps=None`` uses the machine epsilon of the accumulation dtype
     (``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 input).
+
+    The variants of the models that use RMSNorm (statistics always in float32 for
+    float16/bfloat16/float32 input, float64 for float64):
+
+    - ``casting="torch"`` (default): ``(x_hat * w).to(dtype)``, torch's ``rms_norm``;
+      with a weight of another float dtype, ``(x_hat.to(dtype) * w).to(dtype)`` as torch.
+    - ``casting="llama"``: ``w * x_hat.to(dtype)``: ``x_hat`` rounded to the input's dtype
+      first; with a weight of another float dtype the output has the promoted dtype.
+    - ``casting="gemma"``: ``(x_hat * w.float()).to(dtype)``: the weight of any float
+      dtype taken in the accumulation dtype, one rounding at the end.
+    - ``offset``: the weight is applied as ``w + offset`` (Gemma: ``offset=1.0``), the
+      sum taken in the accumulation dtype.
+
+    >>> import torch, normlab.functional as NF
+    >>> x, w = torch.randn(4, 8).bfloat16(), torch.randn(8).bfloat16()
+    >>> x_hat = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    >>> torch.equal(NF.rms_norm(x, (8,), w, 1e-6, casting="llama"), w * x_hat)
+    True
     """
     fn = "rms_norm"
     shape = normalized_shape
-    if (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor) and weight.dtype != input.dtype
-            and weight.is_floating_point() and input.is_floating_point()):
-        return _rms_norm_other_weight(input, normalized_shape, weight, eps)
+    cast_x_hat, offset = rms_variant(fn, casting, offset, weight)
+    if _other_float_dtype(weight, input):
+        if casting != "gemma":
+            return _rms_norm_other_weight(input, normalized_shape, weight, eps, casting, offset)
+        weight = weight.to(acc_dtype(input.dtype))  # gemma: the weight in float32 (float64), whatever its dtype
     if not _rows_fit(input, shape, eps, weight):
         check_input(fn, input)
         shape = normalized_shape_tuple(fn, normalized_shape)
@@ -129,19 +162,22 @@ def rms_norm(
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn))
+    return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn), offset, cast_x_hat)
 
 
-def _rms_norm_other_weight(input, normalized_shape, weight, eps):
-    """RMSNorm with a weight in another float dtype than the input, as torch computes it: the
-    normalised rows in the input's dtype, times the weight in the promoted dtype, rounded back
-    to the input's dtype (``(x_hat.to(x.dtype) * w).to(x.dtype)``)."""
+def _rms_norm_other_weight(input, normalized_shape, weight, eps, casting="torch", offset=0.0):
+    """RMSNorm with a weight in another float dtype than the input: the normalised rows in the
+    input's dtype times ``weight + offset`` in the promoted dtype -- rounded back to the input's
+    dtype as torch does (``casting="torch"``: ``(x_hat.to(x.dtype) * w).to(x.dtype)``), or left in
+    the promoted dtype (``"llama"``: ``w * x_hat.to(x.dtype)``)."""
     fn = "rms_norm"
     check_input(fn, input)
     shape = normalized_shape_tuple(fn, normalized_shape)
     _check_normalized_shape(fn, input, shape)
     check_param(fn, "weight", weight.detach().to(input.dtype), input, shape, "normalized_shape")
-    return (rms_norm(input, shape, None, eps) * weight).to(input.dtype)
+    w = weight + offset if offset != 0.0 else weight
+    y = rms_norm(input, shape, None, eps) * w
+    return y if casting == "llama" else y.to(input.dtype)
 
 
 def _check_residual(fn: str, x: torch.Tensor, residual) -> None:
@@ -208,13 +244,27 @@ def add_rms_norm(
     normalized_shape,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm, fused: returns ``(y, h)`` with ``h = x + residual``
-    and ``y = rms_norm(h, normalized_shape, weight, eps)`` (``h`` rounded to the
-    input dtype first; ``eps=None`` as in :func:`rms_norm`).
+    and ``y = rms_norm(h, normalized_shape, weight, eps, casting=casting, offset=offset)``
+    (``h`` rounded to the input dtype first; ``eps=None``, ``casting`` and ``offset`` as in
+    :func:`rms_norm`).
     """
     fn = "add_rms_norm"
     shape = normalized_shape
+    cast_x_hat, offset = rms_variant(fn, casting, offset, weight)
+    if _other_float_dtype(weight, x):
+        if casting == "llama":  # the normalised h in x's dtype, times the weight in the promoted dtype
+            shape = normalized_shape_tuple(fn, normalized_shape)
+            _check_normalized_shape(fn, x, shape)
+            check_param(fn, "weight", weight.detach().to(x.dtype), x, shape, "normalized_shape")
+            y, h = add_rms_norm(x, residual, shape, None, eps)
+            return y * (weight + offset if offset != 0.0 else weight), h
+        if casting == "gemma":
+            weight = weight.to(acc_dtype(x.dtype))
     if not (_rows_fit(x, shape, eps, weight) and _residual_fits(x, residual)):
         check_input(fn, x)
         _check_residual(fn, x, residual)
@@ -223,7 +273,7 @@ def add_rms_norm(
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _ln.add_rms_norm(x, residual, shape, weight, eps, _backend.resolve(x, fn))
+    return _ln.add_rms_norm(x, residual, shape, weight, eps, _backend.resolve(x, fn), offset, cast_x_hat)
 
 
 def _plain_momentum(momentum) -> bool:
@@ -426,3 +476,7 @@ def instance_norm(
         input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum),
         float(eps), _backend.resolve(input, fn),
     )
+
+
+# normlab's own layers (LayerNorm2d, BatchRenorm, GhostBatchNorm): their functions live apart
+from ._functional_extra import batch_renorm, ghost_batch_norm, layer_norm2d  # noqa: E402

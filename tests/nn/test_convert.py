@@ -113,3 +113,84 @@ def test_convert_keeps_hooks():
 def test_convert_rejects_non_modules():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         normlab.convert([nn.LayerNorm(3)])
+
+
+# ----------------------------------------------------------------------------
+# register_conversion: norm classes of one's own
+# ----------------------------------------------------------------------------
+
+
+class ScaleNorm(nn.Module):
+    """An RMSNorm written by hand (the oracle: its own forward)."""
+
+    def __init__(self, d, eps=1e-6, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d, device=device))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@pytest.fixture
+def scale_norm_registered():
+    from normlab.nn import convert as conv
+
+    normlab.register_conversion(
+        ScaleNorm,
+        lambda m: conv.adopt(m, normlab.nn.RMSNorm, normalized_shape=tuple(m.weight.shape), eps=m.eps),
+        lambda n: conv.adopt(n, ScaleNorm, d=n.normalized_shape[0], eps=n.eps),
+    )
+    yield
+    conv._REGISTERED.pop(ScaleNorm, None)
+
+
+def test_register_conversion_converts_and_reverts_a_class_of_ones_own(scale_norm_registered):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), ScaleNorm(6, eps=1e-3))
+    with torch.no_grad():
+        model[1].weight.normal_()
+    x = torch.randn(4, 6)
+    want = model(x)
+    weight = model[1].weight
+    seen = []
+    model[1].register_forward_hook(lambda mod, inp, out: seen.append(type(mod).__name__))
+    normlab.convert(model)
+    assert type(model[1]) is normlab.nn.RMSNorm and model[1].weight is weight and model[1].eps == 1e-3
+    torch.testing.assert_close(model(x), want, rtol=1e-6, atol=1e-6)
+    assert seen == ["RMSNorm"]  # the hook came along
+    normlab.revert(model)
+    assert type(model[1]) is ScaleNorm and model[1].weight is weight
+    torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+
+
+def test_to_normlab_may_decline(scale_norm_registered):
+    from normlab.nn import convert as conv
+
+    conv._REGISTERED[ScaleNorm] = (lambda m: None, lambda n: None)
+    m = nn.Sequential(ScaleNorm(4))
+    normlab.convert(m)
+    assert type(m[0]) is ScaleNorm
+
+
+def test_register_conversion_errors():
+    with pytest.raises(TypeError, match="cls to be a torch.nn.Module subclass, got 'LayerNorm'"):
+        normlab.register_conversion("LayerNorm", lambda m: m, lambda m: m)
+    with pytest.raises(TypeError, match="to_normlab to be callable"):
+        normlab.register_conversion(ScaleNorm, None, lambda m: m)
+    with pytest.raises(TypeError, match="from_normlab to be callable"):
+        normlab.register_conversion(ScaleNorm, lambda m: m, 3)
+
+
+def test_a_conversion_that_returns_no_module_is_an_error(scale_norm_registered):
+    from normlab.nn import convert as conv
+
+    conv._REGISTERED[ScaleNorm] = (lambda m: "twin", lambda n: n)
+    with pytest.raises(TypeError, match="to_normlab for ScaleNorm returned str"):
+        normlab.convert(nn.Sequential(ScaleNorm(4)))
+
+
+def test_revert_leaves_rms_norm_variants_that_torch_cannot_express():
+    m = nn.Sequential(normlab.nn.RMSNorm(4, casting="gemma", offset=1.0), normlab.nn.RMSNorm(4, eps=1e-6))
+    normlab.revert(m)
+    assert type(m[0]) is normlab.nn.RMSNorm and type(m[1]) is nn.RMSNorm

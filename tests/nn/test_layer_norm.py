@@ -42,10 +42,17 @@ def _params_of(cls):
     return [(p.name, p.default, p.kind) for p in inspect.signature(cls.__init__).parameters.values()]
 
 
+# normlab's own options, keyword-only after torch's arguments; their defaults keep torch's behaviour
+EXTRA_KEYWORDS = {"RMSNorm": [("casting", "torch"), ("offset", 0.0)]}
+
+
 @pytest.mark.parametrize("ours,theirs", PAIRS)
 def test_constructor_signature_matches_torch(ours, theirs):
-    """Same argument names, order, kinds and defaults as torch.nn."""
-    assert _params_of(ours) == _params_of(theirs)
+    """Same argument names, order, kinds and defaults as torch.nn; then only keyword-only extras."""
+    mine, torchs = _params_of(ours), _params_of(theirs)
+    assert mine[: len(torchs)] == torchs
+    extra = EXTRA_KEYWORDS.get(theirs.__name__, [])
+    assert mine[len(torchs):] == [(n, d, inspect.Parameter.KEYWORD_ONLY) for n, d in extra]
 
 
 @pytest.mark.parametrize("ours,theirs,cfg", list(_cases()))

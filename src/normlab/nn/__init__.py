@@ -6,9 +6,11 @@ runs through ``normlab.functional``.
 """
 
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .batch_renorm import BatchRenorm1d, BatchRenorm2d, BatchRenorm3d
 from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
+from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
-from .layer_norm import LayerNorm, RMSNorm
+from .layer_norm import LayerNorm, LayerNorm2d, RMSNorm
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -25,4 +27,11 @@ __all__ = [
     "InstanceNorm2d",
     "InstanceNorm3d",
     "SyncBatchNorm",
+    "LayerNorm2d",
+    "BatchRenorm1d",
+    "BatchRenorm2d",
+    "BatchRenorm3d",
+    "GhostBatchNorm1d",
+    "GhostBatchNorm2d",
+    "GhostBatchNorm3d",
 ]

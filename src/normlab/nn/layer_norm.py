@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._checks import normalized_shape_tuple
+from .._checks import normalized_shape_tuple, rms_variant
 from ._base import register_affine, reset_affine
 
 
@@ -65,12 +65,25 @@ class RMSNorm(nn.Module):
     accumulation dtype (float32 for float16/bfloat16/float32 input). Same
     arguments, parameters and ``state_dict`` keys as ``torch.nn.RMSNorm``.
 
+    Two keyword-only options give the RMSNorm of the models that define their own
+    (``normlab.convert`` sets them when it swaps such a module):
+
+    - ``casting``: where the result is rounded to the input's dtype. ``"torch"``
+      (default): once, at the end. ``"llama"``: ``weight * x_hat.to(dtype)`` --
+      Llama, Mistral, Qwen2/3, Phi-3, T5. ``"gemma"``: ``(x_hat * weight.float()).to(dtype)``,
+      the weight taken in float32 whatever its dtype.
+    - ``offset``: the weight is applied as ``weight + offset`` and initialised to
+      ``1 - offset`` (Gemma: ``offset=1.0``, a zero-initialised weight).
+
     >>> import torch, normlab
     >>> normlab.nn.RMSNorm(8)(torch.randn(2, 8)).shape
     torch.Size([2, 8])
+    >>> gemma = normlab.nn.RMSNorm(8, eps=1e-6, casting="gemma", offset=1.0)
+    >>> bool((gemma.weight == 0).all())
+    True
     """
 
-    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine", "casting", "offset"]
 
     def __init__(
         self,
@@ -79,21 +92,96 @@ class RMSNorm(nn.Module):
         elementwise_affine: bool = True,
         device=None,
         dtype=None,
+        *,
+        casting: str = "torch",
+        offset: float = 0.0,
     ) -> None:
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
         self.normalized_shape = normalized_shape_tuple("RMSNorm", normalized_shape)
+        _, offset = rms_variant("RMSNorm", casting, offset, True)  # checks both
+        if not elementwise_affine and offset != 0.0:
+            raise ValueError(
+                f"RMSNorm: offset={offset!r} shifts the weight, but elementwise_affine=False gives no "
+                f"weight; pass elementwise_affine=True or leave offset at 0.0"
+            )
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        self.casting = casting
+        self.offset = offset
         register_affine(self, self.normalized_shape, elementwise_affine, False, factory_kwargs)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``weight`` to ones."""
-        reset_affine(self)
+        """``weight`` to ``1 - offset`` (ones by default): the applied weight ``weight + offset`` is 1."""
+        if self.offset == 0.0:
+            reset_affine(self)
+        elif self.weight is not None:
+            with torch.no_grad():
+                self.weight.fill_(1.0 - self.offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        if self.casting == "torch" and self.offset == 0.0:  # torch.nn.RMSNorm's own call
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps, casting=self.casting,
+                          offset=self.offset)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.casting != "torch":
+            s += f", casting={self.casting!r}"
+        if self.offset != 0.0:
+            s += f", offset={self.offset}"
+        return s
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over the channels of an ``(N, C, H, W)`` input, at every pixel.
+
+    ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``, the mean and
+    biased variance over the ``C`` channels of one pixel: the channels-first LayerNorm of
+    ConvNeXt, SAM, detectron2 and timm. Same parameters and ``state_dict`` keys as theirs
+    (``weight``, ``bias``, shape ``(C,)``) and their default ``eps=1e-6``; ``normalized_shape``
+    and ``elementwise_affine`` are there too, as on timm's (a ``torch.nn.LayerNorm`` subclass).
+    A ``channels_last`` input runs on LayerNorm's row kernel without a copy and gives a
+    ``channels_last`` output; a contiguous one gives a contiguous output.
+
+    >>> import torch, normlab
+    >>> ln = normlab.nn.LayerNorm2d(8)
+    >>> x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    >>> ln(x).is_contiguous(memory_format=torch.channels_last)
+    True
+    """
+
+    __constants__ = ["num_channels", "eps", "affine"]
+
+    def __init__(self, num_channels: int, eps: float = 1e-6, affine: bool = True, device=None, dtype=None) -> None:
+        factory_kwargs = {"device": device, "dtype": dtype}
+        super().__init__()
+        if not isinstance(num_channels, int) or isinstance(num_channels, bool) or num_channels < 1:
+            raise ValueError(f"LayerNorm2d: expected num_channels to be a positive int, got {num_channels!r}")
+        self.num_channels = num_channels
+        self.normalized_shape = (num_channels,)
+        self.eps = eps
+        self.affine = affine
+        self.elementwise_affine = affine
+        register_affine(self, self.normalized_shape, affine, True, factory_kwargs)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``weight`` to ones, ``bias`` to zeros."""
+        reset_affine(self)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() != 4:
+            raise ValueError(f"LayerNorm2d: expected 4D input (N, C, H, W) (got {input.dim()}D input)")
+        if input.shape[1] != self.num_channels:
+            raise RuntimeError(
+                f"LayerNorm2d: expected input with {self.num_channels} channels (num_channels) in dim 1, "
+                f"got input of shape {list(input.shape)}; a channels-last (N, H, W, C) tensor is "
+                f"x.permute(0, 3, 1, 2) here"
+            )
+        return F.layer_norm2d(input, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -10,7 +10,8 @@ and convert one element at a time while they stream through a row, so no
 full-size float32 copy of the input is ever made. The element type tells the
 two half formats apart; :func:`load` and :func:`store` dispatch on it (at
 compile time), so one kernel source serves float32, float64, bfloat16 and
-float16 arrays; :func:`acc_zero` and :func:`acc_cast` give numbers in the
+float16 arrays; :func:`round_as` rounds a number to an array's format without
+storing it; :func:`acc_zero` and :func:`acc_cast` give numbers in the
 accumulation dtype (float64 for float64 arrays, float32 otherwise).
 
 Conversions to half precision round to nearest, ties to even (as torch's
@@ -222,6 +223,13 @@ def store(a, k, v):
     raise NotImplementedError("store is only callable from numba code")
 
 
+def round_as(a, v):
+    """``v`` rounded to ``a``'s storage format and back: a number in the accumulation dtype
+    equal to what ``store`` then ``load`` would give, without touching memory (exact for
+    float32 and float64 arrays, whose accumulation dtype is their own)."""
+    raise NotImplementedError("round_as is only callable from numba code")
+
+
 def acc_zero(a):
     """Zero in the accumulation dtype of ``a``'s elements."""
     raise NotImplementedError("acc_zero is only callable from numba code")
@@ -286,6 +294,22 @@ def _store(a, k, v):
             a[k] = np.float64(v)
 
         return impl
+    return None
+
+
+@overload(round_as)
+def _round_as(a, v):
+    dt = a.dtype
+    if dt == types.int16:
+        return lambda a, v: bf16_to_f32(f32_to_bf16(np.float32(v)))
+    if dt == types.uint16:
+        if HW_F16:
+            return lambda a, v: _f16_hw_to_f32(_f32_hw_to_f16(np.float32(v)))
+        return lambda a, v: f16_to_f32(f32_to_f16(v))
+    if dt == types.float32:
+        return lambda a, v: np.float32(v)
+    if dt == types.float64:
+        return lambda a, v: np.float64(v)
     return None
 
 

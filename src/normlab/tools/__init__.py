@@ -8,8 +8,11 @@
   LayerNorm/RMSNorm affines into the Linear after them (``folding.py``).
 - :func:`inspect`: every norm layer's statistics, measured batch dependence, running-statistics
   health and pitfalls, as a table (``inspection.py``; also ``normlab inspect``).
+- ``hf.py``: Hugging Face transformers' RMSNorm classes for ``normlab.convert``, imported
+  when convert first meets one (``integrations.py`` registers the finder).
 """
 
+from . import integrations  # noqa: F401  (convert's lazy finders for other libraries' norm classes)
 from .freezing import freeze_batch_norm, unfreeze_batch_norm
 from .folding import FoldReport, fold
 from .inspection import InspectReport, inspect

@@ -225,6 +225,9 @@ def _why_not_rows(node, norm, modules, calls) -> str | None:
 
 def _fold_rows(node, norm, modules) -> list[str]:
     gamma = norm.weight.detach().double() if norm.weight is not None else None
+    offset = getattr(norm, "offset", 0.0)  # normlab's RMSNorm applies weight + offset (Gemma: 1)
+    if gamma is not None and offset:
+        gamma = gamma + offset
     beta = norm.bias.detach().double() if getattr(norm, "bias", None) is not None else None
     into = []
     for u in node.users:
@@ -238,6 +241,8 @@ def _fold_rows(node, norm, modules) -> list[str]:
     norm.weight = None
     if hasattr(norm, "bias"):
         norm.bias = None
+    if offset:
+        norm.offset = 0.0
     norm.elementwise_affine = False
     return into
 

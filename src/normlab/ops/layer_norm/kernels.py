@@ -3,7 +3,10 @@
 Two kernels serve four ops. RMSNorm is LayerNorm without centring
 (``center=False``: the shift and the mean are 0, there is no bias, and the
 backward loses the ``mean(g)`` term); the fused residual add is the same
-kernel reading ``x + residual`` (``has_res=True``). One source is compiled for
+kernel reading ``x + residual`` (``has_res=True``); the Llama-style RMSNorm
+rounds ``x_hat`` to the storage dtype before the weight multiplies it
+(``cast_x_hat=True``: a loop of its own, so the default loops are unchanged).
+One source is compiled for
 each storage type of ``x`` (float32, float64, int16 = bfloat16 bits, uint16 =
 float16 bits: see ``ops/_bf16.py``), with the accumulation dtype following it
 (float64 for float64, float32 otherwise).
@@ -38,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._bf16 import acc_cast, acc_zero, load, store
+from .._bf16 import acc_cast, acc_zero, load, round_as, store
 from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
 from .._ptr import at, params_at
 from .._rows import shift_row as _shift_row
@@ -96,7 +99,7 @@ WIDE_COLS = 2048
 
 
 @kernel
-def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
+def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, rows):
     """LayerNorm (``center``) or RMSNorm of every row, optionally of ``x + res``.
 
     x     (n_rows, n_cols)  input, storage dtype
@@ -106,6 +109,7 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
     y     (n_rows, n_cols)  out: the normalised rows, storage dtype
     mean  (n_rows,)         out: row means, accumulation dtype (written if ``center``)
     rstd  (n_rows,)         out: 1 / sqrt(var + eps), accumulation dtype
+    cast_x_hat  bool        y = round(x_hat) * w + b: x_hat rounded to the storage dtype first
     rows  int               rows per task
 
     The statistics are those of ``ops/_common.shifted_mean_var``::
@@ -145,8 +149,12 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
             rs = acc_cast(d, 1.0) / np.sqrt(var + acc_cast(d, eps))
             rstd[i] = rs
             yr = y[i]
-            for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd
-                store(yr, j, ((d[j] - mean_d) * rs) * w[j] + b[j])
+            if cast_x_hat:  # y = round(x_hat) * w + b: the product of two storage values
+                for j in range(n_cols):
+                    store(yr, j, round_as(yr, (d[j] - mean_d) * rs) * w[j] + b[j])
+            else:
+                for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd
+                    store(yr, j, ((d[j] - mean_d) * rs) * w[j] + b[j])
 
 
 # --------------------------------------------------------------------------
@@ -155,7 +163,7 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, rows):
 
 
 @kernel
-def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
+def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, need_wb):
     """Gradients of LayerNorm (``center``) or RMSNorm for every row; returns ``(dw, db)``.
 
     dy       (n_rows, n_cols)    gradient of y, storage dtype
@@ -166,6 +174,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
     dh       (n_rows, n_cols)    gradient arriving at h = x + res (read if ``has_dh``)
     dx       (n_rows, n_cols)    out: gradient of x (plus dh), storage dtype
     rows     int                 rows per chunk (``_numba.rows_per_chunk``)
+    cast_x_hat bool              the forward rounded x_hat first: dw sums dy * round(x_hat)
     returns  dw, db (n_cols,)    sums over rows in the accumulation dtype (size 0 unless ``need_wb``)
 
     With ``g = dy * w`` and ``x_hat = (x - mean) * rstd``::
@@ -174,6 +183,9 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
                       - mean(g)                    # term 2: through the mean (LayerNorm only)
                       - x_hat * mean(g * x_hat) )  # term 3: through the variance
         dw = sum over rows of dy * x_hat,   db = sum over rows of dy
+
+    (``cast_x_hat``: the rounding counts as the identity for dx, as autograd's cast does;
+    dw sums ``dy * round(x_hat)``, the value the weight multiplied.)
 
     dw and db are summed over fixed chunks of ``rows`` rows, then the chunk
     partials are merged in chunk order, in float64: the same bits for any
@@ -187,7 +199,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
     n_out = n_cols if need_wb else 0
     dw = np.empty(n_out, w.dtype)
     db = np.empty(n_out, w.dtype)
-    wide_rows = n_cols > WIDE_COLS and not has_dh
+    wide_rows = n_cols > WIDE_COLS and not has_dh and not cast_x_hat
     for c in prange(n_chunks):
         wide()
         x_hat = np.empty(0 if wide_rows else n_cols, w.dtype)  # (n_cols,) scratch
@@ -222,7 +234,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
                     if need_wb:
                         pw[j] += dyv * xh
                         pb[j] += dyv
-            elif need_wb:  # dx and this row's share of dw/db in one loop
+            elif need_wb and not cast_x_hat:  # dx and this row's share of dw/db in one loop
                 for j in range(n_cols):
                     xh = x_hat[j]
                     store(dxr, j, rs * ((g[j] - mean_g) - xh * mean_gx))
@@ -232,7 +244,12 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
             else:
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx))
-            if need_wb and has_dh:
+            if need_wb and cast_x_hat:  # dw: dy times the rounded x_hat the weight saw
+                for j in range(n_cols):
+                    dyv = load(dyr, j)
+                    pw[j] += dyv * round_as(dyr, x_hat[j])
+                    pb[j] += dyv
+            elif need_wb and has_dh:
                 for j in range(n_cols):
                     dyv = load(dyr, j)
                     pw[j] += dyv * x_hat[j]
@@ -263,7 +280,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, need_wb):
 
 
 @njit(**HELPER_OPTIONS)
-def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, rows):
+def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, cast_x_hat, rows):
     """:func:`norm_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``.
 
     proto, acc   (1,)  prototypes of the storage and the accumulation dtype
@@ -279,12 +296,13 @@ def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_r
     w, b = params_at(acc, pw, pb, n_cols)
     mean = np.empty(n_rows if center else 0, acc.dtype)
     rstd = np.empty(n_rows, acc.dtype)
-    norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, rows)
+    norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, cast_x_hat, rows)
     return mean, rstd
 
 
 @njit(**HELPER_OPTIONS)
-def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, rows, has_dh, center, need_wb):
+def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, rows, has_dh, center, cast_x_hat,
+                need_wb):
     """:func:`norm_bwd` on the buffers at the given addresses; returns ``(dw, db)``.
 
     pdy, px, pdx       dy, x, dx: (n_rows, n_cols), storage dtype
@@ -297,4 +315,4 @@ def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, r
     w, _ = params_at(acc, pw, 0, n_cols)
     dh = at(pdh if has_dh else pdy, proto, shape)
     return norm_bwd(dy, at(px, proto, shape), w, mean, rstd, dh, at(pdx, proto, shape), rows, has_dh, center,
-                    need_wb)
+                    cast_x_hat, need_wb)

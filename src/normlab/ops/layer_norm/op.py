@@ -3,9 +3,9 @@
 Layering (kernel -> launcher -> custom op -> entry point):
 
 - ``kernels.py``: the Numba kernels, on numpy views of the tensors.
-- launchers :func:`_forward` / :func:`_backward`: allocate outputs, pass
-  bfloat16/float16 tensors as their bits (``ops/_bf16.py``), run the kernel
-  with torch's thread count.
+- ``launch.py``: the launchers :func:`_forward` / :func:`_backward`: allocate
+  outputs, pass bfloat16/float16 tensors as their bits (``ops/_bf16.py``), run
+  the kernel with torch's thread count.
 - custom ops ``normlab::layer_norm_fwd``, ``normlab::rms_norm_fwd``,
   ``normlab::add_layer_norm_fwd``, ``normlab::add_rms_norm_fwd`` (forward,
   with ``register_autograd``) and ``normlab::layer_norm_bwd``,
@@ -29,20 +29,14 @@ double backward works for ``"cpu"`` too.
 type hints of the custom ops to build their schemas.)
 """
 
-import functools
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _numba, _transforms
-from .._launch import PROTO as _PROTO
-from .._launch import call as _call
+from .. import _transforms
 from .._launch import fast_apply
-from .._launch import kernels_loader
 from .._launch import records as _records
-from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype, empty_output, to_acc
 from .reference import (
     norm_jvp,
@@ -53,111 +47,7 @@ from .reference import (
     rms_norm_backward_ref,
     rms_norm_stats,
 )
-
-# --------------------------------------------------------------------------
-# Launchers
-# --------------------------------------------------------------------------
-
-_k = kernels_loader(__package__)  # kernels.py, imported (numba and all) on first use
-
-
-
-
-_ACC = {torch.float64: torch.float64}  # accumulation dtype; float32 for the rest
-
-
-def _forward(x, res, w, b, eps, center):
-    """Run ``norm_fwd`` on 2-D ``x`` (and ``res``); returns ``(y, h, mean, rstd)``.
-
-    ``h`` is None without ``res``; ``mean`` is empty for RMSNorm (``center=False``).
-    ``mean`` and ``rstd`` are numpy arrays in the accumulation dtype (the eager
-    path keeps them as they are; the custom ops wrap them with ``torch.from_numpy``).
-    """
-    n_rows, n_cols = x.shape
-    if not x.is_contiguous():
-        x = x.contiguous()
-    y = torch.empty_like(x)  # (n_rows, n_cols)
-    h = None
-    if res is not None:
-        h = torch.empty_like(x)  # (n_rows, n_cols)
-        if not res.is_contiguous():
-            res = res.contiguous()
-    numel = n_rows * n_cols
-    proto, acc_proto = _PROTO[x.dtype]
-    if numel == 0:
-        if h is not None:
-            h.copy_(x + res)
-        acc = acc_proto.dtype
-        return y, h, np.full(n_rows if center else 0, np.nan, acc), np.full(n_rows, np.nan, acc)
-    acc = _ACC.get(x.dtype, torch.float32)
-    pw, keep_w = _param_ptr(w, acc)
-    pb, keep_b = _param_ptr(b, acc)
-    k = _k(numel)
-    px = x.data_ptr()
-    mean, rstd = _call(
-        k.norm_fwd_at, x.dtype, proto, acc_proto, px,
-        res.data_ptr() if res is not None else px, h.data_ptr() if h is not None else px,
-        pw, pb, y.data_ptr(), n_rows, n_cols, float(eps), res is not None, bool(center),
-        _rows_per_chunk(n_rows, n_cols),  # rows per task (no effect on results)
-    )
-    return y, h, mean, rstd
-
-
-_rows_per_chunk = functools.lru_cache(maxsize=1024)(_numba.rows_per_chunk)
-
-
-# The backward's chunks: at least _numba.rows_per_chunk rows, enlarged up to this
-# many while at least BWD_MIN_CHUNKS chunks remain. Each chunk writes one row of
-# dw/db partials, merged after: 8192x4096 float32 went from 512 partial rows (16 MB
-# written and read again) to 32, backward ~51 -> ~45 ms.
-BWD_MAX_ROWS = 256
-BWD_MIN_CHUNKS = 32
-
-
-@functools.lru_cache(maxsize=1024)
-def _bwd_rows(n_rows: int, n_cols: int) -> int:
-    """Rows per chunk of ``norm_bwd`` (from the shape only: the bits never depend on threads)."""
-    rows = _numba.rows_per_chunk(n_rows, n_cols)
-    return max(rows, min(BWD_MAX_ROWS, n_rows // BWD_MIN_CHUNKS))
-
-
-def _backward(dy, x, w, mean, rstd, dh, center, need_wb):
-    """Run ``norm_bwd``; returns ``(dx, dw, db)`` with dw/db in the accumulation dtype.
-
-    ``dx`` includes ``dh`` when given (the fused add). ``dw``/``db`` are empty
-    (0,) tensors unless ``need_wb``. ``mean``/``rstd``: the forward's, as numpy
-    arrays or tensors.
-    """
-    n_rows, n_cols = x.shape
-    acc = _ACC.get(x.dtype, torch.float32)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if dy.dtype != x.dtype:
-        dy = dy.to(x.dtype)
-    if not dy.is_contiguous():
-        dy = dy.contiguous()
-    dx = torch.empty_like(x)  # (n_rows, n_cols)
-    numel = n_rows * n_cols
-    if numel == 0:
-        if dh is not None:
-            dx.copy_(dh)
-        n = n_cols if need_wb else 0
-        return dx, x.new_zeros((n,), dtype=acc), x.new_zeros((n,), dtype=acc)
-    if dh is not None and (dh.dtype != x.dtype or not dh.is_contiguous()):
-        dh = dh.to(x.dtype).contiguous()
-    if isinstance(mean, torch.Tensor):  # the custom ops' saved statistics
-        mean, rstd = mean.contiguous().numpy(), rstd.contiguous().numpy()
-    pw, keep_w = _param_ptr(w, acc)
-    k = _k(numel)
-    proto, acc_proto = _PROTO[x.dtype]
-    pdy = dy.data_ptr()
-    dw, db = _call(
-        k.norm_bwd_at, x.dtype, proto, acc_proto, pdy, x.data_ptr(), pw, mean, rstd,
-        dh.data_ptr() if dh is not None else pdy, dx.data_ptr(), n_rows, n_cols,
-        _bwd_rows(n_rows, n_cols), dh is not None, bool(center), bool(need_wb),
-    )
-    return dx, torch.from_numpy(dw), torch.from_numpy(db)
-
+from .launch import BWD_MAX_ROWS, BWD_MIN_CHUNKS, _ACC, _backward, _bwd_rows, _forward, _k  # noqa: F401
 
 # --------------------------------------------------------------------------
 # Custom ops: forward
@@ -183,14 +73,16 @@ def _(x, w, b, eps):
 
 
 @torch.library.custom_op("normlab::rms_norm_fwd", mutates_args=(), device_types="cpu")
-def rms_norm_fwd(x: Tensor, w: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
+def rms_norm_fwd(
+    x: Tensor, w: Optional[Tensor], eps: float, offset: float, cast_x_hat: bool
+) -> tuple[Tensor, Tensor]:
     """RMSNorm of 2-D ``x``: ``(y, rstd)``."""
-    y, _, _, rstd = _forward(x, None, w, None, eps, center=False)
+    y, _, _, rstd = _forward(x, None, w, None, eps, False, offset, cast_x_hat)
     return y, torch.from_numpy(rstd)
 
 
 @rms_norm_fwd.register_fake
-def _(x, w, eps):
+def _(x, w, eps, offset, cast_x_hat):
     return x.new_empty(x.shape), _stats_like(x, x.shape[0])
 
 
@@ -211,15 +103,15 @@ def _(x, residual, w, b, eps):
 
 @torch.library.custom_op("normlab::add_rms_norm_fwd", mutates_args=(), device_types="cpu")
 def add_rms_norm_fwd(
-    x: Tensor, residual: Tensor, w: Optional[Tensor], eps: float
+    x: Tensor, residual: Tensor, w: Optional[Tensor], eps: float, offset: float, cast_x_hat: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``h = x + residual`` and its RMSNorm in one pass: ``(y, h, rstd)``."""
-    y, h, _, rstd = _forward(x, residual, w, None, eps, center=False)
+    y, h, _, rstd = _forward(x, residual, w, None, eps, False, offset, cast_x_hat)
     return y, h, torch.from_numpy(rstd)
 
 
 @add_rms_norm_fwd.register_fake
-def _(x, residual, w, eps):
+def _(x, residual, w, eps, offset, cast_x_hat):
     return x.new_empty(x.shape), x.new_empty(x.shape), _stats_like(x, x.shape[0])
 
 
@@ -250,16 +142,17 @@ def _(dy, x, w, mean, rstd, dh, need_wb):
 
 @torch.library.custom_op("normlab::rms_norm_bwd", mutates_args=(), device_types="cpu")
 def rms_norm_bwd(
-    dy: Tensor, x: Tensor, w: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor], need_dw: bool
+    dy: Tensor, x: Tensor, w: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor], need_dw: bool,
+    offset: float, cast_x_hat: bool,
 ) -> tuple[Tensor, Tensor]:
     """RMSNorm gradients ``(dx + dh, dw)``; dw in the accumulation dtype, empty unless ``need_dw``."""
     empty = rstd.new_empty((0,))
-    dx, dw, _ = _backward(dy, x, w, empty, rstd, dh, False, need_dw)
+    dx, dw, _ = _backward(dy, x, w, empty, rstd, dh, False, need_dw, offset, cast_x_hat)
     return dx, dw
 
 
 @rms_norm_bwd.register_fake
-def _(dy, x, w, rstd, dh, need_dw):
+def _(dy, x, w, rstd, dh, need_dw, offset, cast_x_hat):
     return x.new_empty(x.shape), _stats_like(x, x.shape[1] if need_dw else 0)
 
 
@@ -284,26 +177,29 @@ def _ln_grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
             dx, dw, db = layer_norm_backward_ref(dy, x, w, mean, rstd, True, need_dw, need_db)
         else:
             rstd = rms_norm_stats(xa, ctx.eps)
-            dx, dw = rms_norm_backward_ref(dy, x, w, rstd, True, need_dw)
+            dx, dw = rms_norm_backward_ref(dy, x, w, rstd, True, need_dw, ctx.offset, ctx.cast_x_hat)
             db = None
         if dh is not None:
             dx = dx + dh
     elif eager:
-        dx, dw, db = _backward(dy, x, w, mean, rstd, dh, ctx.center, need_dw or need_db)
+        dx, dw, db = _backward(dy, x, w, mean, rstd, dh, ctx.center, need_dw or need_db, ctx.offset,
+                               ctx.cast_x_hat)
     elif ctx.center:
         dx, dw, db = layer_norm_bwd(dy, x, w, mean, rstd, dh, need_dw or need_db)
     else:
-        dx, dw = rms_norm_bwd(dy, x, w, rstd, dh, need_dw)
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, dh, need_dw, ctx.offset, ctx.cast_x_hat)
         db = None
     dw = (dw if dw.dtype == w.dtype else dw.to(w.dtype)) if need_dw else None
     db = (db if db.dtype == ctx.b_dtype else db.to(ctx.b_dtype)) if need_db else None
     return dx, dw, db
 
 
-def _setup(ctx, x, w, b, eps, mean, rstd, center, stats):
+def _setup(ctx, x, w, b, eps, mean, rstd, center, stats, offset=0.0, cast_x_hat=False):
     ctx.save_for_backward(x, w, mean if center else None, rstd)
     ctx.eps = eps
     ctx.center = center
+    ctx.offset = offset
+    ctx.cast_x_hat = cast_x_hat
     ctx.b_dtype = b.dtype if b is not None else None
     ctx.mark_non_differentiable(*stats)
     ctx.set_materialize_grads(False)
@@ -322,15 +218,15 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
 
 
 def _rms_norm_setup(ctx, inputs, output):
-    x, w, eps = inputs
+    x, w, eps, offset, cast_x_hat = inputs
     _, rstd = output
-    _setup(ctx, x, w, None, eps, None, rstd, False, (rstd,))
+    _setup(ctx, x, w, None, eps, None, rstd, False, (rstd,), offset, cast_x_hat)
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
     x, w, _, rstd = ctx.saved_tensors
     dx, dw, _ = _ln_grads(ctx, dy, None, x, w, None, rstd, ctx.needs_input_grad[1], False)
-    return dx, dw, None
+    return dx, dw, None, None, None
 
 
 def _add_layer_norm_setup(ctx, inputs, output):
@@ -346,15 +242,15 @@ def _add_layer_norm_backward(ctx, dy, dh, _dmean, _drstd):
 
 
 def _add_rms_norm_setup(ctx, inputs, output):
-    _, _, w, eps = inputs
+    _, _, w, eps, offset, cast_x_hat = inputs
     _, h, rstd = output
-    _setup(ctx, h, w, None, eps, None, rstd, False, (rstd,))
+    _setup(ctx, h, w, None, eps, None, rstd, False, (rstd,), offset, cast_x_hat)
 
 
 def _add_rms_norm_backward(ctx, dy, dh, _drstd):
     h, w, _, rstd = ctx.saved_tensors
     dx, dw, _ = _ln_grads(ctx, dy, dh, h, w, None, rstd, ctx.needs_input_grad[2], False)
-    return dx, dx, dw, None
+    return dx, dx, dw, None, None, None
 
 
 class _EagerNorm(torch.autograd.Function):
@@ -368,12 +264,14 @@ class _EagerNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, res, w, b, eps, center):
-        y, h, mean, rstd = _forward(x, res, w, b, eps, center)
+    def forward(ctx, x, res, w, b, eps, center, offset, cast_x_hat):
+        y, h, mean, rstd = _forward(x, res, w, b, eps, center, offset, cast_x_hat)
         ctx.save_for_backward(h if h is not None else x, w)
         ctx.stats = mean, rstd
         ctx.eps = eps
         ctx.center = center
+        ctx.offset = offset
+        ctx.cast_x_hat = cast_x_hat
         ctx.b_dtype = b.dtype if b is not None else None
         ctx.has_res = res is not None
         ctx.set_materialize_grads(False)
@@ -385,20 +283,20 @@ class _EagerNorm(torch.autograd.Function):
         mean, rstd = ctx.stats
         need = ctx.needs_input_grad
         dx, dw, db = _ln_grads(ctx, dy, dh, x, w, mean, rstd, need[2], need[3], eager=True)
-        return dx, (dx if ctx.has_res else None), dw, db, None, None
+        return dx, (dx if ctx.has_res else None), dw, db, None, None, None, None
 
 
 _eager_apply = fast_apply(_EagerNorm)
 
 
-def _eager_norm(x, res, w, b, eps, center):
+def _eager_norm(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
     """``(y, h)`` through :class:`_EagerNorm` when autograd records the call, else the launcher alone
     (under torch.func transforms and forward-mode AD: :class:`_TransformNorm`)."""
     if _transforms.active():
-        return _transform_norm(x, res, w, b, eps, center)
+        return _transform_norm(x, res, w, b, eps, center, offset, cast_x_hat)
     if _records(x, w, b, res):
-        return _eager_apply(x, res, w, b, eps, center)
-    y, h, _, _ = _forward(x, res, w, b, eps, center)
+        return _eager_apply(x, res, w, b, eps, center, offset, cast_x_hat)
+    y, h, _, _ = _forward(x, res, w, b, eps, center, offset, cast_x_hat)
     return y, h
 
 
@@ -408,18 +306,20 @@ class _TransformNorm(torch.autograd.Function):
     statistics, not differentiable; ``mean`` empty for RMSNorm)."""
 
     @staticmethod
-    def forward(x, w, b, eps, center):
-        y, _, mean, rstd = _forward(x, None, w, b, eps, center)
+    def forward(x, w, b, eps, center, offset, cast_x_hat):
+        y, _, mean, rstd = _forward(x, None, w, b, eps, center, offset, cast_x_hat)
         return y, torch.from_numpy(mean), torch.from_numpy(rstd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, b, eps, center = inputs
+        x, w, b, eps, center, offset, cast_x_hat = inputs
         _, mean, rstd = output
         ctx.save_for_backward(x, w, mean, rstd)
         ctx.save_for_forward(x, w, mean, rstd)
         ctx.eps = eps
         ctx.center = center
+        ctx.offset = offset
+        ctx.cast_x_hat = cast_x_hat
         ctx.b_dtype = b.dtype if b is not None else None
         ctx.mark_non_differentiable(mean, rstd)
         ctx.set_materialize_grads(False)
@@ -429,26 +329,29 @@ class _TransformNorm(torch.autograd.Function):
         x, w, mean, rstd = ctx.saved_tensors
         need = ctx.needs_input_grad
         dx, dw, db = _ln_grads(ctx, dy, None, x, w, mean, rstd, need[1], need[2], eager=True)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None, None
 
     @staticmethod
-    def jvp(ctx, xt, wt, bt, _eps_t, _center_t):
+    def jvp(ctx, xt, wt, bt, _eps_t, _center_t, _offset_t, _cast_t):
         x, w, mean, rstd = ctx.saved_tensors
         m = mean.unsqueeze(1) if ctx.center else None
-        return norm_jvp(x, w, m, rstd.unsqueeze(1), xt, wt, bt, ctx.center), None, None
+        yt = norm_jvp(x, w, m, rstd.unsqueeze(1), xt, wt, bt, ctx.center, ctx.offset, ctx.cast_x_hat)
+        return yt, None, None
 
     @staticmethod
-    def vmap(info, in_dims, x, w, b, eps, center):
+    def vmap(info, in_dims, x, w, b, eps, center, offset, cast_x_hat):
         """A batch of row sets is one set of more rows; a batched weight or bias is applied after
-        the kernel (which then normalises without one), in torch ops."""
+        the kernel (which then normalises without one, so its ``x_hat`` is rounded first: exactly
+        the Llama variant, one rounding more than the others), in torch ops."""
         n = info.batch_size
         xb = _transforms.front(x, in_dims[0], n)  # (B, n_rows, n_cols)
         rows = xb.reshape(-1, xb.shape[-1])
         if in_dims[1] is None and in_dims[2] is None:
-            y, mean, rstd = _TransformNorm.apply(rows, w, b, eps, center)
+            y, mean, rstd = _TransformNorm.apply(rows, w, b, eps, center, offset, cast_x_hat)
         else:
-            y, mean, rstd = _TransformNorm.apply(rows, None, None, eps, center)
-            y = _affine_batched(y.view(xb.shape), _transforms.front(w, in_dims[1], n),
+            y, mean, rstd = _TransformNorm.apply(rows, None, None, eps, center, 0.0, False)
+            wb = _transforms.front(w, in_dims[1], n)
+            y = _affine_batched(y.view(xb.shape), None if wb is None else to_acc(wb) + offset,
                                 _transforms.front(b, in_dims[2], n))
         return (y.view(xb.shape), mean.view(n, -1) if center else mean.new_empty((n, 0)), rstd.view(n, -1)), (0, 0, 0)
 
@@ -464,10 +367,10 @@ def _affine_batched(x_hat, w, b):
     return y.to(x_hat.dtype)
 
 
-def _transform_norm(x, res, w, b, eps, center):
+def _transform_norm(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
     """``(y, h)`` under a transform: ``h = x + res`` in torch ops (as the kernel rounds it), then the norm."""
     h = None if res is None else x + res
-    y, _, _ = _TransformNorm.apply(x if h is None else h, w, b, eps, center)
+    y, _, _ = _TransformNorm.apply(x if h is None else h, w, b, eps, center, offset, cast_x_hat)
     return y, h
 
 
@@ -523,19 +426,20 @@ def layer_norm(x, normalized_shape, w, b, eps, backend="ref"):
     return _like(y, x)
 
 
-def rms_norm(x, normalized_shape, w, eps, backend="ref"):
-    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked)."""
+def rms_norm(x, normalized_shape, w, eps, backend="ref", offset=0.0, cast_x_hat=False):
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` (arguments already checked);
+    the weight applied as ``w + offset``, ``x_hat`` rounded to ``x``'s dtype first if ``cast_x_hat``."""
     if 0 in normalized_shape:  # no value in a row: torch's (empty) output
         return empty_output(x, w)
     eps = _rms_eps(x, eps)
     if backend == "cpu":
         x2 = _rows(x, normalized_shape)
         if _eager():
-            y, _ = _eager_norm(x2, None, _flat(w), None, eps, False)
+            y, _ = _eager_norm(x2, None, _flat(w), None, eps, False, offset, cast_x_hat)
         else:
-            y, _ = rms_norm_fwd(x2, _flat(w), eps)
+            y, _ = rms_norm_fwd(x2, _flat(w), eps, offset, cast_x_hat)
         return _like(y, x)
-    y = _transforms.pick(RMSNormFunction).apply(_rows(x, normalized_shape), _flat(w), eps)[0]
+    y = _transforms.pick(RMSNormFunction).apply(_rows(x, normalized_shape), _flat(w), eps, offset, cast_x_hat)[0]
     return _like(y, x)
 
 
@@ -556,7 +460,7 @@ def add_layer_norm(x, residual, normalized_shape, w, b, eps, backend="ref"):
     return layer_norm(h, normalized_shape, w, b, eps, "ref"), h
 
 
-def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref"):
+def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref", offset=0.0, cast_x_hat=False):
     """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)`` (arguments already checked)."""
     if 0 in normalized_shape:  # no value in a row: torch's (empty) output
         h = x + residual
@@ -566,9 +470,9 @@ def add_rms_norm(x, residual, normalized_shape, w, eps, backend="ref"):
         r2 = _rows(residual, normalized_shape)
         eps = _rms_eps(x, eps)
         if _eager():
-            y, h = _eager_norm(x2, r2, _flat(w), None, eps, False)
+            y, h = _eager_norm(x2, r2, _flat(w), None, eps, False, offset, cast_x_hat)
         else:
-            y, h, _ = add_rms_norm_fwd(x2, r2, _flat(w), eps)
+            y, h, _ = add_rms_norm_fwd(x2, r2, _flat(w), eps, offset, cast_x_hat)
         return _like(y, x), _like(h, x)
     h = x + residual
-    return rms_norm(h, normalized_shape, w, eps, "ref"), h
+    return rms_norm(h, normalized_shape, w, eps, "ref", offset, cast_x_hat), h

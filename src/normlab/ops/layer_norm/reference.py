@@ -17,7 +17,16 @@ RMSNorm (no centring, no bias)::
 
     rstd  = 1 / sqrt(sum(x^2) / n_cols + eps)        # (n_rows, 1)
     x_hat = x * rstd
-    y     = x_hat * w
+    y     = x_hat * (w + offset)
+
+RMSNorm's variants, as the models that use them define them:
+
+- ``offset``: the weight is stored as ``w`` and applied as ``w + offset`` (Gemma:
+  ``offset=1``, ``w`` initialised to zeros), added in the accumulation dtype.
+- ``cast_x_hat`` (Llama): ``y = round(x_hat) * (w + offset)`` -- ``x_hat`` rounded to
+  the input's dtype *before* the weight multiplies it, so a half-precision output
+  holds the rounding of a product of two half-precision numbers. Without it
+  (torch, Gemma) ``y = round(x_hat * w)``: one rounding at the end.
 
 Numerics: statistics and every sum are computed in float32 for
 float16/bfloat16/float32 input and in float64 for float64 input; the output is
@@ -78,15 +87,35 @@ def rms_norm_stats(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(mean_sq + eps)  # (n_rows, 1)
 
 
+def weight_acc(w: torch.Tensor | None, offset: float) -> torch.Tensor | None:
+    """The weight as applied, ``w + offset``, in the accumulation dtype (None stays None)."""
+    if w is None:
+        return None
+    wa = to_acc(w)
+    return wa + offset if offset != 0.0 else wa
+
+
+def rounded_x_hat(x_hat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x_hat`` (accumulation dtype) rounded to ``dtype`` and back: what the Llama-style weight
+    multiplies. Differentiable as the identity, as autograd's casts are."""
+    return x_hat.to(dtype).to(x_hat.dtype)
+
+
 def rms_norm_ref(
-    x: torch.Tensor, w: torch.Tensor | None, eps: float
+    x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float = 0.0, cast_x_hat: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of a 2-D ``x`` (n_rows, n_cols); returns ``(y, rstd)``."""
+    """RMSNorm of a 2-D ``x`` (n_rows, n_cols); returns ``(y, rstd)``.
+
+    ``y = x_hat * (w + offset)``, with ``x_hat`` first rounded to ``x``'s dtype when
+    ``cast_x_hat`` (Llama); one rounding at the end otherwise.
+    """
     xa = to_acc(x)  # (n_rows, n_cols)
     rstd = rms_norm_stats(xa, eps)  # (n_rows, 1)
     y = xa * rstd  # x_hat, (n_rows, n_cols)
+    if cast_x_hat:
+        y = rounded_x_hat(y, x.dtype)
     if w is not None:
-        y = y * to_acc(w)
+        y = y * weight_acc(w, offset)
     return y.to(x.dtype), rstd
 
 
@@ -141,25 +170,31 @@ def rms_norm_backward_ref(
     rstd: torch.Tensor,
     need_dx: bool = True,
     need_dw: bool = True,
+    offset: float = 0.0,
+    cast_x_hat: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of RMSNorm for 2-D ``x``; returns ``(dx, dw)``.
 
-    With ``g = dy * w`` and ``x_hat = x * rstd``::
+    With ``g = dy * (w + offset)`` and ``x_hat = x * rstd``::
 
         dx = rstd * ( g                              # term 1: through x directly
                       - x_hat * mean(g * x_hat) )    # term 2: through the mean square
-        dw = sum over rows of dy * x_hat
+        dw = sum over rows of dy * x_hat             # d(w + offset)/dw = 1
+
+    ``cast_x_hat`` (Llama): the rounding of ``x_hat`` counts as the identity in ``dx`` (as
+    autograd's cast does), and ``dw`` sums ``dy * round(x_hat)``, the value ``w`` multiplied.
     """
     dya = to_acc(dy)  # (n_rows, n_cols)
     x_hat = to_acc(x) * rstd  # (n_rows, n_cols)
     dx = dw = None
     if need_dx:
-        g = dya * to_acc(w) if w is not None else dya  # (n_rows, n_cols)
+        g = dya * weight_acc(w, offset) if w is not None else dya  # (n_rows, n_cols)
         term1 = g
         term2 = x_hat * (g * x_hat).mean(dim=-1, keepdim=True)  # (n_rows, n_cols)
         dx = (rstd * (term1 - term2)).to(x.dtype)
     if need_dw and w is not None:
-        dw = (dya * x_hat).sum(dim=0).to(w.dtype)  # (n_cols,)
+        seen = rounded_x_hat(x_hat, x.dtype) if cast_x_hat else x_hat  # what w multiplied
+        dw = (dya * seen).sum(dim=0).to(w.dtype)  # (n_cols,)
     return dx, dw
 
 
@@ -168,14 +203,17 @@ def rms_norm_backward_ref(
 # --------------------------------------------------------------------------
 
 
-def norm_jvp(x, w, mean, rstd, xt, wt, bt, center):
+def norm_jvp(x, w, mean, rstd, xt, wt, bt, center, offset=0.0, cast_x_hat=False):
     """Tangent of LayerNorm (``center``) or RMSNorm of 2-D ``x`` along tangents of ``x``, ``w``, ``b``
     (each may be None); ``mean``/``rstd`` are the forward's (n_rows, 1) statistics (``mean``
-    unused for RMSNorm). Hand-derived: ``ops/_common.x_hat_jvp`` and ``affine_jvp``."""
+    unused for RMSNorm). Hand-derived: ``ops/_common.x_hat_jvp`` and ``affine_jvp``; RMSNorm's
+    variants apply ``w + offset`` and (``cast_x_hat``) pair ``w``'s tangent with the rounded
+    ``x_hat`` (the rounding's own tangent is the identity, as the backward's)."""
     xa = to_acc(x)
     x_hat = (xa - mean) * rstd if center else xa * rstd  # (n_rows, n_cols)
     dx_hat = None if xt is None else x_hat_jvp(x_hat, rstd, to_acc(xt), (-1,), center)
-    yt = affine_jvp(x_hat, dx_hat, to_acc(w), to_acc(wt), to_acc(bt))
+    seen = rounded_x_hat(x_hat, x.dtype) if cast_x_hat else x_hat
+    yt = affine_jvp(seen, dx_hat, weight_acc(w, offset), to_acc(wt), to_acc(bt))
     return None if yt is None else yt.to(x.dtype)
 
 
@@ -226,22 +264,25 @@ class LayerNormFunction(torch.autograd.Function):
 class RMSNormFunction(torch.autograd.Function):
     """RMSNorm on a 2-D ``x`` with the hand-derived backward and forward-mode rule.
 
-    Returns ``(y, rstd)`` (``rstd`` (n_rows, 1), not differentiable); saves ``x``, ``w``, ``rstd``.
+    ``apply(x, w, eps, offset, cast_x_hat)`` returns ``(y, rstd)`` (``rstd`` (n_rows, 1), not
+    differentiable); saves ``x``, ``w``, ``rstd``.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, w, eps):
-        return rms_norm_ref(x, w, eps)
+    def forward(x, w, eps, offset, cast_x_hat):
+        return rms_norm_ref(x, w, eps, offset, cast_x_hat)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, eps = inputs
+        x, w, eps, offset, cast_x_hat = inputs
         _, rstd = output
         ctx.save_for_backward(x, w, rstd)
         ctx.save_for_forward(x, w, rstd)
         ctx.eps = eps
+        ctx.offset = offset
+        ctx.cast_x_hat = cast_x_hat
         ctx.mark_non_differentiable(rstd)
 
     @staticmethod
@@ -250,10 +291,10 @@ class RMSNormFunction(torch.autograd.Function):
         if _transforms.differentiable_backward():  # double backward: rstd as a function of x
             rstd = rms_norm_stats(to_acc(x), ctx.eps)
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        dx, dw = rms_norm_backward_ref(dy, x, w, rstd, need_dx, need_dw)
-        return dx, dw, None
+        dx, dw = rms_norm_backward_ref(dy, x, w, rstd, need_dx, need_dw, ctx.offset, ctx.cast_x_hat)
+        return dx, dw, None, None, None
 
     @staticmethod
-    def _jvp(ctx, xt, wt, _eps_t):
+    def _jvp(ctx, xt, wt, _eps_t, _offset_t, _cast_t):
         x, w, rstd = ctx.saved_tensors
-        return norm_jvp(x, w, None, rstd, xt, wt, None, False), None
+        return norm_jvp(x, w, None, rstd, xt, wt, None, False, ctx.offset, ctx.cast_x_hat), None

@@ -1,0 +1,201 @@
+"""The functions of ``normlab.functional`` for the layers torch.nn lacks: LayerNorm2d, BatchRenorm,
+GhostBatchNorm (re-exported there; kept apart so that each file stays readable).
+
+Each checks its arguments first, with the same checks and messages as the
+rest of ``normlab.functional``, then runs on the family's kernels: LayerNorm's
+row kernel for ``layer_norm2d``, BatchNorm's for the other two (their math:
+``ops/batch_norm/renorm.py``, ``ops/batch_norm/ghost.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import _backend
+from ._checks import check_eps, check_input
+from .functional import (
+    _check_channels_input,
+    _check_momentum,
+    _check_per_channel,
+    _check_running_pair,
+    batch_norm,
+)
+from .ops import layer_norm as _ln
+from .ops.batch_norm import ghost as _ghost
+from .ops.batch_norm import renorm as _renorm
+from .ops.batch_norm.reference import _memory_format
+
+__all__ = ["layer_norm2d", "batch_renorm", "ghost_batch_norm"]
+
+
+# --------------------------------------------------------------------------
+# LayerNorm2d
+# --------------------------------------------------------------------------
+
+
+def layer_norm2d(
+    input: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """LayerNorm over the channel dim 1 of an ``(N, C, *)`` input, at every position::
+
+        y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias
+
+    mean and biased variance over the ``C`` values of one position; ``weight``, ``bias``: (C,).
+    A ``channels_last`` input is already ``(N * H * W, C)`` rows in memory: LayerNorm's row
+    kernel runs on it without a copy, and the output is ``channels_last`` too. A contiguous
+    (NCHW) input is copied to rows first, and the output copied back to NCHW.
+
+    >>> import torch, normlab.functional as NF
+    >>> x = torch.randn(2, 3, 4, 5)
+    >>> ref = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), (3,), eps=1e-6).permute(0, 3, 1, 2)
+    >>> torch.allclose(NF.layer_norm2d(x), ref, atol=1e-6)
+    True
+    """
+    fn = "layer_norm2d"
+    check_input(fn, input)
+    _check_channels_input(fn, input)
+    _check_per_channel(fn, input, weight=weight, bias=bias)
+    check_eps(fn, eps)
+    c = input.shape[1]
+    rows = input.movedim(1, -1)  # (N, *, C): contiguous for a channels_last input
+    y = _ln.layer_norm(rows, (c,), weight, bias, float(eps), _backend.resolve(input, "layer_norm"))
+    out = y.movedim(-1, 1)  # the input's strides when rows was contiguous
+    return out if rows.is_contiguous() else out.contiguous(memory_format=_memory_format(input))
+
+
+# --------------------------------------------------------------------------
+# BatchRenorm
+# --------------------------------------------------------------------------
+
+
+def _check_limit(fn: str, name: str, value, least: float, why: str) -> None:
+    if isinstance(value, torch.Tensor):  # a module's warm-up value, computed in a traced graph
+        return
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= least or math.isinf(value):
+        raise ValueError(f"{fn}: expected {name} >= {least:g} and finite, got {value!r}; {why}")
+
+
+def batch_renorm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    r_max: float = 3.0,
+    d_max: float = 5.0,
+) -> torch.Tensor:
+    """Batch Renormalization (Ioffe, 2017): BatchNorm whose training output is corrected towards
+    the running statistics, ``x_hat = (x - mu_B) / sigma_B * r + d`` with::
+
+        r = clip(sigma_B / sigma, 1 / r_max, r_max),  d = clip((mu_B - mu) / sigma, -d_max, d_max)
+
+    ``sigma = sqrt(running_var + eps)``, ``mu = running_mean`` as they were before this batch;
+    ``r`` and ``d`` are constants for the backward. The running statistics are updated as
+    BatchNorm's (unbiased variance, weight ``momentum``); ``training=False`` is BatchNorm's
+    eval. ``r_max=1, d_max=0`` is BatchNorm exactly.
+    """
+    fn = "batch_renorm"
+    check_input(fn, input)
+    _check_channels_input(fn, input)
+    if running_mean is None or running_var is None:
+        raise ValueError(
+            f"{fn}: expected running_mean and running_var (r and d compare the batch with them), got "
+            f"{'None' if running_mean is None else 'a tensor'} and {'None' if running_var is None else 'a tensor'}; "
+            f"without running statistics, use batch_norm"
+        )
+    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    _check_limit(fn, "r_max", r_max, 1.0, "r is clipped to [1 / r_max, r_max] (r_max=1: no correction of the scale)")
+    _check_limit(fn, "d_max", d_max, 0.0, "d is clipped to [-d_max, d_max] (d_max=0: no correction of the shift)")
+    if not training:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    _check_momentum(fn, momentum)
+    check_eps(fn, eps)
+    if input.numel() == input.shape[1]:  # one value per channel: BatchNorm's own error, before any work
+        return batch_norm(input, running_mean, running_var, weight, bias, True, momentum, eps)
+    r, d = _renorm.renorm_factors(input, running_mean, running_var, float(eps), r_max, d_max)
+    w_r, b_r = _renorm.renormed_affine(weight, bias, r, d)
+    return batch_norm(input, running_mean, running_var, w_r, b_r, True, momentum, eps)
+
+
+# --------------------------------------------------------------------------
+# GhostBatchNorm
+# --------------------------------------------------------------------------
+
+
+def ghost_batch_norm(
+    input: torch.Tensor,
+    virtual_batch_size: int,
+    running_mean: torch.Tensor | None = None,
+    running_var: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = True,
+    momentum: float | None = 0.1,
+    eps: float = 1e-5,
+    num_batches_tracked: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Ghost BatchNorm: in training, BatchNorm of each virtual batch of ``virtual_batch_size``
+    consecutive samples with its own statistics (the last one holds what is left, if fewer),
+    exactly as BatchNorm applied chunk by chunk, in one kernel call (``ops/batch_norm/ghost.py``).
+
+    Running statistics (when given) take one update per virtual batch, in order, with weight
+    ``momentum``; ``momentum=None`` is the cumulative average, which needs
+    ``num_batches_tracked`` (the batches counted before this call; the caller adds the number
+    of virtual batches, ``ceil(N / virtual_batch_size)``). ``training=False`` is BatchNorm's eval.
+    """
+    fn = "ghost_batch_norm"
+    check_input(fn, input)
+    _check_channels_input(fn, input)
+    if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool) \
+            or virtual_batch_size < 1:
+        raise ValueError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
+                         f"got {virtual_batch_size!r}")
+    _check_running_pair(fn, running_mean, running_var)
+    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    check_eps(fn, eps)
+    if not training:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, 0.0, eps)
+    tracking = running_mean is not None
+    if momentum is None and tracking and num_batches_tracked is None:
+        raise ValueError(f"{fn}: momentum=None (the cumulative average) needs num_batches_tracked, the number "
+                         f"of batches the running statistics already average; pass it, or a float momentum")
+    if momentum is not None:
+        _check_momentum(fn, momentum)
+    n, c, v = input.shape[0], input.shape[1], int(virtual_batch_size)
+    k, rest = _ghost.split(n, v)
+    for size in ([v] if k else []) + ([rest] if rest else []):
+        if _ghost.values_per_channel(size, input) == 1:
+            raise ValueError(
+                f"{fn}: expected more than 1 value per channel in every virtual batch, got a virtual batch of "
+                f"{size} sample(s) of shape {list(input.shape[1:])} (input {list(input.shape)}, "
+                f"virtual_batch_size={v}); use a larger virtual_batch_size or a batch size that leaves no "
+                f"single sample over"
+            )
+    ys, means, variances = [], [], []
+    for count, size, part in ((k, v, input[: k * v]), (1, rest, input[k * v:])):
+        if count == 0 or size == 0:
+            continue
+        stats = _ghost.stat_buffers(input, count * c) if tracking else (None, None)
+        w = None if weight is None else weight.repeat(count)
+        b = None if bias is None else bias.repeat(count)
+        y = batch_norm(_ghost.to_channels(part, count), *stats, w, b, True, 1.0, eps)
+        ys.append(_ghost.from_channels(y, count, c))
+        if tracking:  # momentum 1: the buffers now hold this call's batch mean and unbiased variance
+            means.append(stats[0].view(count, c))
+            variances.append(stats[1].view(count, c))
+    if tracking:
+        _ghost.update_running(running_mean, running_var, torch.cat(means), torch.cat(variances), momentum,
+                              num_batches_tracked)
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)
+    fmt = _memory_format(input)
+    return y if fmt == torch.contiguous_format or y.is_contiguous(memory_format=fmt) else y.contiguous(
+        memory_format=fmt)

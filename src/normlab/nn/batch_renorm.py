@@ -1,0 +1,123 @@
+"""Batch Renormalization modules (Ioffe, 2017): ``BatchRenorm1d`` / ``2d`` / ``3d``.
+
+BatchNorm's parameters, buffers and ``state_dict`` keys (``weight``, ``bias``,
+``running_mean``, ``running_var``, ``num_batches_tracked``), always with running
+statistics: the training output is corrected towards them. The math is in
+``normlab.functional.batch_renorm`` (``ops/batch_norm/renorm.py``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .. import functional as F
+from ._base import _NormBase
+
+__all__ = ["BatchRenorm1d", "BatchRenorm2d", "BatchRenorm3d"]
+
+
+class _BatchRenorm(_NormBase):
+    """Shared body of ``BatchRenorm1d/2d/3d``.
+
+    ``r_max``, ``d_max``: the clipping limits of ``r`` (to ``[1 / r_max, r_max]``) and
+    ``d`` (to ``[-d_max, d_max]``); the paper's final values, 3 and 5, by default.
+    ``warmup_steps``: the limits move linearly from ``(1, 0)`` -- BatchNorm -- at step 0
+    to ``(r_max, d_max)`` at step ``warmup_steps`` (the paper relaxes them over tens of
+    thousands of steps; 0: the final limits from the first step). The step is
+    ``num_batches_tracked``, counted per training batch and saved in the ``state_dict``.
+    Evaluation normalises with the running statistics, as BatchNorm.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        r_max: float = 3.0,
+        d_max: float = 5.0,
+        warmup_steps: int = 0,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        name = type(self).__name__
+        if not isinstance(r_max, numbers.Real) or isinstance(r_max, bool) or not 1 <= r_max < float("inf"):
+            raise ValueError(f"{name}: expected r_max >= 1 (r is clipped to [1 / r_max, r_max]), got {r_max!r}")
+        if not isinstance(d_max, numbers.Real) or isinstance(d_max, bool) or not 0 <= d_max < float("inf"):
+            raise ValueError(f"{name}: expected d_max >= 0 (d is clipped to [-d_max, d_max]), got {d_max!r}")
+        if not isinstance(warmup_steps, numbers.Integral) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+            raise ValueError(f"{name}: expected warmup_steps to be an int >= 0, got {warmup_steps!r}")
+        super().__init__(num_features, eps, momentum, affine, True, device, dtype, bias=bias)
+        self.r_max = float(r_max)
+        self.d_max = float(d_max)
+        self.warmup_steps = int(warmup_steps)
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def limits(self):
+        """``(r_max, d_max)`` at the current step (floats; 0-dim tensors inside torch.compile)."""
+        if self.warmup_steps == 0:
+            return self.r_max, self.d_max
+        step = self.num_batches_tracked
+        if torch.compiler.is_compiling():
+            t = (step.to(torch.float64) / self.warmup_steps).clamp(max=1.0)
+        else:
+            t = min(1.0, float(step) / self.warmup_steps)
+        return 1.0 + (self.r_max - 1.0) * t, self.d_max * t
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        if input.shape[1] != self.num_features:
+            raise RuntimeError(
+                f"{type(self).__name__}: expected input with {self.num_features} channels (num_features) in "
+                f"dim 1, got input of shape {list(input.shape)} with {input.shape[1]} channels"
+            )
+        count = self.num_batches_tracked
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.momentum is None:  # cumulative average, as BatchNorm
+            factor = 1.0 / (count + 1).to(torch.float64) if torch.compiler.is_compiling() else 1.0 / float(count + 1)
+        r_max, d_max = self.limits() if self.training else (self.r_max, self.d_max)
+        y = F.batch_renorm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                           factor, self.eps, r_max, d_max)
+        if self.training:
+            count.add_(1)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, r_max={self.r_max}, d_max={self.d_max}, "
+                f"warmup_steps={self.warmup_steps}")
+
+
+class BatchRenorm1d(_BatchRenorm):
+    """Batch Renormalization of an ``(N, C)`` or ``(N, C, L)`` input.
+
+    >>> import torch, normlab
+    >>> bn = normlab.nn.BatchRenorm1d(3, r_max=3.0, d_max=5.0)
+    >>> bn(torch.randn(8, 3)).shape, int(bn.num_batches_tracked)
+    (torch.Size([8, 3]), 1)
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() != 2 and input.dim() != 3:
+            raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
+
+
+class BatchRenorm2d(_BatchRenorm):
+    """Batch Renormalization of an ``(N, C, H, W)`` input, per channel over ``N, H, W``."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() != 4:
+            raise ValueError(f"expected 4D input (got {input.dim()}D input)")
+
+
+class BatchRenorm3d(_BatchRenorm):
+    """Batch Renormalization of an ``(N, C, D, H, W)`` input, per channel over ``N, D, H, W``."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() != 5:
+            raise ValueError(f"expected 5D input (got {input.dim()}D input)")

@@ -1,0 +1,20 @@
+"""Other libraries' norm classes that ``normlab.convert`` knows, registered as lazy finders.
+
+Each finder is asked once per class, when convert or revert first meets a class
+defined in that library; only then is the integration module (``hf.py``)
+imported, and it never imports the library itself beyond the modules the model
+already uses. ``import normlab`` imports none of them.
+"""
+
+from __future__ import annotations
+
+from ..nn.convert import register_finder
+
+
+def _transformers(cls: type):
+    from . import hf
+
+    return hf.conversion_for(cls)
+
+
+register_finder("transformers.", _transformers)
