@@ -89,7 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = args.pop("json")
     args.pop("command")
     args.pop("topic", None)
-    result = module.run(**args)
+    try:
+        result = module.run(**args)
+    except ValueError as e:  # a command's own check of its options: the message, not a traceback
+        if not str(e).startswith("normlab"):
+            raise
+        sys.stderr.write(f"{e}\n")
+        return 2
     sys.stdout.write((json.dumps(result) if as_json else module.render(result)) + "\n")
     return 0
 

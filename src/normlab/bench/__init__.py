@@ -49,8 +49,9 @@ __all__ = ["run_bench", "add_arguments", "add_bench_parser", "main_bench", "run"
            "OPS", "MODES", "PROVIDERS"]
 
 DEFAULT_OUT = "bench-results"
-#: ``--suite``: "default" is this module's op benchmark; "chapters" is :mod:`normlab.bench.chapters`
-SUITES = ("default", "chapters")
+#: ``--suite``: "default" is this module's op benchmark; "chapters" is :mod:`normlab.bench.chapters`;
+#: "blocks" is :mod:`normlab.bench.blocks`
+SUITES = ("default", "chapters", "blocks")
 
 # (full run, --quick)
 _DEFAULTS = {
@@ -304,7 +305,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--suite", default="default", choices=SUITES,
                         help="default: ops against torch eager, torch.compile and the copy limit; "
                              "chapters: normlab.nn module calls against torch.nn's at the chapters' "
-                             "sizes, and the chapter's training loop (normlab.bench.chapters)")
+                             "sizes, and the chapter's training loop (normlab.bench.chapters); "
+                             "blocks: a Llama decoder block with and without normlab.convert, and "
+                             "LayerNorm2d vs permute+LayerNorm (normlab.bench.blocks)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"directory for bench.csv, bench.json and the PNGs; chapters.csv, chapters.json with "
                              f"--suite chapters (default {DEFAULT_OUT}/)")
@@ -336,15 +339,16 @@ _OPTION_NAMES = ("suite", "out", "quick", "resume", "ops", "modes", "dtypes", "t
 _CHAPTERS_OPTIONS = ("out", "quick", "resume", "modes", "dtypes", "threads", "repeats", "warmup")
 
 
-def _run_chapters(options: dict) -> dict:
+def _run_chapters(options: dict, suite: str = "chapters") -> dict:
+    from .blocks import run_blocks
     from .chapters import run_chapters
 
     for name in ("sizes", "providers"):
         if options.get(name) is not None:
-            raise ValueError(f"normlab bench --suite chapters: --{name} is not used by this suite "
+            raise ValueError(f"normlab bench --suite {suite}: --{name} is not used by this suite "
                              "(its shapes and providers are fixed: torch.nn vs normlab.nn)")
     opts = {k: options[k] for k in _CHAPTERS_OPTIONS if options.get(k) is not None}
-    return run_chapters(layers=options.get("ops"), **opts)
+    return (run_blocks if suite == "blocks" else run_chapters)(layers=options.get("ops"), **opts)
 
 
 def run(**options) -> dict:
@@ -352,8 +356,8 @@ def run(**options) -> dict:
     suite = options.pop("suite", None) or "default"
     if suite not in SUITES:
         raise ValueError(f"normlab bench: unknown suite {suite!r}; expected one of {list(SUITES)}")
-    if suite == "chapters":
-        return _run_chapters(options)
+    if suite in ("chapters", "blocks"):
+        return _run_chapters(options, suite)
     return run_bench(**{k: v for k, v in options.items() if k in _OPTION_NAMES})
 
 
@@ -369,6 +373,9 @@ def _footer(result: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """``normlab.cli`` convention: the result as text (table, then the files written)."""
+    if result.get("suite") == "blocks":
+        from .blocks import render as render_blocks
+        return render_blocks(result)
     if result.get("suite") == "chapters":
         from .chapters import render as render_chapters
         return render_chapters(result)
@@ -389,9 +396,9 @@ def main_bench(args) -> int:
     from rich.console import Console
 
     result = run(**{k: getattr(args, k) for k in _OPTION_NAMES if hasattr(args, k)})
-    if result.get("suite") == "chapters":
-        from .chapters import print_result
-        print_result(result)
+    if result.get("suite") in ("chapters", "blocks"):
+        from importlib import import_module
+        import_module(f".{result['suite']}", __name__).print_result(result)
         return 130 if result["interrupted"] else 0
     console = Console()
     if not console.is_terminal:  # a file or pipe: do not squeeze the table into 80 columns

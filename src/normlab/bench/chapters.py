@@ -139,7 +139,7 @@ LAYER_ALIASES = {"loop": tuple(c.name for c in LOOPS)}
 
 
 def _choose(value, allowed: Sequence[str], what: str,
-            aliases: Mapping[str, Sequence[str]] | None = None) -> list[str] | None:
+            aliases: Mapping[str, Sequence[str]] | None = None, suite: str = "chapters") -> list[str] | None:
     """The names in ``value`` (a comma-separated string or a list), matched in any case."""
     items = _listify(value, what)
     if items is None:
@@ -149,7 +149,7 @@ def _choose(value, allowed: Sequence[str], what: str,
     out = []
     for item in items:
         if item.lower() not in by_lower:
-            raise ValueError(f"normlab bench --suite chapters: unknown {what} {item!r}; "
+            raise ValueError(f"normlab bench --suite {suite}: unknown {what} {item!r}; "
                              f"expected one of {list(allowed) + list(aliases)}")
         out += [n for n in by_lower[item.lower()] if n not in out]
     return out

@@ -1,0 +1,334 @@
+"""``normlab bench --suite blocks``: normlab inside the blocks that real models are built of.
+
+1. *A Llama-style decoder block* (pre-norm): ``h = x + Attn(RMSNorm(x))``, ``y = h +
+   SwiGLU(RMSNorm(h))``, causal self-attention through
+   ``torch.nn.functional.scaled_dot_product_attention``, no biases, MLP hidden size
+   ``8/3 d`` rounded up to a multiple of 64. d_model 512, 8 heads, batch 4, seq 128
+   (``--quick``: d_model 256, 4 heads, batch 2, seq 64). The torch block uses
+   ``torch.nn.RMSNorm(eps=1e-6)``; normlab's is a deep copy after ``normlab.convert``
+   (same parameters). Mode ``fwd+bwd``: the ``.grad`` of ``x`` and the parameters set to
+   ``None``, forward, ``y.backward(dy)``.
+2. *LayerNorm2d* over the channels of an NCHW tensor: ``normlab.nn.LayerNorm2d(C)``
+   against torch's usual ``x.permute(0, 2, 3, 1) -> torch.nn.LayerNorm(C) -> permute
+   back``, (8, 64, 32, 32), contiguous (NCHW) and channels_last input, ``fwd`` and
+   ``fwd+bwd``.
+
+float32 and bfloat16, 1 and 2 threads (``--quick``: 1 thread, fewer repeats). Timing and
+rows as :mod:`normlab.bench.chapters`: both providers in this process on the same tensors,
+interleaved (:func:`normlab.bench.timing.time_interleaved`), median; ``x torch`` = torch's
+median / normlab's (>= 1.0: normlab at least as fast). ``max Δy`` is the largest absolute
+difference between the two providers' outputs on the row's input (a correctness check).
+
+Files in ``--out``: ``blocks.csv``, ``blocks.json`` (``--resume`` skips rows already there).
+
+    normlab bench --suite blocks --quick
+    normlab bench --suite blocks --ops layernorm2d --dtypes bfloat16 --threads 2
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import gc
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+import normlab
+
+from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
+from .cases import DTYPES, Candidate, exception_status
+from .chapters import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
+from .report import _atomic_write, fmt_time, write_json
+from .timing import Timing, time_interleaved
+
+SUITE = "blocks"
+CSV_NAME, JSON_NAME = "blocks.csv", "blocks.json"
+PROVIDERS = ("torch", "normlab")
+MODES = ("fwd", "fwd+bwd")
+FIELDS = _CHAPTER_FIELDS + ("max_abs_diff",)
+EPS = 1e-6
+_DEFAULTS = {"dtypes": (("float32", "bfloat16"), ("float32", "bfloat16")), "threads": ((1, 2), (1,)),
+             "repeats": (15, 5), "warmup": (2, 1), "min_sample_ms": (3.0, 1.0), "max_group_s": (20.0, 3.0)}
+# (d_model, heads), (batch, seq, d_model): full, --quick
+BLOCK_SIZES = (((512, 8), (4, 128, 512)), ((256, 4), (2, 64, 256)))
+LN2D_SHAPE = (8, 64, 32, 32)
+LAYERS = ("LlamaBlock", "LayerNorm2d")
+
+
+class LlamaBlock(torch.nn.Module):
+    """Pre-norm decoder block: RMSNorm -> causal SDPA -> +x; RMSNorm -> SwiGLU -> +h."""
+
+    def __init__(self, d_model: int = 512, n_heads: int = 8, eps: float = EPS, dtype=None):
+        super().__init__()
+        nn, hidden = torch.nn, -(-(8 * d_model // 3) // 64) * 64
+        self.n_heads = n_heads
+        self.attn_norm = nn.RMSNorm(d_model, eps=eps, dtype=dtype)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False, dtype=dtype)
+        self.o = nn.Linear(d_model, d_model, bias=False, dtype=dtype)
+        self.mlp_norm = nn.RMSNorm(d_model, eps=eps, dtype=dtype)
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False, dtype=dtype)
+        self.down = nn.Linear(hidden, d_model, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        h = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+
+class PermuteLayerNorm2d(torch.nn.Module):
+    """torch's usual channels-first LayerNorm: permute to NHWC, ``nn.LayerNorm(C)``, permute back."""
+
+    def __init__(self, num_channels: int, eps: float = EPS, dtype=None):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(num_channels, eps=eps, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def cases(quick: bool = False) -> tuple[tuple[Case, tuple[str, ...]], ...]:
+    """``((case, modes), ...)`` of the suite at the full or ``--quick`` size."""
+    (d, heads), shape = BLOCK_SIZES[1 if quick else 0]
+    return ((Case("LlamaBlock", (d, heads), shape), ("fwd+bwd",)),
+            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE), MODES),
+            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE, layout="channels_last"), MODES))
+
+
+def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[str, torch.nn.Module]:
+    """``{"torch": module, "normlab": twin}`` with the same (seeded, perturbed) parameters."""
+    if case.name == "LlamaBlock":
+        tm = LlamaBlock(*case.args, dtype=dtype)
+        with torch.no_grad():
+            for p in tm.parameters():
+                p.copy_((torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5 if p.dim() > 1 else
+                         1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype))
+        return {"torch": tm, "normlab": normlab.convert(copy.deepcopy(tm))}
+    tm = PermuteLayerNorm2d(*case.args, dtype=dtype)
+    with torch.no_grad():
+        for p in tm.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen).to(dtype))
+    nm = normlab.nn.LayerNorm2d(*case.args, eps=EPS, dtype=dtype)
+    nm.load_state_dict(tm.norm.state_dict())
+    return {"torch": tm, "normlab": nm}
+
+
+def candidates(case: Case, dtype: str, mode: str, seed: int = 0):
+    """``({provider: Candidate}, max |y_torch - y_normlab|)`` on the same seeded tensors."""
+    dt, gen = DTYPES[dtype], torch.Generator().manual_seed(seed)
+    fmt = torch.channels_last if case.layout == "channels_last" else torch.contiguous_format
+    x, dy = (torch.randn(case.shape, generator=gen).to(dt).contiguous(memory_format=fmt) for _ in range(2))
+    mods = build_modules(case, dt, gen)
+    with torch.no_grad():
+        y = {p: m(x) for p, m in mods.items()}
+    diff = (y["torch"].float() - y["normlab"].float()).abs().max().item()
+    leaf = x.clone().requires_grad_(True)
+
+    def candidate(m):
+        params = tuple(m.parameters())
+
+        def step():
+            for t in (leaf, *params):
+                t.grad = None
+            m(leaf).backward(dy)
+
+        def prepare():
+            m.train()
+            fn = step if mode == "fwd+bwd" else (lambda: m(x))
+            for _ in range(3):
+                fn()
+            return fn
+        return Candidate(prepare)
+    return {p: candidate(m) for p, m in mods.items()}, diff
+
+
+def write_csv(rows, path: str) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS} for r in rows)
+    _atomic_write(path, buf.getvalue())
+
+
+def read_rows(out_dir: str) -> list[dict]:
+    """Rows already in ``out_dir/blocks.json`` (``--resume``); none if absent or damaged."""
+    try:
+        with open(os.path.join(out_dir, JSON_NAME)) as f:
+            return list(json.load(f)["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] | str | None = None,
+               dtypes: Iterable[str] | str | None = None, threads: Iterable[int] | str | None = None,
+               out: str = DEFAULT_OUT, quick: bool = False, resume: bool = False,
+               repeats: int | None = None, warmup: int | None = None,
+               min_sample_ms: float | None = None, max_group_s: float | None = None,
+               progress: bool = True, on_group: Callable[[dict], None] | None = None) -> dict:
+    """Run the suite; arguments and result as :func:`normlab.bench.chapters.run_chapters`
+    (``layers`` from ``LAYERS``, any case)."""
+    q = 1 if quick else 0
+    names = _choose(layers, LAYERS, "layer", suite="blocks") or list(LAYERS)
+    modes = _choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
+                    suite="blocks") or list(MODES)
+    dtypes = _choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
+    thread_list = [int(t) for t in (_listify(threads, "thread count") or _DEFAULTS["threads"][q])]
+    if min(thread_list) < 1:
+        raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
+    pick = (lambda v, k: _DEFAULTS[k][q] if v is None else float(v))
+    repeats, warmup = int(pick(repeats, "repeats")), int(pick(warmup, "warmup"))
+    min_sample_s, max_group_s = 1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s")
+
+    os.makedirs(out, exist_ok=True)
+    files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
+    rows = read_rows(out) if resume else []
+    have = {row_key(r) for r in rows}
+    plan, skipped = [], 0
+    for n_threads in thread_list:
+        for dtype in dtypes:
+            for case, case_modes in cases(quick):
+                if case.name not in names:
+                    continue
+                want = [m for m in case_modes if m in modes]
+                left = [m for m in want if (case.label, case.shape_str, case.layout, dtype,
+                                            str(n_threads), m) not in have]
+                skipped += len(want) - len(left)
+                if left:
+                    plan.append((n_threads, case, dtype, left))
+
+    meta = _meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes, "threads": thread_list,
+                  "quick": quick, "repeats": repeats, "warmup": warmup,
+                  "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
+    warnings: list[str] = []
+    meta.update(suite=SUITE, normlab_backend=normlab.get_backend(), warnings=warnings)
+    measured, interrupted = 0, False
+    saved_threads = _get_threads()
+    bar = progress_bar(progress)
+    console = bar.console
+    try:
+        with bar:
+            task = bar.add_task(SUITE, total=sum(len(m) for *_, m in plan))
+            current = None
+            for n_threads, case, dtype, left in plan:
+                if n_threads != current:
+                    _set_threads(n_threads)
+                    current = n_threads
+                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
+                for mode in left:
+                    what = case.what(dtype, n_threads, mode)
+                    bar.update(task, description=what)
+                    diff = None
+                    try:
+                        cands, diff = candidates(case, dtype, mode)
+                    except Exception as e:  # noqa: BLE001
+                        cands, why = {}, exception_status(e)
+                        timed = {p: Timing(status=why[0], reason=why[1]) for p in PROVIDERS}
+                    else:
+                        timed = time_interleaved(cands, repeats=repeats, warmup=warmup,
+                                                 min_sample_s=min_sample_s, max_total_s=max_group_s,
+                                                 after_call=guard)
+                    row = make_row(case, dtype, n_threads, mode, timed) | {"max_abs_diff": diff}
+                    del cands, timed
+                    rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
+                    meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+                    write_csv(rows, files["csv"])
+                    write_json(rows, meta, files["json"])
+                    measured += 1
+                    if progress:
+                        bar.console.print(f"  {what}: {_cell(row)}", highlight=False, soft_wrap=True)
+                    bar.advance(task)
+                    if on_group is not None:
+                        on_group(row)
+                gc.collect()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
+    finally:
+        torch.set_num_threads(saved_threads[0])
+        numba = sys.modules.get("numba")
+        if saved_threads[1] is not None and numba is not None:
+            numba.set_num_threads(saved_threads[1])
+    if not os.path.exists(files["json"]):
+        write_csv(rows, files["csv"])
+        write_json(rows, meta, files["json"])
+    return {"suite": SUITE, "out": out, "files": files, "rows": rows, "measured": measured,
+            "skipped": skipped, "interrupted": interrupted, "warnings": warnings, "summary": summary(rows)}
+
+
+def _cell(row: Mapping) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['reason']}"
+    return (f"torch {fmt_time(row['torch_us'] * 1e-6)}, normlab {fmt_time(row['normlab_us'] * 1e-6)}, "
+            f"{row['x_torch']:.2f}x, max Δy {row['max_abs_diff']:.2g}")
+
+
+def summary(rows: Iterable[Mapping]) -> str:
+    ok = [r for r in rows if r["status"] == "ok"]
+    text = f"blocks: {sum(r['x_torch'] >= 1.0 for r in ok)} of {len(ok)} rows >= 1.0x"
+    blocks = [f"{r['dtype']} t{r['threads']} {r['x_torch']:.2f}x" for r in ok if r["name"] == "LlamaBlock"]
+    return text + ("; Llama block " + ", ".join(blocks) if blocks else "")
+
+
+def _sort_key(r: Mapping):
+    return (LAYERS.index(r["name"]) if r["name"] in LAYERS else 9, r["layout"] == "channels_last", list(DTYPES).index(r["dtype"])
+            if r["dtype"] in DTYPES else 9, int(r["threads"]), MODES.index(r["mode"]) if r["mode"] in MODES else 9)
+
+
+def make_tables(rows: Iterable[Mapping]) -> list:
+    from rich.markup import escape
+
+    table = _table("normlab bench --suite blocks", "layer|shape|dtype|thr|mode|torch|normlab|×torch|max Δy",
+                   "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as fast); "
+                   "LlamaBlock: torch.nn.RMSNorm vs after normlab.convert; LayerNorm2d: permute -> "
+                   "torch.nn.LayerNorm -> permute vs normlab.nn.LayerNorm2d; max Δy: largest output difference")
+    last = None
+    for r in sorted(rows, key=_sort_key):
+        ok = r["status"] == "ok"
+        ratio = "" if not ok else (f"[green]{r['x_torch']:.2f}[/]" if r["x_torch"] >= 1.0
+                                   else f"[red]{r['x_torch']:.2f}[/]")
+        times = [fmt_time(r["torch_us"] * 1e-6), fmt_time(r["normlab_us"] * 1e-6)] if ok else \
+            [escape(f"{r['status']}: {r['reason']}"[:60]), ""]
+        group = (r["layer"], r["shape"], r["layout"])
+        if last is not None and group != last:
+            table.add_section()
+        head = ["", ""] if group == last else [r["layer"], r["shape"] + (" cl" if r["layout"] == "channels_last" else "")]
+        last = group
+        diff = "" if r.get("max_abs_diff") is None else f"{r['max_abs_diff']:.2g}"
+        table.add_row(*head, r["dtype"], str(r["threads"]), r["mode"], *times, ratio, diff)
+    return [table] if table.row_count else []
+
+
+def _footer(result: Mapping) -> list[str]:
+    lines = [f"warning: {w}" for w in result.get("warnings", [])]
+    lines += [result["summary"], f"files: {result['files']['csv']}, {result['files']['json']}"]
+    if result["interrupted"]:
+        lines.append("interrupted: the files hold every row finished before Ctrl-C; continue with --resume")
+    return lines
+
+
+def render(result: Mapping, width: int = 140) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    for table in make_tables(result["rows"]):
+        con.print(table)
+    return buf.getvalue().rstrip("\n") + "\n" + "\n".join(_footer(result))
+
+
+def print_result(result: Mapping, console=None) -> None:
+    from rich.console import Console
+
+    console = console or (Console() if Console().is_terminal else Console(width=140))
+    for table in make_tables(result["rows"]):
+        console.print(table)
+    for line in _footer(result):
+        console.print(line, highlight=False, soft_wrap=True)

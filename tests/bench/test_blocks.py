@@ -1,0 +1,62 @@
+"""normlab bench --suite blocks: rows, columns, files, and the converted block's numbers. No timed assertions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from normlab.bench import blocks, render, run
+from normlab.bench.blocks import LAYERS, MODES, build_modules, cases
+from tests.bench.files import csv_rows, json_rows
+
+FAST = {"repeats": 1, "warmup": 0, "min_sample_ms": 0.05, "threads": "1", "progress": False}
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(blocks, "BLOCK_SIZES", (((64, 4), (2, 16, 64)),) * 2)
+    monkeypatch.setattr(blocks, "LN2D_SHAPE", (2, 8, 4, 4))
+
+
+def test_quick_suite_rows_and_columns(tmp_path, tiny):
+    out = str(tmp_path / "b")
+    result = blocks.run_blocks(quick=True, out=out, **FAST)
+    # dtypes float32, bfloat16 x (block fwd+bwd + LayerNorm2d NCHW/cl x fwd, fwd+bwd) = 2 x 5
+    assert result["suite"] == "blocks" and result["measured"] == 10 and not result["interrupted"]
+    rows = result["rows"]
+    assert {(r["name"], r["layout"], r["mode"]) for r in rows} == {
+        ("LlamaBlock", "contiguous", "fwd+bwd"),
+        *((n, lay, m) for n in ("LayerNorm2d",) for lay in ("contiguous", "channels_last") for m in MODES)}
+    assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["torch_us"] > 0 and r["normlab_us"] > 0 and r["repeats"] == 1
+        assert r["x_torch"] == pytest.approx(r["torch_us"] / r["normlab_us"], rel=1e-9)
+        assert r["max_abs_diff"] < (1e-4 if r["dtype"] == "float32" else 0.1), r
+    for got in (json_rows(result["files"]["json"]), csv_rows(result["files"]["csv"])):
+        assert len(got) == 10 and {"x_torch", "torch_us", "normlab_us", "max_abs_diff"} <= set(got[0])
+    text = render(result)  # normlab.bench.render dispatches on the suite
+    for word in ("LlamaBlock(64, 4)", "LayerNorm2d(8)", "2x8x4x4 cl", "×torch", "max Δy", "blocks.csv"):
+        assert word in text
+    # the CLI entry: --suite blocks --ops selects a layer; --resume skips what is there
+    again = run(suite="blocks", ops="layernorm2d", quick=True, resume=True, out=out, dtypes="float32",
+                repeats=1, warmup=0, threads="1")
+    assert again["measured"] == 0 and again["skipped"] == 4
+
+
+def test_converted_block_equals_torch_float32():
+    case = cases(quick=True)[0][0]
+    assert case.name == LAYERS[0]
+    mods = build_modules(case, torch.float32, torch.Generator().manual_seed(0))
+    assert type(mods["normlab"].attn_norm).__module__.startswith("normlab")
+    x = torch.randn(case.shape, generator=torch.Generator().manual_seed(1))
+    dy = torch.randn(case.shape, generator=torch.Generator().manual_seed(2))
+    ys, grads = {}, {}
+    for p, m in mods.items():
+        leaf = x.clone().requires_grad_(True)
+        ys[p] = m(leaf)
+        ys[p].backward(dy)
+        grads[p] = [leaf.grad, *(q.grad for q in m.parameters())]
+    torch.testing.assert_close(ys["normlab"], ys["torch"], rtol=1e-5, atol=1e-5)
+    for g_n, g_t in zip(grads["normlab"], grads["torch"]):  # summation order differs: 1e-5 of the scale
+        torch.testing.assert_close(g_n, g_t, rtol=1e-5, atol=1e-5 * g_t.abs().max().item())
