@@ -81,6 +81,29 @@ class _NormBase(nn.Module):
             self.register_buffer("num_batches_tracked", None)
         self.reset_parameters()
 
+    def _momentum_factor(self, count):
+        """The weight of this batch's statistic in the running ones: ``momentum``, or with
+        ``momentum=None`` and a batch count ``count`` (``num_batches_tracked``; None when
+        nothing is tracked) the cumulative average's ``1 / (count + 1)`` -- this batch is
+        number ``count + 1``. Inside ``torch.compile`` that is a tensor, read when the update
+        runs (a float would break the graph on the buffer's value)."""
+        if self.momentum is not None:
+            return self.momentum
+        if count is None:
+            return 0.0  # unused: nothing is updated
+        if torch.compiler.is_compiling():
+            return 1.0 / (count + 1).to(torch.float64)
+        return 1.0 / float(count + 1)
+
+    def _check_num_channels(self, input: torch.Tensor) -> None:
+        """``input`` has ``num_features`` channels in dim 1."""
+        if input.shape[1] != self.num_features:
+            raise RuntimeError(
+                f"{type(self).__name__}: expected input with {self.num_features} channels "
+                f"(num_features) in dim 1, got input of shape {list(input.shape)} with "
+                f"{input.shape[1]} channels"
+            )
+
     def reset_running_stats(self) -> None:
         """``running_mean`` to 0, ``running_var`` to 1, ``num_batches_tracked`` to 0."""
         if self.track_running_stats:

@@ -48,54 +48,40 @@ class _BatchNorm(_NormBase):
     def _check_input_dim(self, input: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _check_num_channels(self, input: torch.Tensor, weight=None, running_mean=None) -> None:
-        # Only where the module holds per-channel tensors: without weight and
-        # running statistics torch accepts any channel count, and so do we.
-        holds_per_channel = weight is not None or running_mean is not None
-        if holds_per_channel and input.shape[1] != self.num_features:
-            raise RuntimeError(
-                f"{type(self).__name__}: expected input with {self.num_features} channels "
-                f"(num_features) in dim 1, got input of shape {list(input.shape)} with "
-                f"{input.shape[1]} channels"
-            )
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         # each parameter and buffer read once: a module attribute lookup costs ~1 us
         weight, bias = self.weight, self.bias
         running_mean, running_var = self.running_mean, self.running_var
-        self._check_num_channels(input, weight, running_mean)
+        # Only where the module holds per-channel tensors: without weight and running
+        # statistics torch accepts any channel count, and so do we.
+        if weight is not None or running_mean is not None:
+            self._check_num_channels(input)
 
-        # The weight of the new batch statistic. Without tracking it is unused.
-        momentum = self.momentum
-        factor = 0.0 if momentum is None else momentum
         training = self.training
         count = self.num_batches_tracked if training and self.track_running_stats else None
-        if count is not None and momentum is None:
-            # cumulative average: this batch will be number num_batches_tracked + 1
-            if torch.compiler.is_compiling():  # a tensor, read when the update runs: no graph break
-                factor = 1.0 / (count + 1).to(torch.float64)
-            else:
-                factor = 1.0 / float(count + 1)
-
         # Batch statistics in training, and in eval when there are no running ones.
         use_batch_stats = training or (running_mean is None and running_var is None)
         # Running statistics are passed only to be used (eval) or to be updated (tracking).
         pass_running = not training or self.track_running_stats
-        y = F.batch_norm(
+        y = self._normalize(
             input,
             running_mean if pass_running else None,
             running_var if pass_running else None,
             weight,
             bias,
             use_batch_stats,
-            factor,
-            self.eps,
+            self._momentum_factor(count),
         )
         # Counted after the call succeeded, so a rejected input leaves the count as it was.
         if count is not None:
             count.add_(1)
         return y
+
+    def _normalize(self, input, running_mean, running_var, weight, bias, use_batch_stats, factor):
+        """The normalisation itself, with the statistics :meth:`forward` chose (``factor``: the
+        weight of the new batch statistic); SyncBatchNorm takes its statistics across ranks."""
+        return F.batch_norm(input, running_mean, running_var, weight, bias, use_batch_stats, factor, self.eps)
 
 
 class BatchNorm1d(_BatchNorm):

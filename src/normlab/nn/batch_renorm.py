@@ -72,15 +72,9 @@ class _BatchRenorm(_NormBase):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if input.shape[1] != self.num_features:
-            raise RuntimeError(
-                f"{type(self).__name__}: expected input with {self.num_features} channels (num_features) in "
-                f"dim 1, got input of shape {list(input.shape)} with {input.shape[1]} channels"
-            )
+        self._check_num_channels(input)
         count = self.num_batches_tracked
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.momentum is None:  # cumulative average, as BatchNorm
-            factor = 1.0 / (count + 1).to(torch.float64) if torch.compiler.is_compiling() else 1.0 / float(count + 1)
+        factor = self._momentum_factor(count if self.training else None)  # as BatchNorm's
         r_max, d_max = self.limits() if self.training else (self.r_max, self.d_max)
         y = F.batch_renorm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
                            factor, self.eps, r_max, d_max)

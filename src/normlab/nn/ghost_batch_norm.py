@@ -48,11 +48,8 @@ class _GhostBatchNorm(_NormBase):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if (self.affine or self.track_running_stats) and input.shape[1] != self.num_features:
-            raise RuntimeError(
-                f"{type(self).__name__}: expected input with {self.num_features} channels (num_features) in "
-                f"dim 1, got input of shape {list(input.shape)} with {input.shape[1]} channels"
-            )
+        if self.affine or self.track_running_stats:
+            self._check_num_channels(input)
         tracking = self.training and self.track_running_stats
         use_batch_stats = self.training or not self.track_running_stats
         count = self.num_batches_tracked

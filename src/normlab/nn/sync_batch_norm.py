@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import functional as F
 from ..ops.batch_norm import sync as _sync
 from .batch_norm import _BatchNorm
 
@@ -67,8 +66,6 @@ class SyncBatchNorm(_BatchNorm):
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
-
-    def _check_non_zero_input_channels(self, input: torch.Tensor) -> None:
         if input.size(1) == 0:
             raise ValueError("SyncBatchNorm number of input channels should be non-zero")
 
@@ -85,38 +82,14 @@ class SyncBatchNorm(_BatchNorm):
             )
         return group if dist.get_world_size(group) > 1 else None
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        self._check_input_dim(input)
-        self._check_non_zero_input_channels(input)
-        weight, bias = self.weight, self.bias
-        running_mean, running_var = self.running_mean, self.running_var
-        self._check_num_channels(input, weight, running_mean)
-
-        # momentum: the weight of the new statistic; None: the cumulative average
-        momentum = self.momentum
-        factor = 0.0 if momentum is None else momentum
-        training = self.training
-        count = self.num_batches_tracked if training and self.track_running_stats else None
-        if count is not None and momentum is None:
-            if torch.compiler.is_compiling():  # a tensor, read when the update runs
-                factor = 1.0 / (count + 1).to(torch.float64)
-            else:
-                factor = 1.0 / float(count + 1)
-        use_batch_stats = training or (running_mean is None and running_var is None)
-        pass_running = not training or self.track_running_stats
-        rm = running_mean if pass_running else None
-        rv = running_var if pass_running else None
-
-        group = self._sync_group() if training else None  # evaluation never communicates
+    def _normalize(self, input, running_mean, running_var, weight, bias, use_batch_stats, factor):
+        group = self._sync_group() if self.training else None  # evaluation never communicates
         if group is None:
-            y = F.batch_norm(input, rm, rv, weight, bias, use_batch_stats, factor, self.eps)
-        else:
-            key = (_sync.group_name(group), input.shape[1])
-            y = _sync.sync_batch_norm(input, rm, rv, weight, bias, factor, self.eps, group,
-                                      check=self._agreed != key)
-            self._agreed = key
-        if count is not None:  # counted after the call succeeded
-            count.add_(1)
+            return super()._normalize(input, running_mean, running_var, weight, bias, use_batch_stats, factor)
+        key = (_sync.group_name(group), input.shape[1])
+        y = _sync.sync_batch_norm(input, running_mean, running_var, weight, bias, factor, self.eps, group,
+                                  check=self._agreed != key)
+        self._agreed = key
         return y
 
     @classmethod
