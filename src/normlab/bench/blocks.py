@@ -28,10 +28,7 @@ Files in ``--out``: ``blocks.csv``, ``blocks.json`` (``--resume`` skips rows alr
 from __future__ import annotations
 
 import copy
-import csv
 import gc
-import io
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -43,8 +40,9 @@ import normlab
 
 from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
 from .cases import DTYPES, Candidate, exception_status
+from . import chapters as _chapters
 from .chapters import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
-from .report import _atomic_write, fmt_time, write_json
+from .report import fmt_time, write_json
 from .timing import Timing, time_interleaved
 
 SUITE = "blocks"
@@ -150,23 +148,6 @@ def candidates(case: Case, dtype: str, mode: str, seed: int = 0):
     return {p: candidate(m) for p, m in mods.items()}, diff
 
 
-def write_csv(rows, path: str) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
-    w.writeheader()
-    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS} for r in rows)
-    _atomic_write(path, buf.getvalue())
-
-
-def read_rows(out_dir: str) -> list[dict]:
-    """Rows already in ``out_dir/blocks.json`` (``--resume``); none if absent or damaged."""
-    try:
-        with open(os.path.join(out_dir, JSON_NAME)) as f:
-            return list(json.load(f)["rows"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
 def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] | str | None = None,
                dtypes: Iterable[str] | str | None = None, threads: Iterable[int] | str | None = None,
                out: str = DEFAULT_OUT, quick: bool = False, resume: bool = False,
@@ -189,7 +170,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
 
     os.makedirs(out, exist_ok=True)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
-    rows = read_rows(out) if resume else []
+    rows = _chapters.read_rows(out, JSON_NAME) if resume else []
     have = {row_key(r) for r in rows}
     plan, skipped = [], 0
     for n_threads in thread_list:
@@ -239,7 +220,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
                     del cands, timed
                     rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
                     meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-                    write_csv(rows, files["csv"])
+                    _chapters.write_csv(rows, files["csv"], FIELDS)
                     write_json(rows, meta, files["json"])
                     measured += 1
                     if progress:
@@ -257,7 +238,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
         if saved_threads[1] is not None and numba is not None:
             numba.set_num_threads(saved_threads[1])
     if not os.path.exists(files["json"]):
-        write_csv(rows, files["csv"])
+        _chapters.write_csv(rows, files["csv"], FIELDS)
         write_json(rows, meta, files["json"])
     return {"suite": SUITE, "out": out, "files": files, "rows": rows, "measured": measured,
             "skipped": skipped, "interrupted": interrupted, "warnings": warnings, "summary": summary(rows)}
@@ -306,29 +287,9 @@ def make_tables(rows: Iterable[Mapping]) -> list:
     return [table] if table.row_count else []
 
 
-def _footer(result: Mapping) -> list[str]:
-    lines = [f"warning: {w}" for w in result.get("warnings", [])]
-    lines += [result["summary"], f"files: {result['files']['csv']}, {result['files']['json']}"]
-    if result["interrupted"]:
-        lines.append("interrupted: the files hold every row finished before Ctrl-C; continue with --resume")
-    return lines
-
-
 def render(result: Mapping, width: int = 140) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    for table in make_tables(result["rows"]):
-        con.print(table)
-    return buf.getvalue().rstrip("\n") + "\n" + "\n".join(_footer(result))
+    return _chapters.render(result, width, tables=make_tables)
 
 
 def print_result(result: Mapping, console=None) -> None:
-    from rich.console import Console
-
-    console = console or (Console() if Console().is_terminal else Console(width=140))
-    for table in make_tables(result["rows"]):
-        console.print(table)
-    for line in _footer(result):
-        console.print(line, highlight=False, soft_wrap=True)
+    _chapters.print_result(result, console, tables=make_tables)

@@ -317,18 +317,18 @@ def make_row(case: Case, dtype: str, threads: int, mode: str, timings: Mapping[s
     return row
 
 
-def write_csv(rows: Sequence[dict], path: str) -> None:
+def write_csv(rows: Sequence[dict], path: str, fields: Sequence[str] = FIELDS) -> None:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
-    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS} for r in rows)
+    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in fields} for r in rows)
     _atomic_write(path, buf.getvalue())
 
 
-def read_rows(out_dir: str) -> list[dict]:
-    """Rows already in ``out_dir/chapters.json`` (``--resume``); none if absent or damaged."""
+def read_rows(out_dir: str, name: str = JSON_NAME) -> list[dict]:
+    """Rows already in ``out_dir/<name>`` (``chapters.json``; ``--resume``); none if absent or damaged."""
     try:
-        with open(os.path.join(out_dir, JSON_NAME)) as f:
+        with open(os.path.join(out_dir, name)) as f:
             return list(json.load(f)["rows"])
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -526,23 +526,24 @@ def _footer(result: Mapping) -> list[str]:
     return lines
 
 
-def render(result: Mapping, width: int = 140) -> str:
-    """The result as plain text: the tables, the summary line, the files."""
+def render(result: Mapping, width: int = 140, tables: Callable = None) -> str:
+    """The result as plain text: the tables (``tables(rows)``, this suite's by default), the
+    summary line, the files."""
     from rich.console import Console
 
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    for table in make_tables(result["rows"]):
+    for table in (tables or make_tables)(result["rows"]):
         con.print(table)
     return buf.getvalue().rstrip("\n") + "\n" + "\n".join(_footer(result))
 
 
-def print_result(result: Mapping, console=None) -> None:
-    """The result on a rich console (colours on a terminal)."""
+def print_result(result: Mapping, console=None, tables: Callable = None) -> None:
+    """The result on a rich console (colours on a terminal); ``tables`` as in :func:`render`."""
     from rich.console import Console
 
     console = console or (Console() if Console().is_terminal else Console(width=140))
-    for table in make_tables(result["rows"]):
+    for table in (tables or make_tables)(result["rows"]):
         console.print(table)
     for line in _footer(result):
         console.print(line, highlight=False, soft_wrap=True)

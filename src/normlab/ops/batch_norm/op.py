@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _numba, _transforms
+from .. import _transforms
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import fast_apply, kernels_loader
@@ -467,13 +467,8 @@ class _TransformBatchNorm(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, w, b, _, _, training, eps = inputs
         stats = output[1]
-        ctx.save_for_backward(x, w, stats)
+        _setup(ctx, x, w, b, eps, stats, training)
         ctx.save_for_forward(x, w, stats)
-        ctx.eps = eps
-        ctx.training = training
-        ctx.b_dtype = b.dtype if b is not None else None
-        ctx.mark_non_differentiable(stats)
-        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, dy, _dstats):
