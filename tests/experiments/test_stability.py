@@ -102,6 +102,26 @@ def test_batched_model_uses_normlab_layers():
     assert bn.num_features == 3 * 64                     # a channel per member and unit
 
 
+def test_subnormals_flushed_only_inside_the_block():
+    from normlab.experiments._mlp import subnormals_flushed
+    tiny = torch.tensor([1e-30])
+    assert (tiny * 1e-10).item() != 0                      # a subnormal, 1e-40
+    with subnormals_flushed():
+        assert (tiny * 1e-10).item() == 0
+    assert (tiny * 1e-10).item() != 0
+
+
+def test_flushing_leaves_runs_without_subnormals_unchanged(data):
+    """lr 0.1 runs meet no subnormal: the same bits with and without flushing."""
+    X, y = data
+    members = [(0.1, 123), (0.1, 124)]
+    for norm in ("none", "batch"):
+        flushed = train_batched(norm, members, X, y, epochs=10)
+        plain = train_batched(norm, members, X, y, epochs=10, flush_subnormals=False)
+        for a, b in zip(flushed, plain):
+            assert a["train_loss"] == b["train_loss"] and a["eval_loss"] == b["eval_loss"]
+
+
 def test_divergence_rule():
     from normlab.experiments._mlp import diverged
     assert diverged([0.7, 8.0], 1.0)                     # last > 10x first

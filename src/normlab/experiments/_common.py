@@ -111,7 +111,10 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_workers(value, threads: int = 1) -> int:
+def parse_workers(value, threads: int = 1) -> int | str:
+    """A worker count, or ``"auto"`` (resolved by :func:`check_parallel` once threads are known)."""
+    if value == "auto":
+        return value
     c = cores()
     return parse_count(value, "workers", 1, max(1, c // threads),
                        f" (this machine has {c} cores and each worker takes {threads} torch threads:"
@@ -157,7 +160,7 @@ class _Parallel(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         w, t = getattr(namespace, "workers", 1), getattr(namespace, "threads", 1)
-        if w * t > cores():
+        if w != "auto" and w * t > cores():
             parser.error(f"--workers {w} x --threads {t} = {w * t} exceeds this machine's {cores()} cores; "
                          f"lower one of them")
 
@@ -166,8 +169,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     """``--store``, ``--workers``, ``--executor``, ``--ray-address``, ``--quick``."""
     p.add_argument("--store", type=arg_store, default=DEFAULT_STORE,
                    help=f"SQLite results store (default {DEFAULT_STORE}); stored runs are skipped")
-    p.add_argument("--workers", type=arg(parse_workers), default=1, action=_Parallel,
-                   help="run in N processes at once (default 1); workers x threads <= cores")
+    p.add_argument("--workers", type=arg(parse_workers), default="auto", action=_Parallel,
+                   help="run in N processes at once (default auto: cores // threads); workers x threads <= cores")
     p.add_argument("--threads", type=arg(parse_threads), default=1, action=_Parallel,
                    help="torch threads per process (default 1: these models are small; on a busy"
                         " machine a second thread made their steps more than 20x slower)")
@@ -199,9 +202,34 @@ def progress_bar(show: bool | None = None):
                     TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), disable=not show)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int | None = None) -> None:
     import torch
     torch.set_num_threads(threads)
+    if parent is not None:
+        _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when its parent ``parent`` ends (a ``kill -9`` of the sweep leaves no
+    worker training on for nobody): Linux's parent-death signal, else a watching thread."""
+    import signal
+    import threading
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:                 # the parent ended before prctl
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="normlab-parent-watch", daemon=True).start()
 
 
 def _call(fn: Callable, kwargs: dict, threads: int | None = None) -> list[dict]:
@@ -211,9 +239,42 @@ def _call(fn: Callable, kwargs: dict, threads: int | None = None) -> list[dict]:
 
 
 def check_parallel(workers, threads, executor) -> tuple[int, int, str]:
-    """Checked ``(workers, threads, executor)``: workers x threads <= cores."""
+    """Checked ``(workers, threads, executor)``: workers x threads <= cores; ``workers="auto"``
+    is as many as fit (``cores // threads``)."""
     threads = parse_threads(threads)
-    return parse_workers(workers, threads), threads, parse_executor(executor)
+    workers = parse_workers(workers, threads)
+    if workers == "auto":
+        workers = max(1, cores() // threads)
+    return workers, threads, parse_executor(executor)
+
+
+def pool_context(threads: int):
+    """The multiprocessing context for a pool of workers with ``threads`` torch threads.
+
+    ``fork`` for one-thread workers: a forked child starts at once, with torch, normlab
+    and the kernels the parent loaded (normlab runs its serial kernels there, and torch
+    at one thread is safe in a forked child, as in DataLoader workers). ``spawn`` for
+    more threads: a forked child of a process that used torch's thread pool must not
+    start threads of its own; a fresh interpreter may.
+    """
+    import multiprocessing
+    if threads == 1 and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _ready() -> None:
+    """A no-op task: submitting it starts a pool's processes."""
+
+
+def start_pool(workers: int, threads: int):
+    """A ``ProcessPoolExecutor`` whose ``workers`` processes are already running (forked
+    here, before any helper thread such as a progress bar's exists)."""
+    from concurrent.futures import ProcessPoolExecutor
+    pool = ProcessPoolExecutor(workers, mp_context=pool_context(threads), initializer=_init_worker,
+                               initargs=(threads, os.getpid()))
+    pool.submit(_ready).result()
+    return pool
 
 
 @contextlib.contextmanager
@@ -246,32 +307,31 @@ def run_tasks(store, experiment: str, tasks: list[tuple[Callable, dict, int]], *
             ran += 1
         bar.advance(task_id, len(records))
 
-    with progress_bar() as bar:
-        task_id = bar.add_task(f"{experiment} {label}", total=total)
-        if not tasks:
-            pass
-        elif executor == "ray":
-            _run_ray(tasks, write, workers, threads, ray_address)
-        elif workers == 1:
-            with torch_threads(threads):
-                for fn, kwargs, _ in tasks:
-                    write(fn(**kwargs))
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-            # spawn, not fork: a forked child of a process that used torch's thread pool
-            # is held to one thread; a spawned worker takes `threads`.
-            ctx = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,))
-            try:
+    # a pool is started before the progress bar, whose refresh thread a forked child must not inherit
+    pool = start_pool(workers, threads) if tasks and executor == "local" and workers > 1 else None
+    try:
+        with progress_bar() as bar:
+            task_id = bar.add_task(f"{experiment} {label}", total=total)
+            if not tasks:
+                pass
+            elif executor == "ray":
+                _run_ray(tasks, write, workers, threads, ray_address)
+            elif pool is None:
+                with torch_threads(threads):
+                    for fn, kwargs, _ in tasks:
+                        write(fn(**kwargs))
+            else:
+                from concurrent.futures import as_completed
                 futures = [pool.submit(fn, **kwargs) for fn, kwargs, _ in tasks]
                 for f in as_completed(futures):
                     write(f.result())
-            except BaseException:
-                # Ctrl-C or a failed task: drop what has not started, do not wait for it
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            pool.shutdown()
+    except BaseException:
+        if pool is not None:
+            # Ctrl-C or a failed task: drop what has not started, do not wait for it
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    if pool is not None:
+        pool.shutdown()
     return {"ran": ran, "wall_s": time.perf_counter() - t0, "workers": workers, "executor": executor,
             "threads": threads}
 

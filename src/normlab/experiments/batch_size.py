@@ -160,7 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = False, store: str = DEFAULT_STORE,
-        workers: int = 1, threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
+        workers: int | str = "auto", threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
     norms, sizes, seed_list, epochs = _check(norms, batch_sizes, seeds, epochs, quick)
     workers, threads, executor = C.check_parallel(workers, threads, executor)
     with C.interrupt_note(str(store)), Store(store) as st:

@@ -13,8 +13,9 @@ Source: seeds/001_11e0a8c571f1839d.txt (BatchNorm chapter, ``mlp_dengan_tanpa_ba
    last training loss above 10x the first). Every run, with its loss curve, goes to the
    store; a re-run trains only what is missing.
 3. ``--compare-loop``: the same runs timed one after another with the chapter's plain
-   ``torch.nn`` loop, beside the batched model in this process and (``--workers N``) in
-   N worker processes, in runs/s.
+   ``torch.nn`` loop (as the chapter runs it, and again with subnormals flushed to zero,
+   so that the gain of batching shows apart from that of flushing), beside the batched
+   model in this process and (``--workers N``) in N worker processes, in runs/s.
 
 Evaluation follows the chapter: eval mode on the same 300 points it trains on.
 """
@@ -29,7 +30,8 @@ import normlab
 
 from ..demos._report import table
 from . import _common as C
-from ._mlp import CHAPTER_SEED, EPOCHS, NORMS, chapter_mlp, diverged, moons, train_batched, train_loop
+from ._mlp import (CHAPTER_SEED, EPOCHS, NORMS, chapter_mlp, diverged, moons, subnormals_flushed, train_batched,
+                   train_loop)
 from .store import DEFAULT_STORE, Store, config_key
 
 EXPERIMENT = "stability"
@@ -53,7 +55,8 @@ LABEL = {"none": "no norm", "batch": "BatchNorm1d", "layer": "LayerNorm", "rms":
 
 
 def config(norm: str, lr: float, epochs: int = EPOCHS) -> dict:
-    return {"norm": norm, "lr": float(lr), "epochs": epochs}
+    """A study run's configuration; its members train with subnormals flushed to zero."""
+    return {"norm": norm, "lr": float(lr), "epochs": epochs, "subnormals": "flushed"}
 
 
 def _chapter_config(norm: str) -> dict:
@@ -91,11 +94,15 @@ def study_task(norm: str, members: list[tuple[float, int]], epochs: int = EPOCHS
 # The study, the chapter table, the loop comparison
 # --------------------------------------------------------------------------
 
-def study_tasks(store: Store, norms, lrs, seeds: list[int]) -> tuple[list, int]:
-    """Tasks for the runs not in the store (per norm, at most MAX_MEMBERS each), and
-    how many runs were already stored."""
+def study_tasks(store: Store, norms, lrs, seeds: list[int], workers: int = 1) -> tuple[list, int]:
+    """Tasks for the runs not in the store, and how many runs were already stored.
+
+    A task trains some of one norm's missing runs as one batched model: at most
+    MAX_MEMBERS, and, with ``workers`` > 1, each norm's runs split into as many equal
+    parts as make the number of tasks a multiple of ``workers`` (so that the workers
+    finish together)."""
     done = store.done(EXPERIMENT)
-    tasks, skipped = [], 0
+    todos, skipped = [], 0
     for norm in norms:
         todo = []
         for lr in lrs:
@@ -105,8 +112,16 @@ def study_tasks(store: Store, norms, lrs, seeds: list[int]) -> tuple[list, int]:
                     skipped += 1
                 else:
                     todo.append((lr, s))
-        for i in range(0, len(todo), MAX_MEMBERS):
-            chunk = todo[i:i + MAX_MEMBERS]
+        if todo:
+            todos.append((norm, todo))
+    tasks = []
+    for norm, todo in todos:
+        parts = -(-len(todo) // MAX_MEMBERS)
+        while workers > 1 and (len(todos) * parts) % workers and parts < len(todo):
+            parts += 1
+        size = -(-len(todo) // parts)
+        for i in range(0, len(todo), size):
+            chunk = todo[i:i + size]
             tasks.append((study_task, {"norm": norm, "members": chunk}, len(chunk)))
     return tasks, skipped
 
@@ -138,50 +153,64 @@ def chapter_rows(store: Store) -> dict:
     return out
 
 
+class _EmptyStore:
+    """A store with no runs (to plan the tasks of a whole study)."""
+
+    def done(self, experiment: str) -> set:
+        return set()
+
+
 def time_against_loop(norms, lrs, seeds: list[int], epochs: int = EPOCHS, repeats: int = 2, threads: int = 1,
                       workers: int = 1) -> dict:
-    """Wall time of the same runs three ways, best of ``repeats``: the chapter's plain
-    torch.nn loop, one run after another; the batched model in this process; and, with
-    ``workers`` > 1, the batched model in a pool of processes (started and warmed first).
-    The first two alternate per norm, so a drifting background load hits both alike."""
+    """Wall time of the same runs, best of ``repeats``: the chapter's plain torch.nn loop,
+    one run after another, as the chapter runs it and with subnormals flushed; the batched
+    model in this process; and, with ``workers`` > 1, the batched model in a pool of
+    processes (its start included). The first three alternate per norm, so a
+    drifting background load hits them alike."""
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     with C.torch_threads(threads):
         X, y = moons()
         members = [(lr, s) for lr in lrs for s in seeds]
         chunks = [(norm, members[i:i + MAX_MEMBERS]) for norm in norms for i in range(0, len(members), MAX_MEMBERS)]
         n = len(norms) * len(members)
-        loop_s = batched_s = 0.0
+        loop_s = flushed_s = batched_s = 0.0
+
+        def loop(norm, flush):
+            t0 = time.perf_counter()
+            with subnormals_flushed(flush):
+                for lr, s in members:
+                    train_loop(chapter_mlp(norm, s), X, y, lr, epochs)
+            return time.perf_counter() - t0
+
         for norm in norms:
             train_loop(chapter_mlp(norm, seeds[0]), X, y, lrs[0], epochs)          # first calls: lazy init
             train_batched(norm, members[:2], X, y, epochs)
-            best_loop = best_batched = float("inf")
+            best_loop = best_flushed = best_batched = float("inf")
             for _ in range(repeats):
-                t0 = time.perf_counter()
-                for lr, s in members:
-                    train_loop(chapter_mlp(norm, s), X, y, lr, epochs)
-                best_loop = min(best_loop, time.perf_counter() - t0)
+                best_loop = min(best_loop, loop(norm, False))
+                best_flushed = min(best_flushed, loop(norm, True))
                 t0 = time.perf_counter()
                 for nm, chunk in chunks:
                     if nm == norm:
                         train_batched(norm, chunk, X, y, epochs)
                 best_batched = min(best_batched, time.perf_counter() - t0)
-            loop_s, batched_s = loop_s + best_loop, batched_s + best_batched
+            loop_s, flushed_s, batched_s = loop_s + best_loop, flushed_s + best_flushed, batched_s + best_batched
     out = {"runs": n, "epochs": epochs, "threads": threads, "repeats": repeats, "loop_s": loop_s,
-           "loop_runs_per_s": n / loop_s, "batched_s": batched_s, "batched_runs_per_s": n / batched_s,
+           "loop_runs_per_s": n / loop_s, "loop_flushed_s": flushed_s, "loop_flushed_runs_per_s": n / flushed_s, "batched_s": batched_s, "batched_runs_per_s": n / batched_s,
            "ratio": loop_s / batched_s, "workers": workers, "pool_s": None, "pool_runs_per_s": None,
            "pool_ratio": None}
     if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=C._init_worker, initargs=(threads,)) as pool:
-            list(pool.map(study_task, [norms[i % len(norms)] for i in range(workers)],
-                          [members[:2]] * workers))                                     # start and warm
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                list(pool.map(study_task, [c[0] for c in chunks], [c[1] for c in chunks]))
-                best = min(best, time.perf_counter() - t0)
+        # the pool's start is part of its time; the same tasks as the command makes
+        parts = [(c["norm"], c["members"]) for _, c, _ in study_tasks(_EmptyStore(), norms, lrs, seeds, workers)[0]]
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            pool = C.start_pool(workers, threads)
+            try:
+                list(pool.map(study_task, [p[0] for p in parts], [p[1] for p in parts]))
+            finally:
+                pool.shutdown()
+            best = min(best, time.perf_counter() - t0)
         out.update(pool_s=best, pool_runs_per_s=n / best, pool_ratio=loop_s / best)
     out["loadavg"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]
     return out
@@ -210,7 +239,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     C.add_common_arguments(p)
 
 
-def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int = 1,
+def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None, compare_loop: bool = False) -> dict:
     """The chapter table, then the study; every number read back from the store."""
     norms, lrs, seed_list = _check(norms, lrs, seeds, quick)
@@ -221,7 +250,7 @@ def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFA
         C.run_tasks(st, CHAPTER_EXPERIMENT, [(chapter_task, {"norm": n}, 1) for n in todo], threads=threads,
                     label="chapter runs")
         chapter = chapter_rows(st)
-        tasks, skipped = study_tasks(st, norms, lrs, seed_list)
+        tasks, skipped = study_tasks(st, norms, lrs, seed_list, workers if executor == "local" else 1)
         info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
                            executor=executor, ray_address=ray_address)
         runs = st.runs(EXPERIMENT, [config(n, lr) for n in norms for lr in lrs])
@@ -282,6 +311,8 @@ def render(r: dict) -> str:
     if cmp:
         rows = [["the chapter's torch.nn loop, one run after another", f"{cmp['loop_s']:.2f} s",
                  f"{cmp['loop_runs_per_s']:.1f}", "1.00x"],
+                ["the same loop, subnormals flushed to zero", f"{cmp['loop_flushed_s']:.2f} s",
+                 f"{cmp['loop_flushed_runs_per_s']:.1f}", f"{cmp['loop_s'] / cmp['loop_flushed_s']:.2f}x"],
                 ["normlab batched model, this process", f"{cmp['batched_s']:.2f} s",
                  f"{cmp['batched_runs_per_s']:.1f}", f"{cmp['ratio']:.2f}x"]]
         if cmp["pool_s"]:
@@ -290,7 +321,9 @@ def render(r: dict) -> str:
         load = cmp.get("loadavg") or [None, None]
         out += ["", f"3. Speed: the same {cmp['runs']} runs of {cmp['epochs']} epochs, {cmp['threads']} torch "
                 f"thread(s) per process, best of {cmp['repeats']} (wall time)",
-                table(rows, ["", "time", "runs/s", "vs loop"])]
+                table(rows, ["", "time", "runs/s", "vs loop"]),
+                "  The batched model flushes subnormals to zero (see `normlab.experiments._mlp`): diverging runs"
+                " otherwise spend most of their time on them."]
         if load[0] is not None:
             out.append(f"  load average before/after: {load[0]:.2f} / {load[1]:.2f} (other processes share these cores)")
     return "\n".join(out)

@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     C.add_common_arguments(p)
 
 
-def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int = 1,
+def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
     norms = C.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else DEFAULT_NORMS), NORMS)
     n = C.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
