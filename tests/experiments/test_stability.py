@@ -102,6 +102,11 @@ def test_batched_model_uses_normlab_layers():
     assert bn.num_features == 3 * 64                     # a channel per member and unit
 
 
+def test_stored_configs_say_which_runs_flush_subnormals():
+    assert stability.config("batch", 2.0)["subnormals"] == "flushed"        # the study
+    assert "subnormals" not in stability._chapter_config("batch")            # the chapter's own runs
+
+
 def test_subnormals_flushed_only_inside_the_block():
     from normlab.experiments._mlp import subnormals_flushed
     tiny = torch.tensor([1e-30])

@@ -60,7 +60,8 @@ def config(norm: str, lr: float, epochs: int = EPOCHS) -> dict:
 
 
 def _chapter_config(norm: str) -> dict:
-    return {**config(norm, CHAPTER_LR), "loop": "chapter"}
+    """The chapter's run: its own loop, subnormals as the machine gives them (not flushed)."""
+    return {"norm": norm, "lr": CHAPTER_LR, "epochs": EPOCHS, "loop": "chapter"}
 
 
 # --------------------------------------------------------------------------
