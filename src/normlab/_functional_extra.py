@@ -3,7 +3,8 @@ GhostBatchNorm (re-exported there; kept apart so that each file stays readable).
 
 Each checks its arguments first, with the same checks and messages as the
 rest of ``normlab.functional``, then runs on the family's kernels: LayerNorm's
-row kernel for ``layer_norm2d``, BatchNorm's for the other two (their math:
+row kernel (channels_last) or its NCHW kernels (``ops/layer_norm/launch_2d.py``) for
+``layer_norm2d``, BatchNorm's for the other two (their math:
 ``ops/batch_norm/renorm.py``, ``ops/batch_norm/ghost.py``).
 """
 
@@ -24,6 +25,7 @@ from .functional import (
     batch_norm,
 )
 from .ops import layer_norm as _ln
+from .ops.layer_norm import launch_2d as _ln2d
 from .ops.batch_norm import ghost as _ghost
 from .ops.batch_norm import renorm as _renorm
 from .ops.batch_norm.reference import _memory_format
@@ -49,7 +51,10 @@ def layer_norm2d(
     mean and biased variance over the ``C`` values of one position; ``weight``, ``bias``: (C,).
     A ``channels_last`` input is already ``(N * H * W, C)`` rows in memory: LayerNorm's row
     kernel runs on it without a copy, and the output is ``channels_last`` too. A contiguous
-    (NCHW) input is copied to rows first, and the output copied back to NCHW.
+    (NCHW) input runs on kernels of its own (``ops/layer_norm/kernels_2d.py``: the ``C``
+    planes streamed with the pixels as the vectorised dim), also without a copy, and the
+    output is contiguous; under torch.func transforms (and on the ``"ref"`` backend) it is
+    copied to rows first, and the output copied back to NCHW.
 
     >>> import torch, normlab.functional as NF
     >>> x = torch.randn(2, 3, 4, 5)
@@ -63,8 +68,11 @@ def layer_norm2d(
     _check_per_channel(fn, input, weight=weight, bias=bias)
     check_eps(fn, eps)
     c = input.shape[1]
+    backend = _backend.resolve(input, "layer_norm")
     rows = input.movedim(1, -1)  # (N, *, C): contiguous for a channels_last input
-    y = _ln.layer_norm(rows, (c,), weight, bias, float(eps), _backend.resolve(input, "layer_norm"))
+    if backend == "cpu" and not rows.is_contiguous() and _ln2d.serves(input):
+        return _ln2d.layer_norm2d_nchw(input, weight, bias, float(eps))  # NCHW kernels: no copy
+    y = _ln.layer_norm(rows, (c,), weight, bias, float(eps), backend)
     out = y.movedim(-1, 1)  # the input's strides when rows was contiguous
     return out if rows.is_contiguous() else out.contiguous(memory_format=_memory_format(input))
 

@@ -37,10 +37,13 @@ def _leaf(*shape, dtype):
 
 
 def _rows(dtype) -> None:
-    """LayerNorm/RMSNorm and the fused adds: one forward and one backward kernel."""
+    """LayerNorm/RMSNorm and the fused adds (one forward and one backward kernel), and
+    LayerNorm2d's NCHW kernels."""
     x, r, w, b = _leaf(4, 8, dtype=dtype), _leaf(4, 8, dtype=dtype), _leaf(8, dtype=dtype), _leaf(8, dtype=dtype)
     y, h = F.add_layer_norm(x, r, (8,), w, b)
     (y.sum() + h.sum() + F.layer_norm(x, (8,), w, b).sum() + F.rms_norm(x, (8,), w).sum()).backward()
+    x2d = _leaf(2, 8, 2, 2, dtype=dtype)                      # LayerNorm2d's NCHW kernels
+    F.layer_norm2d(x2d, w, b).sum().backward()
 
 
 def _batch(dtype) -> None:

@@ -1,0 +1,188 @@
+"""LayerNorm2d's NCHW kernels (``ops/layer_norm/kernels_2d.py``): contiguous inputs, no copy.
+
+Oracles: torch's permute -> layer_norm -> permute in float64 (and torch's own rounding in
+the half dtypes, ``tests/oracle.assert_within_rounding``), gradcheck, and the kernels
+against themselves for the bits (1 vs 2 threads, serial twin vs parallel version).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab
+import normlab.functional as NF
+from normlab.ops import _numba
+from normlab.ops.layer_norm import launch_2d
+from tests.oracle import assert_within_rounding, rel_err
+
+pytestmark = pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _torch64(x, w, b, eps=1e-6):
+    """torch's permute -> layer_norm -> permute, in float64."""
+    c = x.shape[1]
+    return torch.nn.functional.layer_norm(x.movedim(1, -1), (c,), w, b, eps).movedim(-1, 1)
+
+
+def _data(shape, dtype, seed=0, offset=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + offset).to(dtype)
+    w = (torch.randn(shape[1], generator=g, dtype=torch.float64) * 0.5 + 1).to(dtype)
+    b = torch.randn(shape[1], generator=g, dtype=torch.float64).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return x, w, b, dy
+
+
+def _run(x, w, b, dy):
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+    with normlab.use_backend("cpu"):
+        y = NF.layer_norm2d(xs, ws, bs)
+    y.backward(dy)
+    return [y.detach(), xs.grad, ws.grad, bs.grad]
+
+
+# (N, C, H, W): pixels fewer than a block, C large (blocks of 16 pixels), a last block
+# shorter than the others, a 3-D (N, C, L) input, many channels with few pixels
+SHAPES = [(3, 24, 5, 7), (2, 600, 9, 5), (2, 8, 33, 31), (4, 40, 130), (1, 2048, 3, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_against_float64_torch(shape, dtype):
+    x, w, b, dy = _data(shape, dtype)
+    got = _run(x, w, b, dy)
+    assert got[0].is_contiguous() and got[0].dtype == dtype
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    y64 = _torch64(x64, w64, b64)
+    y64.backward(dy.double())
+    for name, a, r in zip(["y", "dx", "dw", "db"], got, [y64, x64.grad, w64.grad, b64.grad]):
+        assert a.dtype == dtype, name
+        if dtype in (torch.bfloat16, torch.float16):
+            assert_within_rounding(a, r.detach(), 2.0, name)
+        else:
+            assert rel_err(a, r) < (5e-6 if dtype == torch.float32 else 1e-12), (name, rel_err(a, r))
+
+
+def test_large_mean_against_the_spread_keeps_its_digits():
+    """Pixels whose mean is 1e4 times their spread: the shifted two-pass statistics keep float32 close
+    to float64 (E[x^2] - E[x]^2 would lose every digit here)."""
+    x, w, b, _ = _data((2, 64, 6, 6), torch.float64, offset=0.0)
+    x = (x * 1e-2 + 100.0).float()
+    with normlab.use_backend("cpu"):
+        y = NF.layer_norm2d(x, w.float(), b.float())
+    y64 = _torch64(x.double(), w, b)
+    assert rel_err(y, y64) < 1e-4
+
+
+def test_constant_pixel_gives_the_bias_exactly():
+    x = torch.full((2, 5, 4, 4), 3.25)
+    b = torch.arange(5, dtype=torch.float32)
+    with normlab.use_backend("cpu"):
+        y = NF.layer_norm2d(x, torch.full((5,), 2.0), b)
+    assert torch.equal(y, b.view(1, 5, 1, 1).expand_as(y))
+
+
+def test_contiguous_input_reaches_the_kernel_without_a_copy(monkeypatch):
+    x, w, b, _ = _data((2, 6, 4, 5), torch.float32)
+    seen = []
+    real = launch_2d._forward2d
+
+    def spy(x2, *args):
+        seen.append(x2.data_ptr())
+        return real(x2, *args)
+
+    monkeypatch.setattr(launch_2d, "_forward2d", spy)
+    with normlab.use_backend("cpu"):
+        y = NF.layer_norm2d(x, w, b)
+    assert seen == [x.data_ptr()] and y.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_same_bits_at_1_and_2_threads_and_in_the_serial_twin(dtype):
+    x, w, b, dy = _data((4, 48, 40, 40), dtype)  # 307200 values: the parallel version at 2 threads
+    assert x.numel() >= _numba.SERIAL_ELEMS
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _run(x, w, b, dy)
+        torch.set_num_threads(2)
+        two = _run(x, w, b, dy)
+        with _numba.forced_version(False):
+            serial = _run(x, w, b, dy)
+        with _numba.forced_version(True):
+            parallel = _run(x, w, b, dy)
+    finally:
+        torch.set_num_threads(threads)
+    for got in (two, serial, parallel):
+        for a, r in zip(got, one):
+            assert torch.equal(a, r)
+
+
+def test_block_size_depends_on_the_shape_only():
+    assert launch_2d.block_size(8, 96, 3136) == 672  # about 65536 values a task, a multiple of 16 pixels
+    assert launch_2d.block_size(8, 3000, 1024) == 64  # at least 64 pixels
+    assert launch_2d.block_size(8, 64, 10) == 10  # never more than the pixels there are
+    assert launch_2d.block_size(8, 64, 1024) == 512  # halved until 16 tasks: 8 samples x 2 blocks
+
+
+def test_gradcheck_and_double_backward():
+    x, w, b, _ = _data((2, 5, 3, 4), torch.float64)
+    inputs = tuple(t.clone().requires_grad_() for t in (x, w, b))
+    with normlab.use_backend("cpu"):
+        assert torch.autograd.gradcheck(lambda x, w, b: NF.layer_norm2d(x, w, b), inputs)
+        assert torch.autograd.gradgradcheck(lambda x, w, b: NF.layer_norm2d(x, w, b), inputs)
+
+
+def test_without_weight_and_bias_and_with_weight_only():
+    x, w, _, dy = _data((2, 7, 3, 5), torch.float64)
+    for wt in (None, w):
+        xs = x.clone().requires_grad_()
+        ws = None if wt is None else wt.clone().requires_grad_()
+        with normlab.use_backend("cpu"):
+            y = NF.layer_norm2d(xs, ws, None)
+        y.backward(dy)
+        x64 = x.clone().requires_grad_()
+        w64 = None if wt is None else wt.clone().requires_grad_()
+        y64 = _torch64(x64, w64, None)
+        y64.backward(dy)
+        torch.testing.assert_close(y, y64, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(xs.grad, x64.grad, rtol=1e-12, atol=1e-12)
+        if wt is not None:
+            torch.testing.assert_close(ws.grad, w64.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_torch_compile_fullgraph_on_nchw():
+    m = normlab.nn.LayerNorm2d(8)
+    with torch.no_grad():
+        m.weight.normal_()
+        m.bias.normal_()
+    x = torch.randn(2, 8, 4, 4, requires_grad=True)
+    with normlab.use_backend("cpu"):
+        y = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+    y.sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y64 = _torch64(x64, m.weight.double(), m.bias.double())
+    y64.sum().backward()
+    torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_falls_back_to_the_rows():
+    _, w, b, _ = _data((2, 6, 4, 4), torch.float32)
+    x = torch.randn(3, 2, 6, 4, 4)
+    with normlab.use_backend("cpu"):
+        y = torch.func.vmap(lambda t: NF.layer_norm2d(t, w, b))(x)
+    ref = torch.stack([_torch64(t.double(), w.double(), b.double()) for t in x])
+    torch.testing.assert_close(y, ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_forward_mode_falls_back_to_the_rows():
+    x, w, b, t = _data((2, 6, 3, 5), torch.float64)
+    with normlab.use_backend("cpu"):
+        y, yt = torch.func.jvp(lambda x: NF.layer_norm2d(x, w, b), (x,), (t,))
+    y64, yt64 = torch.func.jvp(lambda x: _torch64(x, w, b), (x,), (t,))
+    torch.testing.assert_close(y, y64, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(yt, yt64, rtol=1e-10, atol=1e-10)
