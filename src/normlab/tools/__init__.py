@@ -4,12 +4,16 @@
   the eval formula in every mode (``freezing.py``).
 - :func:`recalibrate_batch_norm`: running statistics recomputed exactly over a set of
   batches (``recalibration.py``).
-- :func:`fold`: an inference copy with BatchNorm folded into the layer before it and
-  LayerNorm/RMSNorm affines into the Linear after them (``folding.py``).
+- :func:`fold`: an inference copy with BatchNorm folded into the layer before it,
+  LayerNorm/RMSNorm affines into the Linear after them and LayerNorm2d affines into the
+  1x1 Conv2d after them (``folding.py``).
 - :func:`inspect`: every norm layer's statistics, measured batch dependence, running-statistics
   health and pitfalls, as a table (``inspection.py``; also ``normlab inspect``).
-- ``hf.py``: Hugging Face transformers' RMSNorm classes for ``normlab.convert``, imported
-  when convert first meets one (``integrations.py`` registers the finder).
+- ``hf.py``, ``timm.py``: Hugging Face transformers' and timm's norm classes for
+  ``normlab.convert``, imported when convert first meets one (``integrations.py``
+  registers the finders).
+
+The four tools take BatchRenorm and GhostBatchNorm as BatchNorm (their eval is BatchNorm's).
 """
 
 from . import integrations  # noqa: F401  (convert's lazy finders for other libraries' norm classes)

@@ -7,7 +7,11 @@ traced from it; ``model`` itself is untouched) in which
   output of a ``Conv1d/2d/3d``, ``ConvTranspose1d/2d/3d`` or ``Linear``, and of nothing
   else, is folded into that layer's weight and bias and removed;
 - every LayerNorm/RMSNorm whose output goes only to ``Linear`` layers has its affine
-  (weight and bias) folded into those Linears and is left without one.
+  (weight and bias) folded into those Linears and is left without one;
+- every LayerNorm2d (normlab's, timm's) whose output goes only to 1x1 ``Conv2d`` layers
+  without padding has its affine folded into those convs, likewise.
+
+BatchRenorm and GhostBatchNorm fold as BatchNorm: their eval is BatchNorm's eval.
 
 The math (derived in ``docs/lifecycle.md``). In eval mode BatchNorm is per channel
 ``y = s * z + t`` with ``s = gamma / sqrt(running_var + eps)`` and
@@ -26,7 +30,10 @@ over the weights ``W`` that produce channel ``o`` plus ``b[o]``, so::
 
 A LayerNorm/RMSNorm ``y = n(x) * gamma + beta`` (RMSNorm: no ``beta``) over the last dim
 ``D`` feeding ``Linear(D, out)``: ``W y + b = (W diag(gamma)) n(x) + (W beta + b)``, so
-``W' = W * gamma`` (column ``j`` scaled by ``gamma[j]``) and ``b' = b + W beta``.
+``W' = W * gamma`` (column ``j`` scaled by ``gamma[j]``) and ``b' = b + W beta``. A
+LayerNorm2d normalises the ``C`` channels of each pixel, and a 1x1 conv is a Linear over
+those channels at each pixel: the same fold, per group of the conv's input channels
+(padding would add zeros that the shift ``W beta`` never reached, so none is allowed).
 
 Every fold is computed in float64 and rounded once to the layer's dtype. What cannot be
 folded is listed, with the reason, in ``folded.fold_report`` (and a warning): a BatchNorm
@@ -53,7 +60,9 @@ import warnings
 import torch
 from torch import nn
 
+from ..nn.layer_norm import LayerNorm2d
 from ._common import as_args, check_model, norm_family, preserved_state, shapes
+from .timm import kind_of
 
 __all__ = ["fold", "FoldReport"]
 
@@ -247,6 +256,69 @@ def _fold_rows(node, norm, modules) -> list[str]:
     return into
 
 
+def _is_pointwise_conv(layer) -> bool:
+    """A Conv2d that mixes channels at each pixel only: 1x1 kernel, no padding."""
+    return (type(layer) is nn.Conv2d and tuple(layer.kernel_size) == (1, 1)
+            and (isinstance(layer.padding, str) or tuple(layer.padding) == (0, 0)))
+
+
+def _why_not_channels(node, norm, modules, calls) -> str | None:
+    """None when the affine of ``node`` (a LayerNorm2d call) can go into the 1x1 Conv2d layers after it."""
+    if norm.weight is None and norm.bias is None:
+        return "no affine (weight, bias) to fold"
+    if not isinstance(norm, LayerNorm2d) and kind_of(type(norm)) != "LayerNorm2d":
+        return (f"{type(norm).__name__} is another library's class whose forward fold does not change; "
+                f"normlab.convert(model) first makes it a normlab LayerNorm2d, which folds")
+    if calls[node.target] > 1:
+        return f"called {calls[node.target]} times in the forward: its affine serves every call"
+    if len(node.args) != 1 or node.kwargs:
+        return "called with more than one argument"
+    convs = [u for u in node.users if u.op == "call_module" and _is_pointwise_conv(modules.get(u.target))]
+    others = [u for u in node.users if u not in convs]
+    if others:
+        many = f"used by {len(node.users)} consumers ({_users(node)})" if len(node.users) > 1 else \
+            f"goes to {_users(node)}"
+        return (f"its output {many}, not only to 1x1 Conv2d layers without padding: folding the affine "
+                f"would change what they see")
+    c = norm.normalized_shape[0]
+    for u in convs:
+        conv = modules[u.target]
+        if len(u.args) != 1 or u.args[0] is not node or u.kwargs:
+            return f"{u.target!r} is called with other arguments"
+        if calls[u.target] > 1:
+            return _called_often(u.target, calls)
+        if conv.in_channels != c:
+            return f"{u.target!r} takes {conv.in_channels} channels, the LayerNorm2d normalises {c}"
+    return None
+
+
+def _fold_channels(node, norm, modules) -> list[str]:
+    """``conv(n(x) * gamma + beta)`` for a 1x1 conv, per group ``g`` of its input channels:
+    ``W'[o, j] = W[o, j] * gamma[g, j]``, ``b'[o] = b[o] + sum_j W[o, j] * beta[g, j]``."""
+    gamma = norm.weight.detach().double() if norm.weight is not None else None
+    beta = norm.bias.detach().double() if norm.bias is not None else None
+    into = []
+    for u in node.users:
+        conv = modules[u.target]
+        g = conv.groups
+        w = conv.weight.detach().double()  # (out, in / groups, 1, 1)
+        wg = w.view(g, w.shape[0] // g, w.shape[1])  # (groups, out / groups, in / groups)
+        b = conv.bias.detach().double() if conv.bias is not None else None
+        if beta is not None:  # with the weight before scaling
+            shift = (wg * beta.view(g, 1, -1)).sum(-1).reshape(-1)  # (out,)
+            b = shift if b is None else b + shift
+        if gamma is not None:
+            w = (wg * gamma.view(g, 1, -1)).view(w.shape)
+        _set_weight_bias(conv, w, b)
+        into.append(u.target)
+    norm.weight = None
+    norm.bias = None
+    if hasattr(norm, "affine"):
+        norm.affine = False
+    norm.elementwise_affine = False
+    return into
+
+
 def _fold_graph(gm: torch.fx.GraphModule, prefix: str, report: FoldReport) -> None:
     modules = dict(gm.named_modules())
     calls: dict = {}
@@ -273,9 +345,18 @@ def _fold_graph(gm: torch.fx.GraphModule, prefix: str, report: FoldReport) -> No
                 report.not_folded.append((name, why))
                 if m.weight is not None:
                     report.blocked.append((name, why))
+        elif family == "layer2d":
+            why = _why_not_channels(node, m, modules, calls)
+            if why is None:
+                report.folded.append((name, ", ".join(prefix + t for t in _fold_channels(node, m, modules))))
+            else:
+                report.not_folded.append((name, why))
+                if m.weight is not None:
+                    report.blocked.append((name, why))
         elif family is not None:
             report.not_folded.append((name, f"{type(m).__name__} computes its statistics from each input at run "
-                                            f"time; fold handles BatchNorm and the LayerNorm/RMSNorm affine"))
+                                            f"time; fold handles BatchNorm and the LayerNorm/RMSNorm/LayerNorm2d "
+                                            f"affine"))
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()
@@ -297,7 +378,7 @@ def _fold_tree(module: nn.Module, args, prefix: str, report: FoldReport, inputs:
                 continue
             path = prefix + name
             if tracer.is_leaf_module(child, path):
-                if norm_family(child) in ("batch", "frozen", "layer", "rms"):
+                if norm_family(child) in ("batch", "frozen", "layer", "layer2d", "rms"):
                     parent = prefix.rstrip(".") or "(the model)"
                     why = f"the layer before or after it is unknown: its parent {parent!r} could not be traced"
                     report.not_folded.append((path, why))

@@ -1,9 +1,10 @@
 """Freeze a model's BatchNorm layers, and thaw them back.
 
 ``freeze_batch_norm(model)`` replaces, in place, every BatchNorm1d/2d/3d and
-SyncBatchNorm (torch's or normlab's) with a ``normlab.nn.FrozenBatchNorm1d/2d/3d``
-computing the eval formula with the layer's current statistics and affine, in
-training and in eval alike. Setting ``requires_grad=False`` is not enough for
+SyncBatchNorm (torch's or normlab's), and normlab's BatchRenorm1d/2d/3d and
+GhostBatchNorm1d/2d/3d (whose eval is BatchNorm's eval with the running statistics),
+with a ``normlab.nn.FrozenBatchNorm1d/2d/3d`` computing the eval formula with the
+layer's current statistics and affine, in training and in eval alike. Setting ``requires_grad=False`` is not enough for
 that: a BatchNorm in training mode still normalises with the batch's statistics
 and still moves its running statistics. A frozen layer does neither, whatever
 ``model.train()`` says.

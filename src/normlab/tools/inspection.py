@@ -12,7 +12,9 @@ copy of the layer:
 
 Nothing the model holds changes: every buffer (running statistics, ``num_batches_tracked``)
 and every train/eval flag is put back after the forward, and the measurements run on
-copies. Works on torch.nn and normlab layers alike, without converting anything.
+copies. Works on torch.nn and normlab layers alike (BatchRenorm and GhostBatchNorm as
+BatchNorm, LayerNorm2d and the channels-first LayerNorms of timm and transformers as
+``layer2d``: statistics over dim 1), without converting anything.
 
 Warnings, each with its fix: a BatchNorm in training mode inside a model in eval mode; a
 batch of one sample reaching a training BatchNorm; a Linear/Conv bias right before a
@@ -62,7 +64,7 @@ class Pitfall:
 class LayerReport:
     name: str
     cls: str
-    family: str          # batch, frozen, layer, rms, group, instance
+    family: str          # batch (BatchRenorm, GhostBatchNorm too), frozen, layer, layer2d, rms, group, instance
     mode: str            # train, eval
     input_shape: list | None
     calls: int
@@ -117,7 +119,7 @@ def _uses_input_stats(m: nn.Module, family: str) -> bool:
         return m.training or m.running_mean is None
     if family == "instance":
         return m.training or m.running_mean is None  # its own (per-instance) statistics
-    return family in ("layer", "rms", "group")
+    return family in ("layer", "layer2d", "rms", "group")
 
 
 def _axes(m: nn.Module, family: str, shape) -> tuple[list | None, str]:
@@ -135,7 +137,12 @@ def _axes(m: nn.Module, family: str, shape) -> tuple[list | None, str]:
         return None, "not reached"
     if family == "batch":
         dims = [0, *range(2, r)]
+        v = getattr(m, "virtual_batch_size", None)  # GhostBatchNorm: N in virtual batches
+        if v is not None:
+            return dims, f"{named(dims)} per channel and virtual batch of {v}"
         return dims, f"{named(dims)} per channel"
+    if family == "layer2d":
+        return [1], f"{named([1])} per sample+position"
     if family == "instance":
         dims = list(range(2, r))
         return dims, f"{named(dims)} per sample+channel"
@@ -149,7 +156,7 @@ def _axes(m: nn.Module, family: str, shape) -> tuple[list | None, str]:
 
 def _params(m: nn.Module, family: str) -> dict:
     p: dict = {}
-    if family in ("layer", "rms"):
+    if family in ("layer", "layer2d", "rms"):
         p["normalized_shape"] = list(m.normalized_shape)
     elif family == "group":
         p["num_groups"], p["num_channels"] = m.num_groups, m.num_channels
@@ -159,6 +166,9 @@ def _params(m: nn.Module, family: str) -> dict:
     if family in ("batch", "instance"):
         p["momentum"] = m.momentum
         p["track_running_stats"] = m.track_running_stats
+    for extra in ("virtual_batch_size", "r_max", "d_max", "warmup_steps"):  # GhostBatchNorm, BatchRenorm
+        if hasattr(m, extra) and family == "batch":
+            p[extra] = getattr(m, extra)
     p["affine"] = getattr(m, "weight", None) is not None and family != "frozen"
     p["parameters"] = sum(t.numel() for t in m.parameters(recurse=False))
     return p

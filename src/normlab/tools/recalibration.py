@@ -33,7 +33,11 @@ variance, as BatchNorm's own update uses), rounded once to the buffer's dtype.
 During the pass the model runs in training mode, as ``update_bn`` runs it: each
 BatchNorm normalises with its batch's statistics, so a later layer sees the
 inputs it saw in training. ``num_batches_tracked`` is left as ``update_bn`` leaves
-it: the number of batches the layer saw in the pass. Every module's train/eval
+it: the number of batches the layer saw in the pass (for a GhostBatchNorm, the number of
+virtual batches, which is what it counts). BatchRenorm and GhostBatchNorm are
+recalibrated like BatchNorm (their eval is BatchNorm's eval with the running
+statistics), except that a BatchRenorm keeps its ``num_batches_tracked``: that count is
+the step of its r/d warm-up, which a recalibration does not move. Every module's train/eval
 flag and each layer's ``momentum`` are restored; if a batch fails, every running
 statistic is put back as it was. Frozen BatchNorm layers keep their statistics.
 
@@ -56,6 +60,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from ..nn.batch_renorm import _BatchRenorm
 from ._common import check_model, is_batch_norm
 
 __all__ = ["recalibrate_batch_norm"]
@@ -192,9 +197,11 @@ def recalibrate_batch_norm(
     def hook_for(name, bn):
         acc = moments[name]
 
+        virtual = getattr(bn, "virtual_batch_size", None)  # GhostBatchNorm: a call is ceil(N / v) batches
+
         def pre_hook(module, args):
             x = args[0] if args else None
-            acc.calls += 1
+            acc.calls += 1 if virtual is None or not isinstance(x, torch.Tensor) else -(-x.shape[0] // virtual)
             # a malformed input is left to the layer itself to reject, with its own message
             if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == bn.num_features:
                 acc.add(x)
@@ -233,7 +240,9 @@ def recalibrate_batch_norm(
                     continue
                 m.running_mean.copy_(acc.mean)
                 m.running_var.copy_(acc.m2 / max(acc.count - 1, 1))  # unbiased, as BatchNorm's update
-                if m._buffers.get("num_batches_tracked") is not None:
+                if isinstance(m, _BatchRenorm):  # its count is the training step of the warm-up: kept
+                    m.num_batches_tracked.copy_(saved[name]["num_batches_tracked"])
+                elif m._buffers.get("num_batches_tracked") is not None:
                     m.num_batches_tracked.fill_(acc.calls)
         done = True
     finally:
