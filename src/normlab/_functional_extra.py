@@ -23,7 +23,6 @@ from .functional import (
     _check_running_pair,
     batch_norm,
 )
-from .ops import layer_norm as _ln
 from .ops.batch_norm import ghost as _ghost
 from .ops.batch_norm import renorm as _renorm
 from .ops.batch_norm.reference import _memory_format
@@ -64,7 +63,7 @@ def layer_norm2d(
     check_eps(fn, eps)
     c = input.shape[1]
     rows = input.movedim(1, -1)  # (N, *, C): contiguous for a channels_last input
-    y = _ln.layer_norm(rows, (c,), weight, bias, float(eps), _backend.resolve(input, "layer_norm"))
+    y = _backend.implementation(input, "layer_norm")(rows, (c,), weight, bias, float(eps))
     out = y.movedim(-1, 1)  # the input's strides when rows was contiguous
     return out if rows.is_contiguous() else out.contiguous(memory_format=_memory_format(input))
 

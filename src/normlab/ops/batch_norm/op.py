@@ -1,27 +1,25 @@
-"""BatchNorm ops: the ``"cpu"`` kernels as torch.library custom ops, and the entry point.
+"""BatchNorm on the ``"cpu"`` kernels: what is this family's own, handed to ``ops/_register``.
 
-Layering (kernel -> launcher -> custom op -> entry point), as in ``ops/layer_norm``:
+Layering (kernel -> launcher -> the op's forms -> entry point), as in ``ops/layer_norm``:
 
 - ``kernels.py``: the Numba kernels, on a 2-D view of the tensor: rows
   ``(M, C)`` or planes ``(N, C * S)`` (see its docstring).
 - launchers :func:`_forward` / :func:`_backward`: pick the view, allocate
   outputs in torch's memory format, pass bfloat16/float16 as their bits,
   run the kernel with torch's thread count; :func:`_update_running`.
-- custom ops ``normlab::batch_norm_train_fwd`` and
-  ``normlab::batch_norm_eval_fwd`` (with ``register_autograd``),
-  ``normlab::batch_norm_bwd`` (not differentiable itself) and
-  ``normlab::batch_norm_update_stats`` (mutates the running statistics in
-  place; ``torch.library`` allows no autograd formula on a mutating op, so
-  the update is its own op, fed the forward's non-differentiable statistics).
-  Each has a fake implementation, so ``torch.compile(fullgraph=True)`` traces
-  them as single nodes and functionalises the update.
-- :class:`_EagerBatchNorm`: the same launchers and backward as one
-  ``autograd.Function`` for eager calls (no ``torch.library`` dispatch).
-- entry point :func:`batch_norm` (called by ``normlab.functional``): the
-  reference (``reference.py``) for ``backend="ref"``; for ``"cpu"`` the custom
-  ops while ``torch.compile`` traces, else :class:`_EagerBatchNorm` when
-  autograd records the call and the launcher alone when it does not
-  (``torch.no_grad()``, inputs that need no gradient).
+- declared to ``ops/_register``: the custom ops ``normlab::batch_norm_train_fwd``
+  and ``normlab::batch_norm_eval_fwd`` (differentiable), ``normlab::batch_norm_bwd``
+  (not differentiable itself) and ``normlab::batch_norm_update_stats`` (mutates
+  the running statistics in place; ``torch.library`` allows no autograd formula
+  on a mutating op, so the update is its own op, fed the forward's
+  non-differentiable statistics), each with its fake, so
+  ``torch.compile(fullgraph=True)`` traces them as single nodes and
+  functionalises the update; the eager twin ``BatchNormEager`` and the
+  transform Function ``BatchNormTransform`` (vmap: the batch members' channels
+  are more channels).
+- entry point :func:`batch_norm`: the backend table's ``"cpu"`` function (the
+  ``"ref"`` one is ``reference.ref_batch_norm``); ``_register.route`` picks the
+  form that runs.
 
 Saved for the backward: the input (in its canonical layout), ``w``, and
 ``stats``, the forward's ``(3, C)`` float64 statistics (rows mean, biased var,
@@ -30,9 +28,9 @@ Under ``create_graph=True`` the backward runs the reference's differentiable
 backward instead (training: statistics recomputed from ``x``), so double
 backward works for ``"cpu"`` too.
 
-Running statistics are written through numpy, so their version counters do
-not move -- as with torch's own ``batch_norm``, whose saved running
-statistics a later update must not invalidate.
+Running statistics are written through their addresses; an eager update then
+moves their version counters once (``_register.written``), as an in-place
+torch op (and the reference path's ``copy_``) does.
 
 (No ``from __future__ import annotations`` here: ``torch.library`` reads the
 type hints of the custom ops to build their schemas.)
@@ -46,19 +44,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _transforms
+from .. import _register, _transforms
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
-from .._launch import fast_apply, kernels_loader
-from .._launch import records as _records
+from .._launch import kernels_loader
 from .._launch import param_ptr as _param_ptr
-from .._common import acc_dtype, empty_output
+from .._common import acc_dtype
 from .reference import (
     _memory_format,
     _stat_shape,
     batch_norm_eval_backward_ref,
-    batch_norm_ref,
     batch_norm_stats,
+    check_batched_buffers,
+    ref_batch_norm,
     batch_norm_jvp,
     batch_norm_train_backward_ref,
 )
@@ -281,8 +279,7 @@ def _update_running(running_mean, running_var, stats, n, momentum):
 # --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("normlab::batch_norm_train_fwd", mutates_args=(), device_types="cpu")
-def batch_norm_train_fwd(
+def _batch_norm_train_fwd(
     x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
 ) -> tuple[Tensor, Tensor]:
     """Training-mode BatchNorm of a canonical ``x``: ``(y, stats)``, stats (3, C) float64 mean, biased var, rstd."""
@@ -290,13 +287,11 @@ def batch_norm_train_fwd(
     return y, torch.from_numpy(sn)
 
 
-@batch_norm_train_fwd.register_fake
-def _(x, w, b, eps):
+def _batch_norm_train_fwd_fake(x, w, b, eps):
     return torch.empty_like(x), x.new_empty((3, x.shape[1]), dtype=torch.float64)
 
 
-@torch.library.custom_op("normlab::batch_norm_eval_fwd", mutates_args=(), device_types="cpu")
-def batch_norm_eval_fwd(
+def _batch_norm_eval_fwd(
     x: Tensor, running_mean: Tensor, running_var: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
 ) -> tuple[Tensor, Tensor]:
     """Evaluation-mode BatchNorm of a canonical ``x``: ``(y, stats)``, stats (3, C) float64 (the running ones, rstd)."""
@@ -304,15 +299,11 @@ def batch_norm_eval_fwd(
     return y, torch.from_numpy(sn)
 
 
-@batch_norm_eval_fwd.register_fake
-def _(x, running_mean, running_var, w, b, eps):
+def _batch_norm_eval_fwd_fake(x, running_mean, running_var, w, b, eps):
     return torch.empty_like(x), x.new_empty((3, x.shape[1]), dtype=torch.float64)
 
 
-@torch.library.custom_op(
-    "normlab::batch_norm_update_stats", mutates_args=("running_mean", "running_var"), device_types="cpu"
-)
-def batch_norm_update_stats(
+def _batch_norm_update_stats(
     running_mean: Tensor, running_var: Tensor, stats: Tensor, n: int, momentum: Tensor
 ) -> None:
     """Blend the batch statistics (``stats`` rows 0, 1: mean, biased var) into the running ones, in place.
@@ -324,21 +315,18 @@ def batch_norm_update_stats(
     _update_running(running_mean, running_var, stats.numpy(), n, float(momentum))
 
 
-@batch_norm_update_stats.register_fake
-def _(running_mean, running_var, stats, n, momentum):
+def _batch_norm_update_stats_fake(running_mean, running_var, stats, n, momentum):
     return None
 
 
-@torch.library.custom_op("normlab::batch_norm_bwd", mutates_args=(), device_types="cpu")
-def batch_norm_bwd(
+def _batch_norm_bwd(
     dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor, training: bool, need_dx: bool, need_wb: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """BatchNorm gradients ``(dx, dw, db)``; dx empty unless ``need_dx``; dw/db float64, empty unless computed."""
     return _backward(dy, x, w, stats, training, need_dx, need_wb)
 
 
-@batch_norm_bwd.register_fake
-def _(dy, x, w, stats, training, need_dx, need_wb):
+def _batch_norm_bwd_fake(dy, x, w, stats, training, need_dx, need_wb):
     c = x.shape[1] if (training or need_wb) else 0
     dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
     return dx, x.new_empty((c,), dtype=torch.float64), x.new_empty((c,), dtype=torch.float64)
@@ -418,104 +406,114 @@ def _eval_backward(ctx, dy, _dstats):
     return dx, None, None, dw, db, None
 
 
-batch_norm_train_fwd.register_autograd(_train_backward, setup_context=_train_setup)
-batch_norm_eval_fwd.register_autograd(_eval_backward, setup_context=_eval_setup)
 
 
-class _EagerBatchNorm(torch.autograd.Function):
-    """The custom ops' eager twin: same launchers, same backward, no dispatcher.
-
-    Returns ``y``. The (3, C) float64 statistics stay a numpy array on ``ctx``
-    (wrapping them as a tensor costs more than a small kernel) and are handed
-    to the caller in ``out`` (a one-element list): in training they feed the
-    running-statistic update.
-    """
-
-    @staticmethod
-    def forward(ctx, x, w, b, running_mean, running_var, training, eps, out):
-        y, sn = _forward(x, w, b, running_mean, running_var, training, eps)
-        ctx.save_for_backward(x, w)
-        ctx.stats = out[0] = sn
-        ctx.eps = eps
-        ctx.training = training
-        ctx.b_dtype = b.dtype if b is not None else None
-        ctx.set_materialize_grads(False)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dx, dw, db = _grads(ctx, dy, x, w, ctx.stats, need[0], need[1], need[2], eager=True)
-        return dx, dw, db, None, None, None, None, None
+batch_norm_train_fwd = _register.custom_op(
+    "batch_norm_train_fwd", _batch_norm_train_fwd, fake=_batch_norm_train_fwd_fake,
+    backward=_train_backward, setup_context=_train_setup,
+)
+batch_norm_eval_fwd = _register.custom_op(
+    "batch_norm_eval_fwd", _batch_norm_eval_fwd, fake=_batch_norm_eval_fwd_fake,
+    backward=_eval_backward, setup_context=_eval_setup,
+)
+batch_norm_update_stats = _register.custom_op(
+    "batch_norm_update_stats", _batch_norm_update_stats, fake=_batch_norm_update_stats_fake,
+    mutates_args=("running_mean", "running_var"),
+)
+batch_norm_bwd = _register.custom_op("batch_norm_bwd", _batch_norm_bwd, fake=_batch_norm_bwd_fake)
 
 
-_eager_apply = fast_apply(_EagerBatchNorm)
+# --------------------------------------------------------------------------
+# The eager twin: the launchers and the backward as one Function. Returns y;
+# the (3, C) float64 statistics stay a numpy array on the node (wrapping them
+# as a tensor costs more than a small kernel) and are handed to the caller in
+# ``out`` (a one-element list): in training they feed the running-statistic update.
+# --------------------------------------------------------------------------
 
 
-class _TransformBatchNorm(torch.autograd.Function):
-    """BatchNorm on the kernels under torch.func transforms and forward-mode AD
-    (``ops/_transforms.py``): returns ``(y, stats)``, ``stats`` the (3, C) float64 rows mean,
-    biased var, rstd (not differentiable). The running-statistic update is the caller's."""
-
-    @staticmethod
-    def forward(x, w, b, running_mean, running_var, training, eps):
-        y, sn = _forward(_canonical(x), w, b, running_mean, running_var, training, eps)
-        return y, torch.from_numpy(sn)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, w, b, _, _, training, eps = inputs
-        stats = output[1]
-        _setup(ctx, x, w, b, eps, stats, training)
-        ctx.save_for_forward(x, w, stats)
-
-    @staticmethod
-    def backward(ctx, dy, _dstats):
-        x, w, stats = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[1], need[2], eager=True)
-        return dx, dw, db, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, xt, wt, bt, _rmt, _rvt, _training_t, _eps_t):
-        x, w, stats = ctx.saved_tensors
-        shape = _stat_shape(x)
-        acc = acc_dtype(x.dtype)
-        mean, rstd = stats[0].to(acc).reshape(shape), stats[2].to(acc).reshape(shape)
-        return batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, ctx.training), None
-
-    @staticmethod
-    def vmap(info, in_dims, x, w, b, running_mean, running_var, training, eps):
-        """Each batch member's channels become channels of their own: (B, N, C, *) is normalised
-        as (N, B * C, *), so every member gets its own statistics from one kernel call."""
-        n = info.batch_size
-        xb = _transforms.front(x, in_dims[0], n)  # (B, N, C, *spatial)
-        c = xb.shape[2]
-        x2 = xb.movedim(0, 1).reshape(xb.shape[1], n * c, *xb.shape[3:])  # (N, B*C, *spatial)
-
-        def channels(t, d):  # (C,) or batched (B, C) -> (B*C,)
-            if t is None:
-                return None
-            return t.repeat(n) if d is None else _transforms.front(t, d, n).reshape(n * c)
-
-        y, stats = _TransformBatchNorm.apply(
-            x2, channels(w, in_dims[1]), channels(b, in_dims[2]),
-            channels(running_mean, in_dims[3]), channels(running_var, in_dims[4]), training, eps,
-        )
-        return (y.reshape(xb.shape[1], n, c, *xb.shape[3:]), stats.view(3, n, c)), (1, 1)
+def _eager_forward(ctx, x, w, b, running_mean, running_var, training, eps, out):
+    y, sn = _forward(x, w, b, running_mean, running_var, training, eps)
+    ctx.save_for_backward(x, w)
+    ctx.stats = out[0] = sn
+    ctx.eps = eps
+    ctx.training = training
+    ctx.b_dtype = b.dtype if b is not None else None
+    ctx.set_materialize_grads(False)
+    return y
 
 
-def check_batched_buffers(x, running_mean, running_var) -> None:
-    """Under vmap, the running statistics an update writes must be batched where the input is
-    (one pair per batch member), as torch requires."""
-    is_batched = torch._C._functorch.is_batchedtensor
-    if is_batched(x) and not (is_batched(running_mean) and is_batched(running_var)):
-        raise RuntimeError(
-            "batch_norm: got a batched tensor as input while the running_mean or running_var, which "
-            "will be updated in place, were not batched; use track_running_stats=False, batched "
-            "buffers (torch.func.stack_module_state), or eval mode"
-        )
+def _eager_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, dy, x, w, ctx.stats, need[0], need[1], need[2], eager=True)
+    return dx, dw, db, None, None, None, None, None
+
+
+_eager_apply = _register.eager(
+    "BatchNorm", _eager_forward, _eager_backward,
+    "BatchNorm on the kernels: ``apply(x, w, b, running_mean, running_var, training, eps, out)`` -> ``y``.",
+)
+
+
+# --------------------------------------------------------------------------
+# Under torch.func transforms and forward-mode AD (ops/_transforms.py)
+# --------------------------------------------------------------------------
+
+
+def _transform_forward(x, w, b, running_mean, running_var, training, eps):
+    y, sn = _forward(_canonical(x), w, b, running_mean, running_var, training, eps)
+    return y, torch.from_numpy(sn)
+
+
+def _transform_setup_context(ctx, inputs, output):
+    x, w, b, _, _, training, eps = inputs
+    stats = output[1]
+    _setup(ctx, x, w, b, eps, stats, training)
+    ctx.save_for_forward(x, w, stats)
+
+
+def _transform_backward(ctx, dy, _dstats):
+    x, w, stats = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, dy, x, w, stats, need[0], need[1], need[2], eager=True)
+    return dx, dw, db, None, None, None, None
+
+
+def _transform_jvp(ctx, xt, wt, bt, _rmt, _rvt, _training_t, _eps_t):
+    x, w, stats = ctx.saved_tensors
+    shape = _stat_shape(x)
+    acc = acc_dtype(x.dtype)
+    mean, rstd = stats[0].to(acc).reshape(shape), stats[2].to(acc).reshape(shape)
+    return batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, ctx.training), None
+
+
+def _transform_vmap(info, in_dims, x, w, b, running_mean, running_var, training, eps):
+    """Each batch member's channels become channels of their own: (B, N, C, *) is normalised
+    as (N, B * C, *), so every member gets its own statistics from one kernel call."""
+    n = info.batch_size
+    xb = _transforms.front(x, in_dims[0], n)  # (B, N, C, *spatial)
+    c = xb.shape[2]
+    x2 = xb.movedim(0, 1).reshape(xb.shape[1], n * c, *xb.shape[3:])  # (N, B*C, *spatial)
+
+    def channels(t, d):  # (C,) or batched (B, C) -> (B*C,)
+        if t is None:
+            return None
+        return t.repeat(n) if d is None else _transforms.front(t, d, n).reshape(n * c)
+
+    y, stats = _Transform.apply(
+        x2, channels(w, in_dims[1]), channels(b, in_dims[2]),
+        channels(running_mean, in_dims[3]), channels(running_var, in_dims[4]), training, eps,
+    )
+    return (y.reshape(xb.shape[1], n, c, *xb.shape[3:]), stats.view(3, n, c)), (1, 1)
+
+
+_Transform = _register.transform(
+    "BatchNorm", forward=_transform_forward, setup_context=_transform_setup_context,
+    backward=_transform_backward, jvp=_transform_jvp, vmap=_transform_vmap,
+    doc="BatchNorm on the kernels: ``apply(x, w, b, running_mean, running_var, training, eps)`` -> "
+        "``(y, stats)``, ``stats`` the (3, C) float64 rows mean, biased var, rstd (not differentiable). "
+        "The running-statistic update is the caller's.",
+)
 
 
 def _update_running_ops(running_mean, running_var, x, stats, n, momentum):
@@ -534,8 +532,9 @@ def _update_running_ops(running_mean, running_var, x, stats, n, momentum):
 # --------------------------------------------------------------------------
 
 
-def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, backend="ref"):
-    """BatchNorm of an ``(N, C, *spatial)`` ``x`` (arguments already checked).
+def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps):
+    """BatchNorm of an ``(N, C, *spatial)`` ``x`` on the kernels (the backend table's ``"cpu"``
+    function; the ``"ref"`` one is ``reference.ref_batch_norm``).
 
     ``training=True``: normalise with the batch's statistics and, when
     ``running_mean``/``running_var`` are given, update them in place with
@@ -543,50 +542,36 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps, back
     stat``, the *unbiased* variance ``var * n / (n - 1)`` for ``running_var``,
     blended in float64 and rounded once to each buffer's dtype).
     ``training=False``: normalise with the running statistics, left untouched.
-
-    ``backend``: ``"ref"`` (``reference.py``) or ``"cpu"`` (the Numba kernels;
-    an empty batch takes the reference path).
+    An empty batch takes the reference path.
     """
-    if backend == "ref":
-        if x.numel() == 0 and not training and running_mean is None:
-            return empty_output(x, w, b)
-        if training and running_mean is not None and _transforms.active():
-            check_batched_buffers(x, running_mean, running_var)
-        return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
-    if backend != "cpu":
-        raise RuntimeError(
-            f"normlab batch_norm: backend {backend!r} does not implement batch_norm; "
-            f"available for batch_norm: ['ref', 'cpu']"
-        )
     if x.numel() == 0:
-        if not training and running_mean is None:  # nothing to normalise: torch's empty output
-            return empty_output(x, w, b)
-        return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
+        return ref_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps)
     update = training and running_mean is not None
-    if _transforms.active():  # the layout is settled on the plain tensors, in the Function's forward
-        rm, rv = (None, None) if training else (running_mean, running_var)
-        y, stats = _TransformBatchNorm.apply(x, w, b, rm, rv, training, eps)
+    n = x.numel() // x.shape[1]  # values per channel
+    rm, rv = (None, None) if training else (running_mean, running_var)
+    path = _register.route(x, w, b)
+    if path == _register.TRANSFORM:  # the layout is settled on the plain tensors, in the Function's forward
+        y, stats = _Transform.apply(x, w, b, rm, rv, training, eps)
         if update:
-            _update_running_ops(running_mean, running_var, x, stats, x.numel() // x.shape[1], momentum)
+            _update_running_ops(running_mean, running_var, x, stats, n, momentum)
         return y
     xc = _canonical(x)  # the one copy of an input that is neither contiguous nor channels-last
-    if not torch.compiler.is_compiling():
-        rm, rv = (None, None) if training else (running_mean, running_var)
-        if _records(xc, w, b):
-            out = [None]
-            y = _eager_apply(xc, w, b, rm, rv, training, eps, out)
-            sn = out[0]
-        else:
-            y, sn = _forward(xc, w, b, rm, rv, training, eps)
-        if update:
-            _update_running(running_mean, running_var, sn, x.numel() // x.shape[1], momentum)
-        return y
-    if training:
+    if path == _register.EAGER:
+        out = [None]
+        y = _eager_apply(xc, w, b, rm, rv, training, eps, out)
+        sn = out[0]
+    elif path == _register.PLAIN:
+        y, sn = _forward(xc, w, b, rm, rv, training, eps)
+    elif training:
         y, stats = batch_norm_train_fwd(xc, w, b, eps)
         if update:
             if not isinstance(momentum, Tensor):
                 momentum = torch.tensor(momentum, dtype=torch.float64)
-            batch_norm_update_stats(running_mean, running_var, stats, x.numel() // x.shape[1], momentum)
+            batch_norm_update_stats(running_mean, running_var, stats, n, momentum)
+        return y
     else:
-        y, _ = batch_norm_eval_fwd(xc, running_mean, running_var, w, b, eps)
+        return batch_norm_eval_fwd(xc, running_mean, running_var, w, b, eps)[0]
+    if update:
+        _update_running(running_mean, running_var, sn, n, momentum)
+        _register.written(running_mean, running_var)
     return y
