@@ -18,7 +18,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
-from normlab.ops import _numba
+from normlab.ops import _launch
 from normlab.ops.layer_norm import op as ln_op
 from tests.oracle import assert_within_rounding, rel_err
 
@@ -274,7 +274,7 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
     # that the backward's chunks are enlarged (_bwd_rows): several fixed row chunks,
     # large enough to run on 2 threads
     if n == 4096:
-        assert ln_op._bwd_rows(n, cols) > _numba.rows_per_chunk(n, cols)
+        assert ln_op._bwd_rows(n, cols) > _launch.rows_per_chunk(n, cols)
     x, w, b, dy = _inputs((n, cols), (cols,), dtype, "both", seed=5)
     r = torch.randn(n, cols).to(dtype)
     fns = [

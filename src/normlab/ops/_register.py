@@ -31,7 +31,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from .. import _backend
-from . import _numba
+from . import _launch
 from ._launch import fast_apply
 
 # --------------------------------------------------------------------------
@@ -147,15 +147,16 @@ def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None) -> None
     ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when numba is installed (checked
     without importing it). Both take the arguments ``normlab.functional`` has checked."""
     _backend.register_op(op, "ref", ref)
-    if cpu is not None and _numba.available():
-        _backend.register_backend("cpu", _numba.serves_cpu)
+    if cpu is not None and _launch.available():
+        _backend.register_backend("cpu", _launch.serves_cpu)
         _backend.register_op(op, "cpu", cpu)
+
+
+_increment_version = torch._C._increment_version  # (what autograd.graph.increment_version calls)
 
 
 def written(*buffers: torch.Tensor) -> None:
     """Running statistics that a kernel wrote in place through their address: their version
     counters move once, as for any in-place torch op (and as on the reference path, which
-    writes them with ``copy_``). Inference tensors have no version counter."""
-    for t in buffers:
-        if not t.is_inference():
-            torch.autograd.graph.increment_version(t)
+    writes them with ``copy_``). Inference tensors have no version counter and are skipped."""
+    _increment_version(buffers)

@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _numba, _register, _transforms
+from .. import _launch, _register, _transforms
 from .._launch import bits as _bits
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
@@ -91,13 +91,13 @@ def _rows_per_task(n_rows: int, n_cols: int) -> int:
 
 
 def _samples_per_task(n: int, s: int, c: int) -> int:
-    """Samples per task of the NHWC kernels: the chunk of ``_numba.rows_per_chunk`` over the
+    """Samples per task of the NHWC kernels: the chunk of ``_launch.rows_per_chunk`` over the
     ``N*S`` rows of ``C`` channels (~64K values, at least 16 rows), in whole samples.
 
     From the shape only, never the thread count: the backward's dw/db are
     per-task partials merged in task order, so the chunks fix the bits.
     """
-    return max(1, min(n, -(-_numba.rows_per_chunk(n * s, c) // max(s, 1))))
+    return max(1, min(n, -(-_launch.rows_per_chunk(n * s, c) // max(s, 1))))
 
 
 def _is_nhwc(x: Tensor) -> bool:
