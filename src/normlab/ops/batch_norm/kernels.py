@@ -1,5 +1,8 @@
 """Numba kernels of the ``"cpu"`` backend for BatchNorm.
 
+(Longer than the project's ~500 lines on purpose: numba caches compiled code
+per source file, and the two kernels share most helpers, so they stay together.)
+
 Every input reaches the kernels as one 2-D view, ``(R, C * S)``: rows ``(M, C)``
 (``(N, C)`` and channels-last tensors) or planes ``(N, C * S)`` (contiguous
 NCHW/NCDHW), narrow rows folded. Two kernels, :func:`bn_fwd` (training:
@@ -14,10 +17,7 @@ The algorithm -- views and folding, tasks and chunks, the statistics, the
 normalisation, the backward's sums -- is written out in
 ``docs/derivations/batch_norm.md`` ("The cpu kernels").
 
-This file is longer than the project's ~500 lines: numba caches compiled code
-per source file, and the two kernels share most helpers, so they stay together.
-
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .._rows import grad_sums, shift_row, sqdev
 from .._simd import wide
 
 # Sums of finished float64 partials (and, below, of plane values) are split into
-# SIMD lanes: SUM_OPTIONS, reassociation of those additions only; the order is
+# SIMD lanes: @helper(sums=True), reassociation of those additions only; the order is
 # fixed by the compiled code, so still the same bits for any number of threads.
 
 
@@ -567,7 +567,7 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
 @helper
 def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
     """BatchNorm forward on the 2-D view ``x``; a row holds ``F = width / (C * S)``
-    consecutive rows of ``(R, C * S)`` (``op.py`` folds narrow rows), channel
+    consecutive rows of ``(R, C * S)`` (``launch.py`` folds narrow rows), channel
     ``c`` at columns ``r*C*S + c*S .. r*C*S + c*S + S``.
 
     x       (R/F, F*C*S)  input, storage dtype
@@ -576,7 +576,7 @@ def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
     stats   (3, C)        float64 rows mean, var, rstd. train: out, the batch mean and
                           biased variance; eval: in, the running ones. rstd: out
     work    (2, G, W)     float64 scratch (train): per-task, per-column partial means and
-                          M2, G = the row groups (``op.py`` keeps it between calls: large
+                          M2, G = the row groups (``launch.py`` keeps it between calls: large
                           allocations here would be fresh pages, faulted in on every call)
     eps     float
     s_len   int           S, values per channel per row of the unfolded view

@@ -65,7 +65,7 @@ from torch.autograd.function import once_differentiable
 from ... import _backend
 from .._common import acc_dtype
 from .. import _register
-from . import op as _op
+from . import launch as _launch
 from .reference import _channel_sum, _mean_var_xc, _memory_format, _stat_shape, batch_norm_eval_ref
 from .reference import update_running_stats
 
@@ -171,7 +171,7 @@ def _local_stats(x: Tensor, backend: str):
         z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
         return 0, z, z
     if backend == "cpu":  # the training kernel's statistics (its output y is not used)
-        _, sn = _op._forward(x, None, None, None, None, True, 0.0)
+        _, sn = _launch._forward(x, None, None, None, None, True, 0.0)
         return n, sn[0], sn[1] * n
     mean, var, _ = _mean_var_xc(x.to(acc_dtype(x.dtype)))  # (1, C, 1, ...) each
     mean, m2 = mean.reshape(-1).double(), var.reshape(-1).double() * n
@@ -265,7 +265,7 @@ def _forward(x: Tensor, w, b, eps: float, group, check: bool, backend: str):
     if x.numel() == 0:
         return torch.empty_like(x), stats
     if backend == "cpu":  # the evaluation kernel with the global statistics as its "running" ones
-        y, _ = _op._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
+        y, _ = _launch._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
     else:
         mean, var = (torch.from_numpy(stats[0]), torch.from_numpy(stats[1])) if x.is_cpu else (stats[0], stats[1])
         y, _, _ = batch_norm_eval_ref(x, mean, var, w, b, eps)
@@ -279,7 +279,7 @@ def _local_sums(dy: Tensor, x: Tensor, w, stats, backend: str):
         z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
         return z, z
     if backend == "cpu":
-        _, dw, db = _op._backward_arrays(dy, x, w, stats[:3], False, False, True)
+        _, dw, db = _launch._backward_arrays(dy, x, w, stats[:3], False, False, True)
         return db, dw
     acc = acc_dtype(x.dtype)
     shape = _stat_shape(x)
@@ -329,7 +329,7 @@ def _update(running_mean: Tensor, running_var: Tensor, stats, momentum: float) -
     """Blend the global statistics into the running ones, in place (unbiased variance ``M2 / (N - 1)``)."""
     n = int(stats[3, 0])
     if isinstance(stats, np.ndarray) and running_mean.dtype in DTYPE_CODES and running_var.dtype in DTYPE_CODES:
-        _op._update_running(running_mean, running_var, stats[:3], n, momentum)
+        _launch._update_running(running_mean, running_var, stats[:3], n, momentum)
         _register.written(running_mean, running_var)
     else:
         stats = torch.as_tensor(stats, device=running_mean.device)
@@ -395,7 +395,7 @@ def _arrays(t: Tensor):
 def _cast(dw, db, w, b_dtype, need):
     """The local float64 ``dw``/``db`` (arrays or tensors) in the parameters' dtypes, None where not needed."""
     def to(a, dtype):
-        return _op._to(a, dtype) if isinstance(a, np.ndarray) else a.to(dtype)
+        return _launch._to(a, dtype) if isinstance(a, np.ndarray) else a.to(dtype)
     return (to(dw, w.dtype) if need[1] and w is not None else None,
             to(db, b_dtype) if need[2] and b_dtype is not None else None)
 
@@ -469,7 +469,7 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
         backend = "ref"
     if backend == "cpu" and not x.is_cpu:
         backend = "ref"
-    xc = _op._canonical(x) if backend == "cpu" else x
+    xc = _launch._canonical(x) if backend == "cpu" else x
     update = running_mean is not None
     path = _register.route(x, w, b)
     if path != _register.COMPILE:  # (no torch.func rule: under a transform, the eager Function)

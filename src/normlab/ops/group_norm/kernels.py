@@ -73,13 +73,13 @@ Both group means come from the per-(n, c) sums ``sum_s dy`` and
 
 Either way the rows of partials are then summed in row order, in float64,
 in parallel over blocks of channels (:func:`_merge_rows`). The chunks of
-rows and samples depend on the shape only (``op.py``), so results are
+rows and samples depend on the shape only (``launch.py``), so results are
 bitwise the same for any number of threads.
 
 Float16/bfloat16/float32 accumulate in float32, float64 in float64; outputs
 are rounded once.
 
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ TILE = 2048
 # 2 threads: ~1.20 -> ~1.12 ms; float32 ~1.23 -> ~1.20 ms).
 FUSE_MIN = 256
 
-# Sums below are compiled with SUM_OPTIONS: LLVM may split them into SIMD lanes
+# Sums below are compiled with @helper(sums=True) (SUM_OPTIONS): LLVM may split them into SIMD lanes
 # (reassociation only; see the module docstring).
 
 
@@ -418,6 +418,6 @@ def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, 
 
 
 # The NHWC kernels (channels_last, and every S == 1 input) live in their own file; the
-# loader (``op.py``) reads every kernel from this module, so they are re-exported here.
+# loader (``launch.py``) reads every kernel from this module, so they are re-exported here.
 # (Imported last: they use _merge_rows above.)
 from .kernels_nhwc import gn_bwd_nhwc_at, gn_fwd_nhwc_at  # noqa: E402

@@ -8,7 +8,7 @@ channels. The statistics, their order of summation and the backward's terms are
 those of the NCHW kernels (``kernels.py``, whose docstring has the algorithm);
 ``kernels.py`` re-exports the entry functions for the loader.
 
-This module imports numba: ``op.py`` loads it (through ``kernels.py``) on first use.
+This module imports numba: ``launch.py`` loads it (through ``kernels.py``) on first use.
 """
 
 from __future__ import annotations

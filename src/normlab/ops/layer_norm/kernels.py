@@ -33,7 +33,7 @@ rewriting of the differences that the shifted statistics rely on: each is a
 stored value or a two-operand difference). The order is fixed by the compiled
 code, so results do not depend on threads.
 
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
