@@ -47,7 +47,7 @@ from .reference import (
     rms_norm_stats,
     rows,
 )
-from .launch import BWD_MAX_ROWS, BWD_MIN_CHUNKS, _ACC, _backward, _bwd_rows, _forward, _k  # noqa: F401
+from .launch import _backward, _forward
 
 # --------------------------------------------------------------------------
 # The gradients (every form's backward)
