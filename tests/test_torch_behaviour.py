@@ -221,3 +221,22 @@ def test_ref_forward_matches_torch(case):
     with normlab.use_backend("ref"):
         got = ours(x, w, b)
     torch.testing.assert_close(got, theirs(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_running_statistics_update_moves_each_version_counter_once(backend, grad):
+    """One rule on every path: an update of the running statistics is one in-place write of
+    each buffer, seen by autograd's version counter (the reference path writes with ``copy_``,
+    the kernels through the buffer's address)."""
+    x = torch.randn(4, 3, 5, requires_grad=grad)
+    calls = {
+        "batch_norm": lambda rm, rv: NF.batch_norm(x, rm, rv, training=True),
+        "instance_norm": lambda rm, rv: NF.instance_norm(x, rm, rv, use_input_stats=True),
+    }
+    for name, call in calls.items():
+        rm, rv = torch.zeros(3), torch.ones(3)
+        with normlab.use_backend(backend):
+            call(rm, rv)
+        assert (rm._version, rv._version) == (1, 1), name
+        assert not torch.equal(rm, torch.zeros(3)), name  # it did update
