@@ -38,3 +38,17 @@ def graph_nodes(t: torch.Tensor) -> list[str]:
         names.append(type(node).__name__)
         stack.extend(n for n, _ in node.next_functions)
     return names
+
+
+def forbid_ops(monkeypatch, *ops: str) -> None:
+    """Replace every backend's function of ``ops`` in the backend table with one that fails the
+    test when it is called (a bad argument must be caught before any op runs)."""
+    from normlab import _backend
+
+    def boom(*args, **kwargs):  # pragma: no cover - must not be reached
+        raise AssertionError("op called with bad arguments")
+
+    for key in list(_backend._IMPL):
+        if key[0] in ops:
+            monkeypatch.setitem(_backend._IMPL, key, boom)
+    monkeypatch.setattr(_backend, "_AUTO", {})

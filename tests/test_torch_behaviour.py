@@ -131,18 +131,36 @@ def test_batch_norm_momentum_none_under_fullgraph_compile(backend):
     torch.testing.assert_close(m.running_mean, torch.stack([x.mean(0) for x in xs]).mean(0), rtol=1e-6, atol=1e-6)
 
 
-def test_normalized_shape_must_name_the_trailing_dims():
-    x = torch.randn(4, 6)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_normalized_shape_must_name_the_trailing_dims(backend):
+    """(4, 6) with normalized_shape (3,): 3 divides the 24 values evenly, yet it does not name
+    the trailing dim, so torch raises -- and so must every row norm, on every backend (a
+    reshape to (-1, 3) would silently normalise other rows)."""
+    x, r = torch.randn(4, 6), torch.randn(4, 6)
+    w = torch.ones(3)
     with pytest.raises(RuntimeError):
         F.layer_norm(x, (3,))
-    for fn in (NF.layer_norm, NF.rms_norm):
-        with pytest.raises(RuntimeError, match=r"expected input with shape \[\*, 3\]"):
-            fn(x, (3,))
+    with pytest.raises(RuntimeError):
+        F.rms_norm(x, (3,))
+    calls = {
+        "layer_norm": lambda: NF.layer_norm(x, (3,)),
+        "layer_norm weight": lambda: NF.layer_norm(x, (3,), w, w),
+        "rms_norm": lambda: NF.rms_norm(x, (3,)),
+        "rms_norm weight": lambda: NF.rms_norm(x, (3,), w),
+        "add_layer_norm": lambda: NF.add_layer_norm(x, r, (3,)),
+        "add_layer_norm weight": lambda: NF.add_layer_norm(x, r, (3,), w, w),
+        "add_rms_norm": lambda: NF.add_rms_norm(x, r, (3,)),
+        "add_rms_norm weight": lambda: NF.add_rms_norm(x, r, (3,), w),
+    }
+    for name, call in calls.items():
+        with normlab.use_backend(backend), pytest.raises(RuntimeError, match=r"expected input with shape \[\*, 3\]"):
+            call()
 
 
 def _cases():
     """(name, normlab call, torch call, input shape, parameter shape): float64, every family, train and eval."""
     rm, rv = torch.randn(4, dtype=torch.float64), torch.rand(4, dtype=torch.float64) + 0.5
+    res = torch.randn(3, 5, 4, dtype=torch.float64)
     return [
         ("layer_norm", lambda x, w, b: NF.layer_norm(x, (4,), w, b), lambda x, w, b: F.layer_norm(x, (4,), w, b),
          (3, 5, 4)),
@@ -158,11 +176,21 @@ def _cases():
          lambda x, w, b: F.instance_norm(x, None, None, w, b, True), (3, 4, 5)),
         ("instance_norm eval", lambda x, w, b: NF.instance_norm(x, rm, rv, w, b, False),
          lambda x, w, b: F.instance_norm(x, rm, rv, w, b, False), (3, 4, 5)),
+        # the fused adds: both outputs used, so the gradient reaches x through y and through h
+        ("add_layer_norm", lambda x, w, b: _both(NF.add_layer_norm(x, res, (4,), w, b)),
+         lambda x, w, b: _both((F.layer_norm(x + res, (4,), w, b), x + res)), (3, 5, 4)),
+        ("add_rms_norm", lambda x, w, b: _both(NF.add_rms_norm(x, res, (4,), w)) + b,
+         lambda x, w, b: _both((F.rms_norm(x + res, (4,), w), x + res)) + b, (3, 5, 4)),
     ]
 
 
+def _both(pair):
+    y, h = pair
+    return y + 0.5 * h * h
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", range(7), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("case", range(len(_cases())), ids=[c[0] for c in _cases()])
 def test_first_order_gradients_with_create_graph_match_torch(backend, case):
     """The differentiable (``create_graph=True``) backward gives torch's first-order gradients,
     in training and in eval mode, and its second-order ones."""
@@ -183,7 +211,7 @@ def test_first_order_gradients_with_create_graph_match_torch(backend, case):
         torch.testing.assert_close(g, t, rtol=1e-8, atol=1e-8)
 
 
-@pytest.mark.parametrize("case", range(7), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("case", range(len(_cases())), ids=[c[0] for c in _cases()])
 def test_ref_forward_matches_torch(case):
     """``"ref"`` serves every tensor the cpu kernels do not (other devices): checked directly."""
     name, ours, theirs, shape = _cases()[case]
@@ -193,3 +221,22 @@ def test_ref_forward_matches_torch(case):
     with normlab.use_backend("ref"):
         got = ours(x, w, b)
     torch.testing.assert_close(got, theirs(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_running_statistics_update_moves_each_version_counter_once(backend, grad):
+    """One rule on every path: an update of the running statistics is one in-place write of
+    each buffer, seen by autograd's version counter (the reference path writes with ``copy_``,
+    the kernels through the buffer's address)."""
+    x = torch.randn(4, 3, 5, requires_grad=grad)
+    calls = {
+        "batch_norm": lambda rm, rv: NF.batch_norm(x, rm, rv, training=True),
+        "instance_norm": lambda rm, rv: NF.instance_norm(x, rm, rv, use_input_stats=True),
+    }
+    for name, call in calls.items():
+        rm, rv = torch.zeros(3), torch.ones(3)
+        with normlab.use_backend(backend):
+            call(rm, rv)
+        assert (rm._version, rv._version) == (1, 1), name
+        assert not torch.equal(rm, torch.zeros(3)), name  # it did update

@@ -10,10 +10,10 @@ import torch
 
 import normlab
 from normlab import cli
-from normlab.ops import _launch, _numba
+from normlab.ops import _launch
 from normlab.warmup import targets
 
-pytestmark = pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 
 
 def _fresh_module(tmp_path, name):

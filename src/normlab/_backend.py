@@ -1,21 +1,25 @@
 """Backend choice: which implementation of an op serves a tensor.
 
+One table, (op, backend) -> function (:data:`_IMPL`): each ``ops`` family
+enters its ops there when it is imported (``ops/_register.implement``): the
+``"ref"`` function from its ``reference.py`` for every op, the ``"cpu"``
+function from its ``op.py`` where it has kernels and numba is installed
+(``ops/layer_norm``: ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
+``add_rms_norm``; ``ops/batch_norm``: ``batch_norm``; ``ops/group_norm``:
+``group_norm``, ``instance_norm``). Callers (``normlab.functional``) ask
+:func:`implementation` for the function and call it; nothing else branches on a
+backend's name.
+
 Backends by name:
 
-- ``"ref"``  -- the reference math in plain torch ops (``ops/<family>/reference.py``);
-  serves every device and dtype.
+- ``"ref"``  -- the reference math in plain torch ops; serves every device and dtype.
+- ``"cpu"``  -- the fused Numba kernels (CPU tensors of the four float dtypes).
 - ``"auto"`` -- the fastest registered backend that serves the tensor (the default).
 
 While ``torch.export`` (and ``torch.onnx.export``) or ``torch.jit.trace`` records
 a model, every call resolves to ``"ref"``: the recorded graph then holds aten ops
 that any runtime can run, where a kernel call would be opaque (or invisible).
-
-Further backends (fused CPU kernels) register themselves with
-:func:`register_backend`, naming the ops they implement: ``"cpu"`` is
-registered by each ``ops`` family for the ops it has kernels for
-(``ops/layer_norm``: ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm``; ``ops/batch_norm``: ``batch_norm``; ``ops/group_norm``:
-``group_norm``, ``instance_norm``). An explicit request that cannot serve a tensor (or does not implement the op)
+An explicit request that cannot serve a tensor (or does not implement the op)
 raises an error that lists what is available.
 
 The choice comes from, in order of precedence: :func:`use_backend` (a context
@@ -23,60 +27,59 @@ manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (rea
 once, when normlab is imported; validated at the first call that uses it), and
 finally ``"auto"``.
 """
-
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import torch
 
 # name -> predicate "can this backend serve this tensor?"; kept in priority order
 # (first registered = lowest priority, so "auto" walks the list backwards).
 _BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
-# name -> the ops it implements (None: every op)
-_OPS: dict[str, frozenset[str] | None] = {"ref": None}
+# (op, backend) -> the function that runs op on that backend: the one table
+_IMPL: dict[tuple[str, str], Callable] = {}
 
 _state = threading.local()
 _global_choice: str | None = None
 _ENV_CHOICE = os.environ.get("NORMLAB_BACKEND", "").strip() or "auto"  # see get_backend
-# op -> the predicates of the backends implementing it, highest priority first
-# ("auto"'s walk, precomputed: resolve runs before every call)
-_AUTO: dict[str, tuple[tuple[str, Callable[[torch.Tensor], bool]], ...]] = {}
+# op -> (name, predicate, function) of the backends implementing it, highest priority
+# first ("auto"'s walk, precomputed: it runs before every call)
+_AUTO: dict[str, tuple[tuple[str, Callable[[torch.Tensor], bool], Callable], ...]] = {}
 
 
-def register_backend(
-    name: str, serves: Callable[[torch.Tensor], bool], ops: Iterable[str] | None = None
-) -> None:
+def register_backend(name: str, serves: Callable[[torch.Tensor], bool]) -> None:
     """Make backend ``name`` available; ``serves(x)`` tells whether it can run on ``x``.
 
-    ``ops`` names the ops it implements (``None``: every op). Registering a
-    name again adds its ``ops`` to those already registered (each family
-    registers the kernels it has) and replaces ``serves``.
+    Registering a name again replaces ``serves`` (its priority stays). The ops it
+    implements are its entries in the table (:func:`register_op`).
     """
-    ops = frozenset(ops) if ops is not None else None
-    if name in _OPS:
-        before = _OPS[name]
-        ops = None if before is None or ops is None else before | ops
     _BACKENDS[name] = serves
-    _OPS[name] = ops
     _AUTO.clear()
 
 
-def _auto_order(op: str) -> tuple[tuple[str, Callable[[torch.Tensor], bool]], ...]:
+def register_op(op: str, backend: str, fn: Callable) -> None:
+    """Enter ``fn`` in the table as ``op`` on ``backend`` (a registered backend)."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"normlab: register backend {backend!r} before its ops")
+    _IMPL[(op, backend)] = fn
+    _AUTO.clear()
+
+
+def _auto_order(op: str):
     order = _AUTO.get(op)
     if order is None:
         order = _AUTO[op] = tuple(
-            (n, _BACKENDS[n]) for n in reversed(list(_BACKENDS)) if _OPS[n] is None or op in _OPS[n]
+            (n, _BACKENDS[n], _IMPL[(op, n)]) for n in reversed(list(_BACKENDS)) if (op, n) in _IMPL
         )
     return order
 
 
 def _serves(name: str, x: torch.Tensor, op: str) -> bool:
-    ops = _OPS.get(name)
-    return (ops is None or op in ops) and _BACKENDS[name](x)
+    serves = _BACKENDS.get(name)
+    return serves is not None and (op, name) in _IMPL and serves(x)
 
 
 def available_backends() -> list[str]:
@@ -127,30 +130,47 @@ def backend_for(x: torch.Tensor, op: str) -> str:
     return resolve(x, op)
 
 
+def _exporting() -> bool:
+    # torch.export (and torch.onnx.export, which runs it) and torch.jit.trace (the older ONNX
+    # exporter): the reference math in aten ops, which every runtime an exported program goes
+    # to can run; a kernel call is opaque there (and invisible to a trace)
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def resolve(x: torch.Tensor, op: str) -> str:
     """The concrete backend that will run ``op`` on ``x``.
 
     Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
     """
     choice = get_backend()
-    if torch.compiler.is_exporting() or torch.jit.is_tracing():
-        # torch.export (and torch.onnx.export, which runs it) and torch.jit.trace (the older
-        # ONNX exporter): the reference math in aten ops, which every runtime an exported
-        # program goes to can run; a kernel call is opaque there (and invisible to a trace)
+    if _exporting():
         return "ref"
     if choice == "auto":
-        for name, serves in _auto_order(op):
+        for name, serves, _ in _auto_order(op):
             if serves(x):
                 return name
         return "ref"  # pragma: no cover - "ref" serves everything
+    _check_explicit(choice, x, op)
+    return choice
+
+
+def implementation(x: torch.Tensor, op: str) -> Callable:
+    """The function of the table that runs ``op`` on ``x`` now (the backend :func:`resolve` picks)."""
+    choice = get_backend()
+    if choice == "auto" and not _exporting():
+        for _, serves, fn in _auto_order(op):
+            if serves(x):
+                return fn
+    return _IMPL[(op, resolve(x, op))]
+
+
+def _check_explicit(choice: str, x: torch.Tensor, op: str) -> None:
     if not _serves(choice, x, op):
         serving = [n for n in _BACKENDS if _serves(n, x, op)]
-        ops = _OPS.get(choice)
         what = (
-            f"does not implement {op}" if ops is not None and op not in ops
+            f"does not implement {op}" if (op, choice) not in _IMPL
             else f"cannot serve a {x.dtype} tensor on {x.device}"
         )
         raise RuntimeError(
             f"normlab {op}: backend {choice!r} {what}; backends that can: {serving} (or 'auto')"
         )
-    return choice

@@ -24,8 +24,6 @@ from .functional import (
     _check_running_pair,
     batch_norm,
 )
-from .ops import layer_norm as _ln
-from .ops.layer_norm import launch_2d as _ln2d
 from .ops.batch_norm import ghost as _ghost
 from .ops.batch_norm import renorm as _renorm
 from .ops.batch_norm.reference import _memory_format
@@ -67,14 +65,7 @@ def layer_norm2d(
     _check_channels_input(fn, input)
     _check_per_channel(fn, input, weight=weight, bias=bias)
     check_eps(fn, eps)
-    c = input.shape[1]
-    backend = _backend.resolve(input, "layer_norm")
-    rows = input.movedim(1, -1)  # (N, *, C): contiguous for a channels_last input
-    if backend == "cpu" and not rows.is_contiguous() and _ln2d.serves(input):
-        return _ln2d.layer_norm2d_nchw(input, weight, bias, float(eps))  # NCHW kernels: no copy
-    y = _ln.layer_norm(rows, (c,), weight, bias, float(eps), backend)
-    out = y.movedim(-1, 1)  # the input's strides when rows was contiguous
-    return out if rows.is_contiguous() else out.contiguous(memory_format=_memory_format(input))
+    return _backend.implementation(input, "layer_norm2d")(input, weight, bias, float(eps))
 
 
 # --------------------------------------------------------------------------

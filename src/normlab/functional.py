@@ -23,9 +23,10 @@ import torch
 from . import _backend
 from ._checks import (check_eps, check_input, check_param, cpu_params_fit, normalized_shape_tuple, plain_eps,
                       rms_variant)
-from .ops import batch_norm as _bn
-from .ops import group_norm as _gn
-from .ops import layer_norm as _ln
+# importing a family enters its ops in the backend table (_backend.implementation)
+from .ops import batch_norm as _bn  # noqa: F401
+from .ops import group_norm as _gn  # noqa: F401
+from .ops import layer_norm as _ln  # noqa: F401
 from .ops._common import acc_dtype
 
 __all__ = [
@@ -108,7 +109,7 @@ def layer_norm(
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_param(fn, "bias", bias, input, shape, "normalized_shape")
         check_eps(fn, eps)
-    return _ln.layer_norm(input, shape, weight, bias, float(eps), _backend.resolve(input, fn))
+    return _backend.implementation(input, fn)(input, shape, weight, bias, float(eps))
 
 
 def _other_float_dtype(weight, input) -> bool:
@@ -162,7 +163,7 @@ def rms_norm(
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _ln.rms_norm(input, shape, weight, eps, _backend.resolve(input, fn), offset, cast_x_hat)
+    return _backend.implementation(input, fn)(input, shape, weight, eps, offset, cast_x_hat)
 
 
 def _rms_norm_other_weight(input, normalized_shape, weight, eps, casting="torch", offset=0.0):
@@ -233,9 +234,7 @@ def add_layer_norm(
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_param(fn, "bias", bias, x, shape, "normalized_shape")
         check_eps(fn, eps)
-    return _ln.add_layer_norm(
-        x, residual, shape, weight, bias, float(eps), _backend.resolve(x, fn)
-    )
+    return _backend.implementation(x, fn)(x, residual, shape, weight, bias, float(eps))
 
 
 def add_rms_norm(
@@ -273,7 +272,7 @@ def add_rms_norm(
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _ln.add_rms_norm(x, residual, shape, weight, eps, _backend.resolve(x, fn), offset, cast_x_hat)
+    return _backend.implementation(x, fn)(x, residual, shape, weight, eps, offset, cast_x_hat)
 
 
 def _plain_momentum(momentum) -> bool:
@@ -382,9 +381,8 @@ def batch_norm(
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {input.size()}"
             )
-    return _bn.batch_norm(
-        input, running_mean, running_var, weight, bias, bool(training), _momentum(momentum),
-        float(eps), _backend.resolve(input, fn),
+    return _backend.implementation(input, fn)(
+        input, running_mean, running_var, weight, bias, bool(training), _momentum(momentum), float(eps)
     )
 
 
@@ -426,7 +424,7 @@ def group_norm(
                 f"Expected more than 1 value per channel when training, got input size "
                 f"{[input.shape[0] * c // num_groups, num_groups, *input.shape[2:]]}"
             )
-    return _gn.group_norm(input, int(num_groups), weight, bias, float(eps), _backend.resolve(input, fn))
+    return _backend.implementation(input, fn)(input, int(num_groups), weight, bias, float(eps))
 
 
 def instance_norm(
@@ -472,9 +470,8 @@ def instance_norm(
             raise ValueError(
                 f"Expected more than 1 spatial element when training, got input size {input.size()}"
             )
-    return _gn.instance_norm(
-        input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum),
-        float(eps), _backend.resolve(input, fn),
+    return _backend.implementation(input, fn)(
+        input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum), float(eps)
     )
 
 

@@ -24,7 +24,7 @@ import torch
 
 from . import functional as F
 from ._backend import use_backend
-from .ops import _numba
+from .ops import _jit, _launch
 
 __all__ = ["warmup", "targets", "DTYPES"]
 
@@ -79,7 +79,7 @@ def targets(dtypes: Sequence[str] = ("float32", "bfloat16"), parallel: bool | No
     if bad or not dtypes:
         raise ValueError(f"normlab warmup: expected dtypes from {list(DTYPES)}, got {list(dtypes)}")
     if parallel is None:
-        parallel = _numba._parallel_ok and (_numba.numba().config.NUMBA_NUM_THREADS > 1)
+        parallel = _launch._parallel_ok and (_jit.numba().config.NUMBA_NUM_THREADS > 1)
     versions = (False, True) if parallel else (False,)
     out = []
     for version in versions:
@@ -91,7 +91,7 @@ def targets(dtypes: Sequence[str] = ("float32", "bfloat16"), parallel: bool | No
 
 
 def _run(fn: Callable, dtype: torch.dtype, parallel: bool) -> None:
-    with use_backend("cpu"), _numba.forced_version(parallel), torch.enable_grad():
+    with use_backend("cpu"), _launch.forced_version(parallel), torch.enable_grad():
         fn(dtype)
 
 
@@ -101,7 +101,7 @@ def warmup(dtypes: Sequence[str] = ("float32", "bfloat16"), parallel: bool | Non
 
     ``progress(label, done, total)`` is called before each target.
     """
-    if not _numba.available():
+    if not _launch.available():
         raise RuntimeError("normlab warmup: numba is not installed, so there are no cpu kernels to compile; "
                            "pip install numba")
     todo = targets(dtypes, parallel)

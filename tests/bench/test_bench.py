@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import normlab
 import normlab.functional as NF
 from normlab.bench import add_bench_parser, main_bench, render, run, run_bench
-from normlab.bench.cases import (MIN_TRAFFIC, MODES, OPS, Case, make_setup, min_bytes,
-                                 num_groups, traffic)
+from normlab.bench.cases import MIN_TRAFFIC, MODES, OPS, Case, min_bytes, num_groups, traffic
+from normlab.bench.setups import make_setup
 from normlab.bench.report import KEY_FIELDS
 from tests.bench.files import csv_rows, json_rows
 

@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
+import normlab
 import normlab.functional as NF
 from normlab.ops import batch_norm as bn_ops
 from tests.oracle import assert_within_rounding, rel_err
@@ -478,13 +479,16 @@ def test_memory_format_rule_matches_torch(layout):
     assert torch.empty(x.shape).contiguous(memory_format=fmt).stride() == expected.stride()
 
 
-def test_entry_point_with_ref_backend():
+def test_entry_point_with_ref_backend(monkeypatch):
     x = _randn((4, 3), torch.float64)
     w, b, rm, rv = _params(3, torch.float64)
-    y = bn_ops.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, backend="ref")
+    y = bn_ops.ref_batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5)
     torch.testing.assert_close(y, TF.batch_norm(x, rm.clone(), rv.clone(), w, b, True))
-    with pytest.raises(RuntimeError, match="does not implement batch_norm"):
-        bn_ops.batch_norm(x, None, None, w, b, True, 0.1, 1e-5, backend="triton")
+    # a backend that serves the tensor but has no batch_norm in the table
+    monkeypatch.setattr(normlab._backend, "_BACKENDS", {**normlab._backend._BACKENDS, "triton": lambda t: True})
+    monkeypatch.setattr(normlab._backend, "_AUTO", {})
+    with normlab.use_backend("triton"), pytest.raises(RuntimeError, match="does not implement batch_norm"):
+        normlab.functional.batch_norm(x, None, None, w, b, True, 0.1, 1e-5)
 
 
 def test_entry_point_empty_batch_in_training_like_torch():
@@ -495,10 +499,11 @@ def test_entry_point_empty_batch_in_training_like_torch():
     x = torch.randn(0, 3, 2, 2, requires_grad=True)
     w, b = torch.ones(3, requires_grad=True), torch.zeros(3, requires_grad=True)
     rm, rv = torch.zeros(3), torch.ones(3)
-    y = bn_ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
     yt = TF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
-    assert y.shape == yt.shape == x.shape and y.dtype == yt.dtype
-    dw, db = torch.autograd.grad(y.sum(), (w, b))
     dwt, dbt = torch.autograd.grad(yt.sum(), (w, b))
-    assert torch.equal(dw, dwt) and torch.equal(db, dbt)
-    assert torch.equal(rm, torch.zeros(3)) and torch.equal(rv, torch.ones(3))
+    for entry in (bn_ops.ref_batch_norm, bn_ops.op.batch_norm):  # the "ref" and the "cpu" functions
+        y = entry(x, rm, rv, w, b, True, 0.1, 1e-5)
+        assert y.shape == yt.shape == x.shape and y.dtype == yt.dtype
+        dw, db = torch.autograd.grad(y.sum(), (w, b))
+        assert torch.equal(dw, dwt) and torch.equal(db, dbt)
+        assert torch.equal(rm, torch.zeros(3)) and torch.equal(rv, torch.ones(3))

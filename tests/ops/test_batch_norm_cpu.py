@@ -19,7 +19,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import normlab
 import normlab.functional as NF
 from normlab import _backend
-from normlab.ops.batch_norm import op as bn_op
+from normlab.ops.batch_norm import launch as bn_launch
 from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
@@ -173,11 +173,11 @@ def test_mixed_precision_half_input_float32_params():
 def test_many_chunks_tasks_and_column_blocks(monkeypatch):
     """Tiny geometry constants: chunk, task and column-block boundaries everywhere (and
     planes cut across column blocks), against the reference path."""
-    monkeypatch.setattr(bn_op, "COLUMN_BLOCK", 7)
-    monkeypatch.setattr(bn_op, "CHUNK_ELEMS", 20)
-    monkeypatch.setattr(bn_op, "MAX_CHUNK_ROWS", 5)
-    monkeypatch.setattr(bn_op, "TASK_ELEMS", 90)
-    bn_op.geometry.cache_clear()
+    monkeypatch.setattr(bn_launch, "COLUMN_BLOCK", 7)
+    monkeypatch.setattr(bn_launch, "CHUNK_ELEMS", 20)
+    monkeypatch.setattr(bn_launch, "MAX_CHUNK_ROWS", 5)
+    monkeypatch.setattr(bn_launch, "TASK_ELEMS", 90)
+    bn_launch.geometry.cache_clear()
     try:
         for layout in ("NC", "NCHW", "NCHW_channels_last", "NCL"):
             for dtype in (torch.float64, torch.float32):
@@ -189,7 +189,7 @@ def test_many_chunks_tasks_and_column_blocks(monkeypatch):
                     for a, r in zip([got[0], *got[1], got[2], got[3]], [ref[0], *ref[1], ref[2], ref[3]]):
                         assert rel_err(a, r) < TIGHT[dtype], (layout, dtype, training)
     finally:
-        bn_op.geometry.cache_clear()
+        bn_launch.geometry.cache_clear()
 
 
 def test_empty_batch_and_gradient_of_an_expanded_dy():
@@ -305,7 +305,7 @@ def test_gradcheck_and_gradgradcheck(layout, training, affine):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["rows", "planes_local", "planes", "channels_last"])
 def test_bitwise_identical_for_1_and_2_threads(dtype, layout):
-    # above the serial threshold (_numba.SERIAL_ELEMS), with several tasks: row groups
+    # above the serial threshold (_launch.SERIAL_ELEMS), with several tasks: row groups
     # and column blocks merged after (rows, planes, channels_last), or channel blocks
     # finished by their task (planes_local)
     shape = {"rows": (8192, 96), "planes_local": (12, 40, 17, 19), "planes": (600, 8, 20, 24),
@@ -392,7 +392,7 @@ def test_half_within_twice_rounding_error_on_large_channels(dtype, layout):
 def test_gradient_sums_over_long_planes(dtype, training):
     """Planes of 4608 values (more than one PLANE_PIECE of the per-plane gradient sums):
     y, dx, dw, db against float64 torch from the same input."""
-    assert 4608 > bn_op._k().PLANE_PIECE >= bn_op._k().PLANE_MIN
+    assert 4608 > bn_launch._k().PLANE_PIECE >= bn_launch._k().PLANE_MIN
     x = _randn((3, 4, 72, 64), dtype, seed=60, scale=2.0, shift=-1.0)
     w, b, rm, rv = _params(4, dtype)
     dy = _randn(x.shape, dtype, seed=61, shift=0.2)
@@ -409,8 +409,8 @@ def _takes_plane_statistics(shape):
     """The training forward of a contiguous ``shape`` takes the per-plane statistics:
     local tasks (every row of whole channels) and planes of at least PLANE_MIN values."""
     n, c, s = shape[0], shape[1], math.prod(shape[2:])
-    local = bn_op.geometry(n, c * s, s, bn_op.LOCAL_ELEMS)[4]
-    return local and s >= bn_op._k().PLANE_MIN
+    local = bn_launch.geometry(n, c * s, s, bn_launch.LOCAL_ELEMS)[4]
+    return local and s >= bn_launch._k().PLANE_MIN
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -16,7 +16,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
-from normlab.ops.group_norm import op as gn_op
+from normlab.ops.group_norm import launch as gn_launch
 from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
@@ -206,7 +206,7 @@ def test_s1_matches_float64(dtype, case, affine):
     relative, half precision within 2x the error of rounding the float64 result."""
     shape, groups, tasks = case
     n, c = shape[0], shape[1]
-    assert -(-n // gn_op._samples_per_task(n, 1, c)) == tasks
+    assert -(-n // gn_launch._samples_per_task(n, 1, c)) == tasks
     x, w, b, dy = _inputs(shape, dtype, affine, seed=21)
     got = _run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy)
     ref64 = _torch64(x, w, b, dy, groups)
@@ -423,7 +423,7 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, case):
     shape, layout, tasks = case
     n, c, s = shape[0], shape[1], math.prod(shape[2:])
     if tasks is not None:  # the case covers what it claims: the NHWC kernels' chunks of samples
-        assert -(-n // gn_op._samples_per_task(n, s, c)) == tasks
+        assert -(-n // gn_launch._samples_per_task(n, s, c)) == tasks
     x, w, b, dy = _inputs(shape, dtype, layout=layout, seed=5)
     fns = [
         lambda x, w, b: NF.group_norm(x, 8, w, b),

@@ -12,11 +12,11 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _numba
+from normlab.ops import _launch
 from normlab.ops.layer_norm import launch_2d
 from tests.oracle import assert_within_rounding, rel_err
 
-pytestmark = pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -103,16 +103,16 @@ def test_contiguous_input_reaches_the_kernel_without_a_copy(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_same_bits_at_1_and_2_threads_and_in_the_serial_twin(dtype):
     x, w, b, dy = _data((4, 48, 40, 40), dtype)  # 307200 values: the parallel version at 2 threads
-    assert x.numel() >= _numba.SERIAL_ELEMS
+    assert x.numel() >= _launch.SERIAL_ELEMS
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = _run(x, w, b, dy)
         torch.set_num_threads(2)
         two = _run(x, w, b, dy)
-        with _numba.forced_version(False):
+        with _launch.forced_version(False):
             serial = _run(x, w, b, dy)
-        with _numba.forced_version(True):
+        with _launch.forced_version(True):
             parallel = _run(x, w, b, dy)
     finally:
         torch.set_num_threads(threads)

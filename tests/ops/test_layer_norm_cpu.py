@@ -18,8 +18,8 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
-from normlab.ops import _numba
-from normlab.ops.layer_norm import op as ln_op
+from normlab.ops import _launch
+from normlab.ops.layer_norm import launch as ln_launch
 from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
@@ -264,7 +264,7 @@ def test_gradcheck_and_gradgradcheck(name):
 
 
 def test_wide_cases_are_wide():
-    assert max(math.prod(ns) for _, ns in CASES) > ln_op._k().WIDE_COLS
+    assert max(math.prod(ns) for _, ns in CASES) > ln_launch._k().WIDE_COLS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -274,7 +274,7 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
     # that the backward's chunks are enlarged (_bwd_rows): several fixed row chunks,
     # large enough to run on 2 threads
     if n == 4096:
-        assert ln_op._bwd_rows(n, cols) > _numba.rows_per_chunk(n, cols)
+        assert ln_launch._bwd_rows(n, cols) > _launch.rows_per_chunk(n, cols)
     x, w, b, dy = _inputs((n, cols), (cols,), dtype, "both", seed=5)
     r = torch.randn(n, cols).to(dtype)
     fns = [

@@ -13,7 +13,7 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _numba
+from normlab.ops import _launch
 from tests.oracle import rel_err, rounding_err
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -206,7 +206,7 @@ def test_fused_add_is_add_then_norm(casting, dtype):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+@pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_serial_and_parallel_kernels_give_the_same_bits(dtype):
     x, w, dy = _data((64, 512), dtype, seed=5)
@@ -216,7 +216,7 @@ def test_serial_and_parallel_kernels_give_the_same_bits(dtype):
     try:
         runs = []
         for parallel in (False, True):
-            with _numba.forced_version(parallel):
+            with _launch.forced_version(parallel):
                 out = []
                 for casting, offset in (("llama", 0.0), ("gemma", 1.0)):
                     out += _run(_ours(casting, offset), x, w, dy, "cpu")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from normlab.ops import _numba
+from normlab.ops import _launch
 
-pytestmark = pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 
 GAPS = (0, 1, 3, 8, 16, 64)
 LENGTHS = (9, 17, 40, 100, 257)

@@ -1,4 +1,4 @@
-"""The serial twins of the cpu kernels (``ops/_numba.serial``): same source, same bits.
+"""The serial twins of the cpu kernels (``ops/_jit.serial``): same source, same bits.
 
 Small tensors, one-thread runs and forked children run every kernel through its
 serial twin; large tensors on several threads through the parallel version. The
@@ -14,11 +14,11 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _numba
+from normlab.ops import _jit, _launch
 
-pytestmark = pytest.mark.skipif(not _numba.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 
-N_AT = _numba.SERIAL_ELEMS  # values in each input below: exactly the threshold
+N_AT = _launch.SERIAL_ELEMS  # values in each input below: exactly the threshold
 
 
 def _leaf(shape, dtype, gen):
@@ -29,7 +29,7 @@ def _run_all(dtype, parallel: bool):
     """Every op, forward and backward, in one kernel version; returns every output and gradient."""
     gen = torch.Generator().manual_seed(7)
     outs = []
-    with normlab.use_backend("cpu"), _numba.forced_version(parallel):
+    with normlab.use_backend("cpu"), _launch.forced_version(parallel):
         # rows: (64, 512) -- LayerNorm, RMSNorm, the fused add
         x, r = _leaf((64, 512), dtype, gen), _leaf((64, 512), dtype, gen)
         w, b = _leaf((512,), dtype, gen), _leaf((512,), dtype, gen)
@@ -88,10 +88,10 @@ def test_the_size_threshold_picks_the_version():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert not _numba.use_parallel(N_AT - 1)
-        assert _numba.use_parallel(N_AT) == _numba._parallel_ok
+        assert not _launch.use_parallel(N_AT - 1)
+        assert _launch.use_parallel(N_AT) == _launch._parallel_ok
         torch.set_num_threads(1)
-        assert not _numba.use_parallel(10 * N_AT)  # one thread: never a parallel region
+        assert not _launch.use_parallel(10 * N_AT)  # one thread: never a parallel region
     finally:
         torch.set_num_threads(threads)
 
@@ -99,11 +99,11 @@ def test_the_size_threshold_picks_the_version():
 def test_serial_twin_is_its_own_function():
     from normlab.ops.layer_norm import kernels as k
 
-    twin = _numba.serial(k.norm_fwd)
+    twin = _jit.serial(k.norm_fwd)
     assert twin is not k.norm_fwd
-    assert twin is _numba.serial(k.norm_fwd)  # made once
+    assert twin is _jit.serial(k.norm_fwd)  # made once
     assert "parallel" not in twin.targetoptions
     assert twin.py_func.__qualname__ == "norm_fwd__serial"  # cached on disk apart from the parallel one
-    entry_twin = _numba.serial(k.norm_fwd_at)
+    entry_twin = _jit.serial(k.norm_fwd_at)
     assert entry_twin.py_func.__globals__["norm_fwd"] is twin  # the entry calls the serial kernel
-    assert _numba.serial(k._grad_row) is k._grad_row  # no prange inside: its own twin
+    assert _jit.serial(k._grad_row) is k._grad_row  # no prange inside: its own twin

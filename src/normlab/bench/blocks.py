@@ -38,10 +38,10 @@ import torch.nn.functional as F
 
 import normlab
 
-from . import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
+from .common import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
 from .cases import DTYPES, Candidate, exception_status
-from . import chapters as _chapters
-from .chapters import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
+from . import chapters_data as _chapters
+from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
 from .report import fmt_time, write_json
 from .timing import Timing, time_interleaved
 

@@ -33,7 +33,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from ._numba import helper
+from ._jit import helper
 
 # --------------------------------------------------------------------------
 # Reinterpreting 32 bits (no conversion): LLVM bitcast

@@ -1,41 +1,176 @@
-"""What every family's ``op.py`` needs to hand tensors to its Numba kernels.
+"""The op side of the Numba boundary: what every family's launchers need to hand tensors to the kernels.
 
+Imports neither numba nor a ``kernels.py`` until a kernel first runs (the
+kernels' side -- compile options, decorators, serial twins -- is ``ops/_jit.py``).
+
+- :func:`available`, :func:`serves_cpu`: whether numba is installed, and the
+  tensors the ``"cpu"`` backend takes.
 - :func:`kernels_loader`: the family's ``kernels.py`` (numba and all), imported
-  on the first kernel call, so ``import normlab`` never imports numba.
+  on the first kernel call, so ``import normlab`` never imports numba; with the
+  call's size, in the version that should run it (:func:`use_parallel`: the
+  parallel kernels, or their serial twins for small tensors, one thread and
+  forked processes; :func:`forced_version` for ``normlab warmup``), with
+  numba's thread count matched to torch's (:func:`sync_threads`).
+- :func:`rows_per_chunk`: fixed chunk boundaries for reductions over rows, so
+  results do not depend on the number of threads.
 - :func:`bits`: a numpy view of a tensor's storage, no copy. Numba has no
   bfloat16, so half tensors travel as their bits: bfloat16 as int16, float16 as
   uint16; the kernels convert them (``ops/_bf16.py``).
-- the pointer path (``ops/_ptr.py``): :data:`PROTO` (the
+- the pointer path (``ops/_ptr.py`` on the kernels' side): :data:`PROTO` (the
   prototype arrays an entry function takes for a dtype), :func:`param_ptr`
   (a weight or bias as an address) and :func:`call` (a jitted function called
   through its compiled entry point).
 - :func:`fast_apply`: an ``autograd.Function``'s apply without the Python layer
-  of ``Function.apply``; :func:`records`: whether autograd records a call (else
-  the launcher runs without a Function).
+  of ``Function.apply``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
+import multiprocessing.process
+import os
 import sys
+import threading
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from . import _numba
+from . import _jit
+
+CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def available() -> bool:
+    """Whether numba is installed (checked without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def serves_cpu(x: torch.Tensor) -> bool:
+    """The ``"cpu"`` backend takes CPU tensors of the four float dtypes (numba installed)."""
+    return x.is_cpu and x.dtype in CPU_DTYPES
+
+
+# --------------------------------------------------------------------------
+# Which version of a kernel runs: parallel, or its serial twin
+# --------------------------------------------------------------------------
+
+# Below this many elements a kernel runs on the calling thread alone (torch's
+# GRAIN_SIZE): waking a second thread costs more than the work, and on a busy
+# machine a parallel region waits until every one of its threads gets a core.
+SERIAL_ELEMS = 32768
+
+_threads = threading.local()  # .n: the thread count last given to numba on this thread
+
+# Whether this process may start parallel regions at all: not in a forked child.
+# numba's OpenMP layer kills a child forked after its parent ran a parallel kernel
+# ("Terminating: fork() called from a process already using GNU OpenMP, this is
+# unsafe."), and libgomp, which torch shares, hangs a forked child's first
+# parallel region when the parent's torch ops had started its pool. A forked
+# child (DataLoader workers, fork pools, pre-forking servers) therefore runs
+# every kernel through its serial twin: same source, same chunks, the same bits.
+# A process that multiprocessing started (a DataLoader worker, a Pool worker, a
+# Process) counts as such a child even when normlab is first imported there, after
+# the fork: its parent may well have started torch's pool. (A child started by
+# "spawn" is a fresh interpreter and would be safe; it is not told apart, and runs
+# serially too -- the same bits, only large tensors are slower there.)
+_parallel_ok = multiprocessing.process.parent_process() is None
+
+
+def _after_fork_in_child() -> None:
+    global _parallel_ok
+    _parallel_ok = False
+    _threads.__dict__.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_forced: bool | None = None  # set by forced_version: every kernel in that version, whatever its size
+
+
+@contextlib.contextmanager
+def forced_version(parallel: bool):
+    """Run every kernel in its parallel (``True``) or serial (``False``) version inside the
+    block, whatever the size (``normlab.warmup`` compiles both on small tensors)."""
+    global _forced
+    before, _forced = _forced, bool(parallel)
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def use_parallel(numel: int) -> bool:
+    """Whether a kernel over ``numel`` values takes its parallel version (else its serial twin).
+
+    Parallel when the tensor is large enough (:data:`SERIAL_ELEMS`), torch runs more
+    than one thread, and this process may start a thread pool (not a child forked
+    after its parent had started one). When it does, numba's thread count is made
+    to match torch's (:func:`sync_threads`).
+    """
+    if _forced is not None:  # warmup: the version it is compiling
+        if not (_forced and _parallel_ok):
+            return False
+    elif numel < SERIAL_ELEMS or not _parallel_ok or torch.get_num_threads() == 1:
+        return False
+    sync_threads()
+    return True
+
+
+def sync_threads() -> None:
+    """Make numba's thread count (for this thread) match ``torch.get_num_threads()``.
+
+    The last count set is remembered per thread, so the common call costs no
+    numba call (a ``numba.set_num_threads`` made elsewhere is not noticed).
+    """
+    n_torch = torch.get_num_threads()
+    if getattr(_threads, "n", None) != n_torch:  # numba's setting is per thread, like ours
+        nb = _jit.numba()
+        nb.set_num_threads(max(1, min(n_torch, nb.config.NUMBA_NUM_THREADS)))
+        _threads.n = n_torch
+        if torch.get_num_threads() != n_torch:
+            # numba's "omp" layer shares libgomp with torch: starting its pool can
+            # reset torch's count (seen by `normlab bench`); put it back
+            torch.set_num_threads(n_torch)
+
+
+# Reductions over rows (dweight, dbias, GroupNorm's NHWC statistics) give each
+# chunk of consecutive rows its own partial sum and merge the partials in chunk
+# order. A chunk holds about CHUNK_ELEMS values and at least MIN_CHUNK_ROWS rows
+# (so the partials stay small next to the input).
+CHUNK_ELEMS = 65536
+MIN_CHUNK_ROWS = 16
+
+
+def rows_per_chunk(n_rows: int, n_cols: int) -> int:
+    """Rows per chunk for a reduction over ``n_rows`` rows of ``n_cols`` values.
+
+    Depends on the shape only -- never on the number of threads -- so partial
+    sums over chunks, merged in chunk order, are bitwise reproducible. Chunk
+    ``c`` holds rows ``[c * rows, min((c + 1) * rows, n_rows))``.
+    """
+    rows = max(MIN_CHUNK_ROWS, -(-CHUNK_ELEMS // max(n_cols, 1)))  # ceil division
+    return max(1, min(rows, n_rows))
+
+
+# --------------------------------------------------------------------------
+# The kernels modules
+# --------------------------------------------------------------------------
 
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.uint16}
 
 
 class _SerialKernels:
-    """A kernels module seen through its serial twins (``_numba.serial``), looked up once each."""
+    """A kernels module seen through its serial twins (``_jit.serial``), looked up once each."""
 
     def __init__(self, module):
         self._module = module
 
     def __getattr__(self, name):
-        twin = _numba.serial(getattr(self._module, name))
+        twin = _jit.serial(getattr(self._module, name))
         setattr(self, name, twin)  # later lookups skip __getattr__
         return twin
 
@@ -44,7 +179,7 @@ def kernels_loader(package: str) -> Callable:
     """A function ``load(numel=None)`` returning ``<package>.kernels``, imported on its first call.
 
     With ``numel`` (the values a kernel will touch), the kernels come in the version
-    that should run it (``_numba.use_parallel``): the module's own, parallel ones
+    that should run it (:func:`use_parallel`): the module's own, parallel ones
     for large tensors, their serial twins otherwise.
     """
     module = serial = None
@@ -54,7 +189,7 @@ def kernels_loader(package: str) -> Callable:
         if module is None:
             module = importlib.import_module(package + ".kernels")
             serial = _SerialKernels(module)
-        if numel is None or _numba.use_parallel(numel):
+        if numel is None or use_parallel(numel):
             return module
         return serial
 
@@ -135,7 +270,7 @@ def _announce(fn, key) -> None:
     """One line on stderr before a kernel compiles (seconds, once per install and dtype)."""
     name = fn.py_func.__name__.replace("__serial", "").removesuffix("_at")
     kind = "serial " if fn.py_func.__qualname__.endswith("__serial") else (
-        "parallel " if _numba._reaches_kernel(fn) else "")
+        "parallel " if _jit._reaches_kernel(fn) else "")
     sys.stderr.write(
         f"normlab: compiling the {kind}{name} kernel for {str(key).replace('torch.', '')} "
         f"(first use in this install: takes seconds, then cached on disk; "
@@ -160,15 +295,3 @@ def fast_apply(function: type) -> Callable:
         return full_apply(*args) if active() else c_apply(*args)
 
     return apply
-
-
-def records(*tensors) -> bool:
-    """Whether autograd records a call on ``tensors`` (None allowed): grad mode is on and one
-    of them requires grad. When it does not, the eager paths run the launcher alone (~10 us
-    less than an ``autograd.Function``)."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
-        if t is not None and t.requires_grad:
-            return True
-    return False

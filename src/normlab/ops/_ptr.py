@@ -19,7 +19,7 @@ import numpy as np
 from numba import carray, types
 from numba.extending import intrinsic
 
-from ._numba import helper
+from ._jit import helper
 
 
 @intrinsic

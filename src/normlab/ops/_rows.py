@@ -9,14 +9,13 @@ LayerNorm/RMSNorm rows, GroupNorm's NCHW group rows, BatchNorm's planes.
 
 from __future__ import annotations
 
-from numba import njit
 
 from ._bf16 import acc_zero, load
-from ._numba import SUM_OPTIONS
+from ._jit import helper
 from ._simd import wide
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def shift_row(x, r, d, shift):
     """``d[j] = x[r, j] - shift`` over the row (``d``'s length); returns the sum of ``d``.
 
@@ -42,7 +41,7 @@ def shift_row(x, r, d, shift):
     return s
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def grad_sums(g, x, m):
     """``(sum dy, sum dy * (x - m))`` over 1-D slices ``g`` of ``dy`` and ``x`` of ``x``, in the
     accumulation dtype (``m``'s), straight from the tensors, split into SIMD lanes
@@ -58,7 +57,7 @@ def grad_sums(g, x, m):
     return s1, s2
 
 
-@njit(**dict(SUM_OPTIONS, fastmath={"reassoc", "contract"}))
+@helper(sums=True, fma=True)
 def sqdev(a, n, m):
     """sum_{j < n} (a_j - m)^2 of a 1-D scratch array, without storing the differences.
 

@@ -3,19 +3,18 @@
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the running-statistic update, the autograd Functions (backend ``"ref"``).
 - ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use.
-- ``op.py``: the kernels as ``torch.library`` custom ops
+- ``op.py``: what is the kernels' own -- launchers, custom ops
   (``normlab::batch_norm_train_fwd``, ``normlab::batch_norm_eval_fwd``,
-  ``normlab::batch_norm_bwd``, ``normlab::batch_norm_update_stats``) with fake
-  implementations and autograd, and the entry point :func:`batch_norm` that
-  ``normlab.functional`` calls.
+  ``normlab::batch_norm_bwd``, ``normlab::batch_norm_update_stats``), the eager
+  and transform forms, declared to ``ops/_register`` -- and the entry point of
+  backend ``"cpu"``; the ``"ref"`` one is ``reference.ref_batch_norm``.
 
-Importing this package registers the ``"cpu"`` backend for ``batch_norm``
-(when numba is installed) without importing numba.
+Importing this package enters ``batch_norm`` in the backend table (``"cpu"``
+when numba is installed, checked without importing numba).
 """
 
-from ... import _backend
-from .. import _numba
-from .op import batch_norm
+from .. import _register
+from . import op
 from .reference import (  # noqa: F401 (private names: those of the room's former single module)
     BatchNormEvalFunction,
     BatchNormTrainFunction,
@@ -32,6 +31,7 @@ from .reference import (  # noqa: F401 (private names: those of the room's forme
     batch_norm_stats,
     batch_norm_train_backward_ref,
     batch_norm_train_ref,
+    ref_batch_norm,
     update_running_stats,
 )
 
@@ -45,8 +45,7 @@ __all__ = [
     "BatchNormTrainFunction",
     "BatchNormEvalFunction",
     "batch_norm_ref",
-    "batch_norm",
+    "ref_batch_norm",
 ]
 
-if _numba.available():
-    _backend.register_backend("cpu", _numba.serves_cpu, ops=("batch_norm",))
+_register.implement("batch_norm", ref=ref_batch_norm, cpu=op.batch_norm)

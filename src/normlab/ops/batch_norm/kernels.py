@@ -1,5 +1,8 @@
 """Numba kernels of the ``"cpu"`` backend for BatchNorm.
 
+(Longer than the project's ~500 lines on purpose: numba caches compiled code
+per source file, and the two kernels share most helpers, so they stay together.)
+
 Every input reaches the kernels as one 2-D view, ``(R, C * S)``: rows ``(M, C)``
 (``(N, C)`` and channels-last tensors) or planes ``(N, C * S)`` (contiguous
 NCHW/NCDHW), narrow rows folded. Two kernels, :func:`bn_fwd` (training:
@@ -14,29 +17,26 @@ The algorithm -- views and folding, tasks and chunks, the statistics, the
 normalisation, the backward's sums -- is written out in
 ``docs/derivations/batch_norm.md`` ("The cpu kernels").
 
-This file is longer than the project's ~500 lines: numba caches compiled code
-per source file, and the two kernels share most helpers, so they stay together.
-
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._bf16 import acc_cast, load, store
-from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._rows import grad_sums, shift_row, sqdev
 from .._simd import wide
 
 # Sums of finished float64 partials (and, below, of plane values) are split into
-# SIMD lanes: SUM_OPTIONS, reassociation of those additions only; the order is
+# SIMD lanes: @helper(sums=True), reassociation of those additions only; the order is
 # fixed by the compiled code, so still the same bits for any number of threads.
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _sum64(a):
     """sum_j a_j of float64 partials."""
     s = 0.0
@@ -45,7 +45,7 @@ def _sum64(a):
     return s
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _sum_dev(a, ref):
     """sum_j (a_j - ref) of float64 partials, in order (no reassociation: it could
     regroup the differences, and a constant channel must give exactly 0)."""
@@ -55,7 +55,7 @@ def _sum_dev(a, ref):
     return s
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _sumsq_dev(a, mu):
     """sum_j (a_j - mu)^2 of float64 partials."""
     s = 0.0
@@ -75,7 +75,7 @@ def _sumsq_dev(a, mu):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _acc_shifted(x, r0, r1, c0, n, sh, s1):
     """s1[u] += sum_i (x[i, c0 + u] - sh[u])."""
     wide()
@@ -97,7 +97,7 @@ def _acc_shifted(x, r0, r1, c0, n, sh, s1):
         i += 1
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _acc_centred(x, r0, r1, c0, n, m, s1, s2):
     """With d = x[i, c0 + u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d."""
     wide()
@@ -126,7 +126,7 @@ def _acc_centred(x, r0, r1, c0, n, m, s1, s2):
         i += 1
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _acc_grad(dy, x, dx, r0, r1, c0, n, hi, a, s1, s2, write_dx):
     """s1[u] += sum_i dy, s2[u] += sum_i dy * (x - hi[u]).
 
@@ -159,7 +159,7 @@ def _acc_grad(dy, x, dx, r0, r1, c0, n, hi, a, s1, s2, write_dx):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _normalise(x, y, r0, r1, c0, n, s_len, ch0, hi, a, b2):
     """y = (x - hi) * a + b2."""
     wide()
@@ -184,7 +184,7 @@ def _normalise(x, y, r0, r1, c0, n, s_len, ch0, hi, a, b2):
                 c = c + 1 if c + 1 < n_ch else 0
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, a, hi, k2, k0, train):
     """dx = (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval)."""
     wide()
@@ -220,7 +220,7 @@ def _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, a, hi, k2, k0, train):
                 c = c + 1 if c + 1 < n_ch else 0
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _tile(e, vals, c0, s_len):
     """e[u] = vals[((c0 + u) % (C * S)) // S]: per-channel values laid out per column of a row."""
     n_ch = vals.shape[0]
@@ -239,7 +239,7 @@ def _tile(e, vals, c0, s_len):
         t = 0
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _tiled(vals, width, s_len):
     """``vals`` per column of a row of ``width`` columns when S == 1 (else ``vals`` itself)."""
     if s_len != 1 or width == vals.shape[0]:
@@ -254,7 +254,7 @@ def _tiled(vals, width, s_len):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _task_stats(x, t0, t1, c0, n, sub, w, tm, tq):
     """Per-column mean (``tm``) and M2 (``tq``), float64, of rows t0..t1: the two-pass
     statistics of each chunk of ``sub`` rows, merged in chunk order (Chan)."""
@@ -295,7 +295,7 @@ def _task_stats(x, t0, t1, c0, n, sub, w, tm, tq):
         n_a += k
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _task_grad_sums(dy, x, dx, t0, t1, c0, n, sub, eh, ea, ty, tx, fused):
     """Per-column sums of dy (``ty``) and dy * (x - eh) (``tx``), float64, of rows t0..t1:
     chunk sums in the accumulation dtype added in chunk order. ``fused``: also dx = dy * ea."""
@@ -322,7 +322,7 @@ PLANE_MIN = 256
 PLANE_PIECE = 4096
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _task_grad_sums_planes(dy, x, dx, t0, t1, c0, n, s_len, hi, a, ty, tx, fused, local):
     """:func:`_task_grad_sums` for a task of whole planes (``c0`` and ``n`` multiples of
     ``S >= PLANE_MIN``): per row and plane, the sums over the plane's ``S`` values in
@@ -366,7 +366,7 @@ def _task_grad_sums_planes(dy, x, dx, t0, t1, c0, n, s_len, hi, a, ty, tx, fused
             c = c + 1 if c + 1 < n_ch else 0
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _task_stats_planes(x, r0, r1, c0, n, s_len, w, mean, var, ch0, d):
     """Mean and biased variance (float64) of each channel of a task that holds every row
     (r0..r1) of whole planes (``c0`` and ``n`` multiples of ``S >= PLANE_MIN``), into
@@ -416,7 +416,7 @@ def _task_stats_planes(x, r0, r1, c0, n, s_len, w, mean, var, ch0, d):
         var[ch0 + p] = (m2 if not m2 < 0.0 else 0.0) / cnt
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _channel_stats(tm, tq, start, s_len, fold, period, n_rows):
     """(mean, biased var) of a channel from its columns' (mean, M2), each of ``n_rows`` values:
     columns start + r*period .. + S for r < fold (equal counts: the mean of the means,
@@ -437,7 +437,7 @@ def _channel_stats(tm, tq, start, s_len, fold, period, n_rows):
     return mu, (m2 + n_rows * spread) / (n_rows * n_col)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _channel_sums(ty, tx, start, s_len, fold, period):
     """A channel's sums over its columns (as in :func:`_channel_stats`), in order."""
     sy = 0.0
@@ -449,7 +449,7 @@ def _channel_sums(ty, tx, start, s_len, fold, period):
     return sy, sx
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _constants(w, b, mean, var, eps, rstd, hi, a, b2, c):
     """Channel c: rstd = 1 / sqrt(var + eps); y = ((x - hi) - lo) * a + b = (x - hi) * a + b2
     with hi = the mean rounded, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once)."""
@@ -462,7 +462,7 @@ def _constants(w, b, mean, var, eps, rstd, hi, a, b2, c):
     b2[c] = acc_cast(w, b[c] - (mean[c] - h) * f)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _grad_constants(w, mean, rstd, db, sum_dyxc, cnt, train, hi, a, k2, k0, c):
     """Channel c: dx = a * ((dy - m1) - xc * m2) = (a * dy - k2 * (x - hi)) - k0 with
     m1 = mean(dy), m2 = rstd^2 * mean(dy * xc), k2 = a * m2, k0 = a * m1 - k2 * lo."""
@@ -489,7 +489,7 @@ def _grad_constants(w, mean, rstd, db, sum_dyxc, cnt, train, hi, a, k2, k0, c):
 PHASE1_VALUES = 65536
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _n_tasks(n_rows, width, rows, cw, phase):
     """Tasks of a pass: phase 0, one per (row group of ``rows`` rows, column block of
     ``cw`` columns); phase 1, one per run of whole rows of about PHASE1_VALUES values."""
@@ -499,7 +499,7 @@ def _n_tasks(n_rows, width, rows, cw, phase):
     return (n_rows + per - 1) // per
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _task_span(task, phase, n_rows, width, rows, cw):
     """``(g, r0, r1, c0, n)`` of a task: its row group ``g`` (phase 0), rows ``r0..r1``
     and columns ``c0..c0+n``."""
@@ -564,10 +564,10 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
             _normalise(x, y, r0, r1, c0, n, s_len, ch0, eh, ea, eb)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
     """BatchNorm forward on the 2-D view ``x``; a row holds ``F = width / (C * S)``
-    consecutive rows of ``(R, C * S)`` (``op.py`` folds narrow rows), channel
+    consecutive rows of ``(R, C * S)`` (``launch.py`` folds narrow rows), channel
     ``c`` at columns ``r*C*S + c*S .. r*C*S + c*S + S``.
 
     x       (R/F, F*C*S)  input, storage dtype
@@ -576,7 +576,7 @@ def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
     stats   (3, C)        float64 rows mean, var, rstd. train: out, the batch mean and
                           biased variance; eval: in, the running ones. rstd: out
     work    (2, G, W)     float64 scratch (train): per-task, per-column partial means and
-                          M2, G = the row groups (``op.py`` keeps it between calls: large
+                          M2, G = the row groups (``launch.py`` keeps it between calls: large
                           allocations here would be fresh pages, faulted in on every call)
     eps     float
     s_len   int           S, values per channel per row of the unfolded view
@@ -686,7 +686,7 @@ def _bwd_pass(dy, x, dx, w, stats, s_len, cw, sub, rows, local, train, need_dx, 
             _grad_x(dy, x, dx, r0, r1, c0, n, s_len, ch0, ea, eh, e2, e0, train)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def bn_bwd(dy, x, dx, w, stats, work, s_len, cw, sub, group, local, train, need_dx, need_wb):
     """BatchNorm backward on the forward's view; returns ``(db, dw)`` in float64.
 
@@ -760,7 +760,7 @@ def bn_bwd(dy, x, dx, w, stats, work, s_len, cw, sub, group, local, train, need_
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def update_running(running_mean, running_var, stats, n, momentum):
     """Blend the batch statistics into the running ones, in place, in the buffers' dtype.
 
@@ -785,7 +785,7 @@ def update_running(running_mean, running_var, stats, n, momentum):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def bn_fwd_at(proto, acc, px, py, pw, pb, n_ch, stats, work, eps, n_rows, width, s_len, cw, sub, group,
               local, train):
     """:func:`bn_fwd` on x, y (the ``(n_rows, width)`` view, storage dtype) and weight, bias
@@ -796,7 +796,7 @@ def bn_fwd_at(proto, acc, px, py, pw, pb, n_ch, stats, work, eps, n_rows, width,
            train)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def bn_bwd_at(proto, acc, pdy, px, pdx, pw, n_ch, stats, work, n_rows, width, s_len, cw, sub, group, local,
               train, need_dx, need_wb):
     """:func:`bn_bwd` on dy, x, dx (the ``(n_rows, width)`` view) and the weight at the given
@@ -807,7 +807,7 @@ def bn_bwd_at(proto, acc, pdy, px, pdx, pw, n_ch, stats, work, n_rows, width, s_
                   cw, sub, group, local, train, need_dx, need_wb)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def update_running_at(proto, prm, prv, n_ch, stats, n, momentum):
     """:func:`update_running` on the (C,) buffers at ``prm``/``prv`` (``proto``: their storage dtype)."""
     update_running(at(prm, proto, (n_ch,)), at(prv, proto, (n_ch,)), stats, n, momentum)

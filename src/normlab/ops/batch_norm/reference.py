@@ -57,7 +57,7 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from .._common import acc_dtype, affine_jvp, shifted_mean_var, x_hat_jvp
+from .._common import acc_dtype, affine_jvp, empty_output, shifted_mean_var, x_hat_jvp
 
 # --------------------------------------------------------------------------
 # Shapes and layouts
@@ -432,8 +432,30 @@ class BatchNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The reference path of the entry point (``op.batch_norm`` with backend "ref")
+# The "ref" entry point (the backend table's function for backend "ref";
+# normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
+
+
+def check_batched_buffers(x, running_mean, running_var) -> None:
+    """Under vmap, the running statistics an update writes must be batched where the input is
+    (one pair per batch member), as torch requires."""
+    is_batched = torch._C._functorch.is_batchedtensor
+    if is_batched(x) and not (is_batched(running_mean) and is_batched(running_var)):
+        raise RuntimeError(
+            "batch_norm: got a batched tensor as input while the running_mean or running_var, which "
+            "will be updated in place, were not batched; use track_running_stats=False, batched "
+            "buffers (torch.func.stack_module_state), or eval mode"
+        )
+
+
+def ref_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps):
+    """BatchNorm of an ``(N, C, *spatial)`` ``x`` by :func:`batch_norm_ref` (empty in, empty out)."""
+    if x.numel() == 0 and not training and running_mean is None:
+        return empty_output(x, w, b)
+    if training and running_mean is not None and _transforms.active():
+        check_batched_buffers(x, running_mean, running_var)
+    return batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps)
 
 
 def batch_norm_ref(x, running_mean, running_var, w, b, training, momentum, eps):

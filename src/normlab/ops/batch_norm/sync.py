@@ -64,9 +64,8 @@ from torch.autograd.function import once_differentiable
 
 from ... import _backend
 from .._common import acc_dtype
-from .._launch import fast_apply
-from .._launch import records as _records
-from . import op as _op
+from .. import _register
+from . import launch as _launch
 from .reference import _channel_sum, _mean_var_xc, _memory_format, _stat_shape, batch_norm_eval_ref
 from .reference import update_running_stats
 
@@ -172,7 +171,7 @@ def _local_stats(x: Tensor, backend: str):
         z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
         return 0, z, z
     if backend == "cpu":  # the training kernel's statistics (its output y is not used)
-        _, sn = _op._forward(x, None, None, None, None, True, 0.0)
+        _, sn = _launch._forward(x, None, None, None, None, True, 0.0)
         return n, sn[0], sn[1] * n
     mean, var, _ = _mean_var_xc(x.to(acc_dtype(x.dtype)))  # (1, C, 1, ...) each
     mean, m2 = mean.reshape(-1).double(), var.reshape(-1).double() * n
@@ -266,7 +265,7 @@ def _forward(x: Tensor, w, b, eps: float, group, check: bool, backend: str):
     if x.numel() == 0:
         return torch.empty_like(x), stats
     if backend == "cpu":  # the evaluation kernel with the global statistics as its "running" ones
-        y, _ = _op._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
+        y, _ = _launch._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
     else:
         mean, var = (torch.from_numpy(stats[0]), torch.from_numpy(stats[1])) if x.is_cpu else (stats[0], stats[1])
         y, _, _ = batch_norm_eval_ref(x, mean, var, w, b, eps)
@@ -280,7 +279,7 @@ def _local_sums(dy: Tensor, x: Tensor, w, stats, backend: str):
         z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
         return z, z
     if backend == "cpu":
-        _, dw, db = _op._backward_arrays(dy, x, w, stats[:3], False, False, True)
+        _, dw, db = _launch._backward_arrays(dy, x, w, stats[:3], False, False, True)
         return db, dw
     acc = acc_dtype(x.dtype)
     shape = _stat_shape(x)
@@ -330,7 +329,8 @@ def _update(running_mean: Tensor, running_var: Tensor, stats, momentum: float) -
     """Blend the global statistics into the running ones, in place (unbiased variance ``M2 / (N - 1)``)."""
     n = int(stats[3, 0])
     if isinstance(stats, np.ndarray) and running_mean.dtype in DTYPE_CODES and running_var.dtype in DTYPE_CODES:
-        _op._update_running(running_mean, running_var, stats[:3], n, momentum)
+        _launch._update_running(running_mean, running_var, stats[:3], n, momentum)
+        _register.written(running_mean, running_var)
     else:
         stats = torch.as_tensor(stats, device=running_mean.device)
         update_running_stats(running_mean, running_var, stats[0], stats[1], n, momentum)
@@ -341,8 +341,7 @@ def _update(running_mean: Tensor, running_var: Tensor, stats, momentum: float) -
 # --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("normlab::sync_batch_norm_fwd", mutates_args=())
-def sync_batch_norm_fwd(
+def _sync_batch_norm_fwd(
     x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float, group: str, check: bool, backend: str
 ) -> tuple[Tensor, Tensor]:
     """SyncBatchNorm forward of a canonical ``x`` over the group named ``group``: ``(y, stats)``, stats (4, C)."""
@@ -350,13 +349,11 @@ def sync_batch_norm_fwd(
     return y, _tensor(stats)
 
 
-@sync_batch_norm_fwd.register_fake
-def _(x, w, b, eps, group, check, backend):
+def _sync_batch_norm_fwd_fake(x, w, b, eps, group, check, backend):
     return torch.empty_like(x), x.new_empty((4, x.shape[1]), dtype=torch.float64)
 
 
-@torch.library.custom_op("normlab::sync_batch_norm_bwd", mutates_args=())
-def sync_batch_norm_bwd(
+def _sync_batch_norm_bwd(
     dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor, group: str, backend: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     """SyncBatchNorm gradients ``(dx, dw, db)``, dw/db float64 local sums."""
@@ -364,23 +361,26 @@ def sync_batch_norm_bwd(
     return dx, _tensor(dw), _tensor(db)
 
 
-@sync_batch_norm_bwd.register_fake
-def _(dy, x, w, stats, group, backend):
+def _sync_batch_norm_bwd_fake(dy, x, w, stats, group, backend):
     c = x.shape[1]
     return torch.empty_like(x), x.new_empty((c,), dtype=torch.float64), x.new_empty((c,), dtype=torch.float64)
 
 
-@torch.library.custom_op(
-    "normlab::sync_batch_norm_update_stats", mutates_args=("running_mean", "running_var")
+sync_batch_norm_bwd = _register.custom_op(
+    "sync_batch_norm_bwd", _sync_batch_norm_bwd, fake=_sync_batch_norm_bwd_fake, device_types=None
 )
-def sync_batch_norm_update_stats(running_mean: Tensor, running_var: Tensor, stats: Tensor, momentum: Tensor) -> None:
+
+
+def _sync_batch_norm_update_stats(running_mean: Tensor, running_var: Tensor, stats: Tensor, momentum: Tensor) -> None:
     """Blend the global statistics into the running ones; ``momentum`` a 0-dim tensor, read when this runs."""
     _update(running_mean, running_var, _arrays(stats), float(momentum))
 
 
-@sync_batch_norm_update_stats.register_fake
-def _(running_mean, running_var, stats, momentum):
-    return None
+sync_batch_norm_update_stats = _register.custom_op(
+    "sync_batch_norm_update_stats", _sync_batch_norm_update_stats,
+    fake=lambda running_mean, running_var, stats, momentum: None,
+    mutates_args=("running_mean", "running_var"), device_types=None,
+)
 
 
 def _tensor(a) -> Tensor:
@@ -395,7 +395,7 @@ def _arrays(t: Tensor):
 def _cast(dw, db, w, b_dtype, need):
     """The local float64 ``dw``/``db`` (arrays or tensors) in the parameters' dtypes, None where not needed."""
     def to(a, dtype):
-        return _op._to(a, dtype) if isinstance(a, np.ndarray) else a.to(dtype)
+        return _launch._to(a, dtype) if isinstance(a, np.ndarray) else a.to(dtype)
     return (to(dw, w.dtype) if need[1] and w is not None else None,
             to(db, b_dtype) if need[2] and b_dtype is not None else None)
 
@@ -415,31 +415,34 @@ def _op_backward(ctx, dy, _dstats):
     return (dx if need[0] else None), dw, db, None, None, None, None
 
 
-sync_batch_norm_fwd.register_autograd(_op_backward, setup_context=_setup)
+sync_batch_norm_fwd = _register.custom_op(
+    "sync_batch_norm_fwd", _sync_batch_norm_fwd, fake=_sync_batch_norm_fwd_fake,
+    backward=_op_backward, setup_context=_setup, device_types=None,
+)
 
 
-class _EagerSyncBatchNorm(torch.autograd.Function):
-    """The custom ops' eager twin (no dispatcher); ``out[0]`` receives the (4, C) statistics."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, eps, group, check, backend, out):
-        y, stats = _forward(x, w, b, eps, group, check, backend)
-        ctx.save_for_backward(x, w)
-        ctx.stats = out[0] = stats
-        ctx.group, ctx.backend, ctx.b_dtype = group, backend, (b.dtype if b is not None else None)
-        return y
-
-    @staticmethod
-    @once_differentiable  # no double backward: a second derivative would need its own collectives
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx, dw, db = _backward(dy, x, w, ctx.stats, ctx.group, ctx.backend)
-        need = ctx.needs_input_grad
-        dw, db = _cast(dw, db, w, ctx.b_dtype, need)
-        return (dx if need[0] else None), dw, db, None, None, None, None, None
+def _eager_forward(ctx, x, w, b, eps, group, check, backend, out):
+    y, stats = _forward(x, w, b, eps, group, check, backend)
+    ctx.save_for_backward(x, w)
+    ctx.stats = out[0] = stats
+    ctx.group, ctx.backend, ctx.b_dtype = group, backend, (b.dtype if b is not None else None)
+    return y
 
 
-_eager_apply = fast_apply(_EagerSyncBatchNorm)
+@once_differentiable  # no double backward: a second derivative would need its own collectives
+def _eager_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw, db = _backward(dy, x, w, ctx.stats, ctx.group, ctx.backend)
+    need = ctx.needs_input_grad
+    dw, db = _cast(dw, db, w, ctx.b_dtype, need)
+    return (dx if need[0] else None), dw, db, None, None, None, None, None
+
+
+_eager_apply = _register.eager(
+    "SyncBatchNorm", _eager_forward, _eager_backward,
+    "SyncBatchNorm's training forward: ``apply(x, w, b, eps, group, check, backend, out)`` -> ``y``; "
+    "``out[0]`` receives the (4, C) statistics.",
+)
 
 
 # --------------------------------------------------------------------------
@@ -466,10 +469,11 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
         backend = "ref"
     if backend == "cpu" and not x.is_cpu:
         backend = "ref"
-    xc = _op._canonical(x) if backend == "cpu" else x
+    xc = _launch._canonical(x) if backend == "cpu" else x
     update = running_mean is not None
-    if not torch.compiler.is_compiling():
-        if _records(x, w, b):
+    path = _register.route(x, w, b)
+    if path != _register.COMPILE:  # (no torch.func rule: under a transform, the eager Function)
+        if path != _register.PLAIN:
             out = [None]
             y = _eager_apply(xc, w, b, eps, group, check, backend, out)
             stats = out[0]

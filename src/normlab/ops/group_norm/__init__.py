@@ -3,18 +3,18 @@
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the autograd Functions (backend ``"ref"``), torch's output-layout rule.
 - ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use.
-- ``op.py``: the kernels as ``torch.library`` custom ops
-  (``normlab::group_norm_fwd``, ...) with fake implementations and autograd,
-  and the entry points :func:`group_norm`, :func:`instance_norm` that
-  ``normlab.functional`` calls.
+- ``op.py``: what is the kernels' own -- launchers, custom ops
+  (``normlab::group_norm_fwd``, ...), the eager and transform forms, declared
+  to ``ops/_register`` -- and the entry points of backend ``"cpu"``; the
+  ``"ref"`` ones are ``reference.ref_group_norm`` and ``ref_instance_norm``.
 
-Importing this package registers the ``"cpu"`` backend for ``group_norm`` and
-``instance_norm`` (when numba is installed) without importing numba.
+Importing this package enters ``group_norm`` and ``instance_norm`` in the
+backend table (``"cpu"`` when numba is installed, checked without importing
+numba).
 """
 
-from ... import _backend
-from .. import _numba
-from .op import group_norm, instance_norm
+from .. import _register
+from . import op
 from .reference import (
     GroupNormFunction,
     InstanceNormEvalFunction,
@@ -24,6 +24,8 @@ from .reference import (
     instance_norm_eval_backward_ref,
     instance_norm_eval_ref,
     output_memory_format,
+    ref_group_norm,
+    ref_instance_norm,
 )
 
 __all__ = [
@@ -35,9 +37,9 @@ __all__ = [
     "GroupNormFunction",
     "InstanceNormEvalFunction",
     "output_memory_format",
-    "group_norm",
-    "instance_norm",
+    "ref_group_norm",
+    "ref_instance_norm",
 ]
 
-if _numba.available():
-    _backend.register_backend("cpu", _numba.serves_cpu, ops=("group_norm", "instance_norm"))
+_register.implement("group_norm", ref=ref_group_norm, cpu=op.group_norm)
+_register.implement("instance_norm", ref=ref_instance_norm, cpu=op.instance_norm)

@@ -73,22 +73,22 @@ Both group means come from the per-(n, c) sums ``sum_s dy`` and
 
 Either way the rows of partials are then summed in row order, in float64,
 in parallel over blocks of channels (:func:`_merge_rows`). The chunks of
-rows and samples depend on the shape only (``op.py``), so results are
+rows and samples depend on the shape only (``launch.py``), so results are
 bitwise the same for any number of threads.
 
 Float16/bfloat16/float32 accumulate in float32, float64 in float64; outputs
 are rounded once.
 
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._rows import grad_sums as _grad_sums
 from .._rows import shift_row as _shift_row
@@ -97,7 +97,7 @@ from .._simd import prefetch as _prefetch
 from .._simd import wide as _wide
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _prefetch_row(a, r, n):
     """Prefetch the first ``n`` values of row ``r`` of the 2-D ``a``, at most 4 KiB (64 lines).
 
@@ -121,11 +121,11 @@ TILE = 2048
 # 2 threads: ~1.20 -> ~1.12 ms; float32 ~1.23 -> ~1.20 ms).
 FUSE_MIN = 256
 
-# Sums below are compiled with SUM_OPTIONS: LLVM may split them into SIMD lanes
+# Sums below are compiled with @helper(sums=True) (SUM_OPTIONS): LLVM may split them into SIMD lanes
 # (reassociation only; see the module docstring).
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _sum(a, n):
     """sum_{j < n} a_j of a 1-D scratch array."""
     _wide()
@@ -135,7 +135,7 @@ def _sum(a, n):
     return s
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _dot(a, b, n):
     """sum_{j < n} a_j * b_j of two 1-D scratch arrays."""
     _wide()
@@ -145,7 +145,7 @@ def _dot(a, b, n):
     return s
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _grad_row(dy, x, r, k, m, u, v):
     """``u[k, j] = dy[r, k, j]``, ``v[k, j] = x[r, k, j] - m``; returns ``(sum(u[k]), sum(u[k] * v[k]))``.
 
@@ -170,7 +170,7 @@ def _grad_row(dy, x, r, k, m, u, v):
 MERGE_COLS = 256
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _merge_rows(pw, pb, dw, db, lo, hi):
     """``dw[j]``, ``db[j]`` for ``lo <= j < hi``: columns of the partials ``pw``, ``pb``
     (rows, C) summed over the rows in order, in float64, rounded once to ``dw``'s dtype.
@@ -367,7 +367,7 @@ def gn_bwd(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def update_running(rm, rv, mean, var, momentum, n_spatial):
     """``running = (1 - momentum) * running + momentum * batch average``, in place.
 
@@ -401,7 +401,7 @@ def update_running(rm, rv, mean, var, momentum, n_spatial):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def gn_fwd_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed, rows):
     """:func:`gn_fwd` on the buffers at the given addresses."""
     w, b = params_at(acc, pw, pb, n_ch)
@@ -409,7 +409,7 @@ def gn_fwd_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_
            at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx, rows):
     """:func:`gn_bwd` on the buffers at the given addresses; returns ``(dw, db)``."""
     w, _ = params_at(acc, pw, 0, n_ch)
@@ -418,6 +418,6 @@ def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, 
 
 
 # The NHWC kernels (channels_last, and every S == 1 input) live in their own file; the
-# loader (``op.py``) reads every kernel from this module, so they are re-exported here.
+# loader (``launch.py``) reads every kernel from this module, so they are re-exported here.
 # (Imported last: they use _merge_rows above.)
 from .kernels_nhwc import gn_bwd_nhwc_at, gn_fwd_nhwc_at  # noqa: E402

@@ -8,16 +8,16 @@ channels. The statistics, their order of summation and the backward's terms are
 those of the NCHW kernels (``kernels.py``, whose docstring has the algorithm);
 ``kernels.py`` re-exports the entry functions for the loader.
 
-This module imports numba: ``op.py`` loads it (through ``kernels.py``) on first use.
+This module imports numba: ``launch.py`` loads it (through ``kernels.py``) on first use.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._simd import wide as _wide
 from .kernels import MERGE_COLS, _merge_rows
@@ -28,7 +28,7 @@ from .kernels import MERGE_COLS, _merge_rows
 # --------------------------------------------------------------------------
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _group_sums(a, cg, out):
     """``out[g] = sum_{k < cg} a[g*cg + k]``: per-group sums of a per-channel scratch vector."""
     _wide()
@@ -39,7 +39,7 @@ def _group_sums(a, cg, out):
         out[g] = s
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _group_dots(w, p, q, cg, op, oq):
     """``op[g] = sum_k w[c] * p[c]``, ``oq[g] = sum_k w[c] * q[c]`` over the channels ``c = g*cg + k`` of each group."""
     _wide()
@@ -54,7 +54,7 @@ def _group_dots(w, p, q, cg, op, oq):
         oq[g] = sq
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def _spread(v, cg, out):
     """``out[g*cg + k] = v[g]``: a per-group value copied to each of the group's channels."""
     _wide()
@@ -236,7 +236,7 @@ def gn_bwd_nhwc(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
     return dw, db
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed,
                    rows):
     """:func:`gn_fwd_nhwc` on the buffers at the given addresses."""
@@ -245,7 +245,7 @@ def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shap
                 at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, fixed, rows)
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def gn_bwd_nhwc_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx,
                    rows):
     """:func:`gn_bwd_nhwc` on the buffers at the given addresses; returns ``(dw, db)``."""

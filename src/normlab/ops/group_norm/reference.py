@@ -57,7 +57,7 @@ import math
 import torch
 
 from .. import _transforms
-from .._common import affine_jvp, shifted_mean_var, to_acc, x_hat_jvp
+from .._common import affine_jvp, empty_output, shifted_mean_var, to_acc, x_hat_jvp
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -356,3 +356,66 @@ def _grouped(x: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 def _per_channel(t: torch.Tensor | None, num_groups: int) -> torch.Tensor | None:
     return None if t is None else t.reshape(num_groups, -1, 1)  # (G, Cg, 1)
+
+
+# --------------------------------------------------------------------------
+# The "ref" entry points (the backend table's functions for backend "ref";
+# normlab.functional has checked the arguments)
+# --------------------------------------------------------------------------
+
+
+def update_running_ops(running_mean, running_var, mean, var, momentum, n_spatial):
+    """InstanceNorm's running-statistic update in torch ops (also under transforms, where the
+    buffers may be batched: each member updates its own): the batch average of the
+    per-instance mean and unbiased variance, in place."""
+    with torch.no_grad():
+        acc = mean.dtype
+        mean_stat = mean.mean(dim=0)  # (C,)
+        var_stat = (var * (n_spatial / (n_spatial - 1))).mean(dim=0)  # (C,) unbiased
+        running_mean.copy_((1 - momentum) * running_mean.to(acc) + momentum * mean_stat)
+        running_var.copy_((1 - momentum) * running_var.to(acc) + momentum * var_stat)
+
+
+def ref_group_norm(x, num_groups, w, b, eps):
+    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups by :class:`GroupNormFunction`."""
+    fmt = output_memory_format(x)
+    y, _, _ = _transforms.pick(GroupNormFunction).apply(
+        _grouped(x, num_groups), _per_channel(w, num_groups), _per_channel(b, num_groups), eps
+    )
+    # The grouped view may keep x's strides (a view, not a copy), and elementwise
+    # ops keep them too: settle the layout torch gives, once, at the end.
+    return y.reshape(x.shape).contiguous(memory_format=fmt)
+
+
+def ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
+    """InstanceNorm of an ``(N, C, *spatial)`` ``x``.
+
+    ``use_input_stats=True``: GroupNorm with one group per channel; when
+    running statistics are given they are updated in place, under
+    ``torch.no_grad()``, with the batch average of the per-instance mean and
+    unbiased variance::
+
+        running_mean = (1 - momentum) * running_mean + momentum * mean_n(mean)
+        running_var  = (1 - momentum) * running_var  + momentum * mean_n(var * S / (S - 1))
+
+    ``use_input_stats=False``: ``(x - running_mean) / sqrt(running_var + eps) * w + b``.
+    The output is contiguous.
+    """
+    c = x.shape[1]
+    if c == 0:  # no channels: an empty output, as torch gives (nothing to normalise or update)
+        return empty_output(x, w, b)
+    x4 = _grouped(x, c)  # (N, C, 1, S)
+    w3, b3 = _per_channel(w, c), _per_channel(b, c)  # (C, 1, 1)
+    if use_input_stats:
+        y, mean, var = _transforms.pick(GroupNormFunction).apply(x4, w3, b3, eps)
+        if running_mean is not None and x.numel() > 0:  # an empty batch leaves them as they are, as in torch
+            n = x4.shape[0]
+            update_running_ops(running_mean, running_var, mean.reshape(n, c), var.reshape(n, c), momentum,
+                               x4.shape[3])
+    else:
+        with torch.no_grad():  # the running statistics are constants of this map
+            # (a copy: the backward must not see later in-place updates of the buffer)
+            mean = to_acc(running_mean).reshape(1, c, 1, 1).clone()  # (1, C, 1, 1)
+            rstd = torch.rsqrt(to_acc(running_var).reshape(1, c, 1, 1) + eps)  # (1, C, 1, 1)
+        y = _transforms.pick(InstanceNormEvalFunction).apply(x4, w3, b3, mean, rstd)
+    return y.reshape(x.shape).contiguous()  # torch's instance_norm output is contiguous

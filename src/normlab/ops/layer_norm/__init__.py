@@ -1,26 +1,33 @@
 """LayerNorm and RMSNorm (and their fused residual-add variants).
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
-  the autograd Functions (backend ``"ref"``).
-- ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use.
-- ``op.py``: the kernels as ``torch.library`` custom ops (``normlab::layer_norm_fwd``,
-  ...) with fake implementations and autograd, and the entry points
-  :func:`layer_norm`, :func:`rms_norm`, :func:`add_layer_norm`,
-  :func:`add_rms_norm` that ``normlab.functional`` calls.
+  the autograd Functions, and the entry points of backend ``"ref"``
+  (:func:`ref_layer_norm`, ...).
+- ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use;
+  ``launch.py`` hands them tensors.
+- ``op.py``: what is the kernels' own -- custom ops, eager and transform
+  forms, declared to ``ops/_register`` -- and the entry points of backend
+  ``"cpu"``.
 
-Importing this package registers the ``"cpu"`` backend for these ops (when
-numba is installed) without importing numba.
+Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
+``add_rms_norm`` and ``layer_norm2d`` (``launch_2d.py``: LayerNorm2d's NCHW kernels,
+``kernels_2d.py``) in the backend table (``"cpu"`` when numba is installed,
+checked without importing numba).
 """
 
-from ... import _backend
-from .. import _numba
-from .op import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from .. import _register
+from . import launch_2d, op
 from .reference import (
     LayerNormFunction,
     RMSNormFunction,
     layer_norm_backward_ref,
     layer_norm_ref,
     layer_norm_stats,
+    ref_add_layer_norm,
+    ref_add_rms_norm,
+    ref_layer_norm,
+    ref_layer_norm2d,
+    ref_rms_norm,
     rms_norm_backward_ref,
     rms_norm_ref,
     rms_norm_stats,
@@ -35,15 +42,14 @@ __all__ = [
     "rms_norm_stats",
     "LayerNormFunction",
     "RMSNormFunction",
-    "layer_norm",
-    "rms_norm",
-    "add_layer_norm",
-    "add_rms_norm",
+    "ref_layer_norm",
+    "ref_rms_norm",
+    "ref_add_layer_norm",
+    "ref_add_rms_norm",
 ]
 
-if _numba.available():
-    _backend.register_backend(
-        "cpu",
-        _numba.serves_cpu,
-        ops=("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"),
-    )
+_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm)
+_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm)
+_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm)
+_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm)
+_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=launch_2d.layer_norm2d)

@@ -33,16 +33,16 @@ rewriting of the differences that the shifted statistics rely on: each is a
 stored value or a two-operand difference). The order is fixed by the compiled
 code, so results do not depend on threads.
 
-This module imports numba: ``op.py`` loads it on first use.
+This module imports numba: ``launch.py`` loads it on first use.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._bf16 import acc_cast, acc_zero, load, round_as, store
-from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
@@ -50,7 +50,7 @@ from .._simd import wide
 
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _grad_row(dyr, xr, w, m, rs, x_hat, g):
     """``x_hat[j] = (x[j] - m) * rs``, ``g[j] = dy[j] * w[j]``; returns ``(sum(g), sum(g * x_hat))``.
 
@@ -72,7 +72,7 @@ def _grad_row(dyr, xr, w, m, rs, x_hat, g):
     return s1, s2
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _grad_sums(dyr, xr, w, m, rs):
     """``(sum(g), sum(g * x_hat))`` of :func:`_grad_row` without storing ``g`` and ``x_hat``:
     wide rows, whose second loop computes them again from ``x`` and ``dy`` (in L2)."""
@@ -87,7 +87,7 @@ def _grad_sums(dyr, xr, w, m, rs):
     return s1, s2
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _shift_sum(x, r, shift):
     """``sum_j (x[r, j] - shift)``: :func:`ops._rows.shift_row`'s sum, read from the row
     itself instead of stored to scratch (the loop only reads: one order, any addresses).
@@ -99,7 +99,7 @@ def _shift_sum(x, r, shift):
     return s
 
 
-@njit(**dict(SUM_OPTIONS, fastmath={"reassoc", "contract"}))
+@helper(sums=True, fma=True)
 def _sqdev_row(x, r, shift, m):
     """``sum_j ((x[r, j] - shift) - m)^2``: :func:`ops._rows.sqdev` over the row's
     differences computed again from the row (same two halves, same fused multiply-adds)."""
@@ -224,7 +224,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
     rstd     (n_rows,)           saved 1 / sqrt(var + eps)
     dh       (n_rows, n_cols)    gradient arriving at h = x + res (read if ``has_dh``)
     dx       (n_rows, n_cols)    out: gradient of x (plus dh), storage dtype
-    rows     int                 rows per chunk (``_numba.rows_per_chunk``)
+    rows     int                 rows per chunk (``_launch.rows_per_chunk``)
     cast_x_hat bool              the forward rounded x_hat first: dw sums dy * round(x_hat)
     returns  dw, db (n_cols,)    sums over rows in the accumulation dtype (size 0 unless ``need_wb``)
 
@@ -333,7 +333,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, cast_x_hat, rows):
     """:func:`norm_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``.
 
@@ -354,7 +354,7 @@ def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_r
     return mean, rstd
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, rows, has_dh, center, cast_x_hat,
                 need_wb):
     """:func:`norm_bwd` on the buffers at the given addresses; returns ``(dw, db)``.

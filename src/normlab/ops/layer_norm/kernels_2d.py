@@ -44,15 +44,15 @@ loads it on first use.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .._bf16 import acc_cast, acc_zero, load, store
-from .._numba import HELPER_OPTIONS, SUM_OPTIONS, kernel
+from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._simd import wide
 
 
-@njit(**SUM_OPTIONS)
+@helper(sums=True)
 def _plane_sums(dyr, xr, m, rs):
     """``(sum_p dy * x_hat, sum_p dy)`` over one plane's block of pixels: a channel's share of
     dw/db. Reads only (no store in the loop), so LLVM splits the sums into SIMD lanes in one
@@ -226,7 +226,7 @@ def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
 # --------------------------------------------------------------------------
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def ln2d_fwd_at(proto, acc, px, pw, pb, py, n, nc, ns, eps, block):
     """:func:`ln2d_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``, (N * S,) each.
 
@@ -242,7 +242,7 @@ def ln2d_fwd_at(proto, acc, px, pw, pb, py, n, nc, ns, eps, block):
     return mean, rstd
 
 
-@njit(**HELPER_OPTIONS)
+@helper
 def ln2d_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdx, n, nc, ns, block, need_wb):
     """:func:`ln2d_bwd` on the buffers at the given addresses; returns ``(dw, db)``.
 

@@ -3,7 +3,7 @@
 :func:`_forward` / :func:`_backward` allocate the outputs, pass bfloat16/float16
 tensors as their bits (``ops/_bf16.py``) and every tensor by address
 (``ops/_ptr.py``), and run the kernel (``kernels.py``, imported on first use)
-in the version that fits the size (``ops/_numba.use_parallel``). ``op.py``
+in the version that fits the size (``ops/_launch.use_parallel``). ``op.py``
 builds the custom ops, the eager and the transform Functions on them.
 """
 
@@ -12,7 +12,7 @@ import functools
 import numpy as np
 import torch
 
-from .. import _numba
+from .. import _launch
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
 from .._launch import kernels_loader
@@ -68,10 +68,10 @@ def _forward(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
     return y, h, mean, rstd
 
 
-_rows_per_chunk = functools.lru_cache(maxsize=1024)(_numba.rows_per_chunk)
+_rows_per_chunk = functools.lru_cache(maxsize=1024)(_launch.rows_per_chunk)
 
 
-# The backward's chunks: at least _numba.rows_per_chunk rows, enlarged up to this
+# The backward's chunks: at least _launch.rows_per_chunk rows, enlarged up to this
 # many while at least BWD_MIN_CHUNKS chunks remain. Each chunk writes one row of
 # dw/db partials, merged after: 8192x4096 float32 went from 512 partial rows (16 MB
 # written and read again) to 32, backward ~51 -> ~45 ms.
@@ -82,7 +82,7 @@ BWD_MIN_CHUNKS = 32
 @functools.lru_cache(maxsize=1024)
 def _bwd_rows(n_rows: int, n_cols: int) -> int:
     """Rows per chunk of ``norm_bwd`` (from the shape only: the bits never depend on threads)."""
-    rows = _numba.rows_per_chunk(n_rows, n_cols)
+    rows = _launch.rows_per_chunk(n_rows, n_cols)
     return max(rows, min(BWD_MAX_ROWS, n_rows // BWD_MIN_CHUNKS))
 
 

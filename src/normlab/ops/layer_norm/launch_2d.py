@@ -5,11 +5,11 @@ Layering as in ``op.py`` (kernel -> launcher -> custom op / eager Function -> en
 
 - :func:`_forward2d` / :func:`_backward2d`: allocate the outputs, pass every tensor by
   address (``ops/_ptr.py``; bfloat16/float16 as their bits) and run the kernel in the
-  version that fits the size (``ops/_numba.use_parallel``).
-- custom ops ``normlab::layer_norm2d_fwd`` (with ``register_autograd``) and
-  ``normlab::layer_norm2d_bwd``, with fake implementations, so
-  ``torch.compile(fullgraph=True)`` traces each as one node.
-- :class:`_EagerLN2d`: the same launchers as one ``autograd.Function`` for eager calls.
+  version that fits the size (``ops/_launch.use_parallel``).
+- declared to ``ops/_register``: the custom ops ``normlab::layer_norm2d_fwd`` (with its
+  autograd formula) and ``normlab::layer_norm2d_bwd``, with fakes, so
+  ``torch.compile(fullgraph=True)`` traces each as one node; the eager twin
+  ``LayerNorm2dEager``; :func:`layer_norm2d`, the backend table's ``"cpu"`` entry.
 
 The forward saves ``x`` and the per-pixel ``mean`` and ``rstd``; the backward recomputes
 ``x_hat``. Under ``create_graph=True`` (double backward) the backward runs LayerNorm's
@@ -27,14 +27,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _numba, _transforms
+from .. import _launch, _register, _transforms
 from .._common import acc_dtype, to_acc
 from .._launch import PROTO as _PROTO
-from .._launch import _SerialKernels, fast_apply
+from .._launch import _SerialKernels
 from .._launch import call as _call
 from .._launch import param_ptr as _param_ptr
-from .._launch import records as _records
-from .reference import layer_norm_backward_ref, layer_norm_stats
+from . import op as _row_op
+from .reference import layer_norm2d_rows, layer_norm_backward_ref, layer_norm_stats
 
 _module = None
 _serial = None
@@ -46,7 +46,7 @@ def _k(numel: int):
     if _module is None:
         _module = importlib.import_module(__package__ + ".kernels_2d")
         _serial = _SerialKernels(_module)
-    return _module if _numba.use_parallel(numel) else _serial
+    return _module if _launch.use_parallel(numel) else _serial
 
 
 # A task covers about BLOCK_ELEMS values of one sample: a block of pixels times C channels
@@ -146,28 +146,20 @@ def _stats_like(x: Tensor) -> Tensor:
     return x.new_empty((x.numel() // x.shape[1],), dtype=acc_dtype(x.dtype))
 
 
-@torch.library.custom_op("normlab::layer_norm2d_fwd", mutates_args=(), device_types="cpu")
-def layer_norm2d_fwd(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _layer_norm2d_fwd(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """LayerNorm over dim 1 of contiguous (N, C, *) ``x``: ``(y, mean, rstd)``, per-pixel statistics."""
     y, mean, rstd = _forward2d(x, w, b, eps)
     return y, torch.from_numpy(mean), torch.from_numpy(rstd)
 
 
-@layer_norm2d_fwd.register_fake
-def _(x, w, b, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x), _stats_like(x)
-
-
-@torch.library.custom_op("normlab::layer_norm2d_bwd", mutates_args=(), device_types="cpu")
-def layer_norm2d_bwd(
+def _layer_norm2d_bwd(
     dy: Tensor, x: Tensor, w: Optional[Tensor], mean: Tensor, rstd: Tensor, need_wb: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """LayerNorm2d gradients ``(dx, dw, db)``; dw/db in the accumulation dtype, empty unless ``need_wb``."""
     return _backward2d(dy, x, w, mean, rstd, need_wb)
 
 
-@layer_norm2d_bwd.register_fake
-def _(dy, x, w, mean, rstd, need_wb):
+def _bwd_fake(dy, x, w, mean, rstd, need_wb):
     n = x.shape[1] if need_wb else 0
     acc = acc_dtype(x.dtype)
     return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((n,), dtype=acc),
@@ -190,7 +182,13 @@ def _backward(ctx, dy, _dmean, _drstd):
     return dx, dw, db, None
 
 
-layer_norm2d_fwd.register_autograd(_backward, setup_context=_setup)
+layer_norm2d_bwd = _register.custom_op("layer_norm2d_bwd", _layer_norm2d_bwd, fake=_bwd_fake)
+layer_norm2d_fwd = _register.custom_op(
+    "layer_norm2d_fwd", _layer_norm2d_fwd,
+    fake=lambda x, w, b, eps: (torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x),
+                               _stats_like(x)),
+    backward=_backward, setup_context=_setup,
+)
 
 
 # --------------------------------------------------------------------------
@@ -198,30 +196,28 @@ layer_norm2d_fwd.register_autograd(_backward, setup_context=_setup)
 # --------------------------------------------------------------------------
 
 
-class _EagerLN2d(torch.autograd.Function):
-    """The custom ops' eager twin: the same launchers, no ``torch.library`` dispatch; the
-    statistics stay numpy arrays on ``ctx``."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, eps):
-        y, mean, rstd = _forward2d(x, w, b, eps)
-        ctx.save_for_backward(x, w)
-        ctx.stats = mean, rstd
-        ctx.eps = eps
-        ctx.b_dtype = b.dtype if b is not None else None
-        ctx.set_materialize_grads(False)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        mean, rstd = ctx.stats
-        need = ctx.needs_input_grad
-        dx, dw, db = _grads(dy, x, w, ctx.b_dtype, mean, rstd, ctx.eps, need[1], need[2], eager=True)
-        return dx, dw, db, None
+def _eager_forward(ctx, x, w, b, eps):
+    y, mean, rstd = _forward2d(x, w, b, eps)
+    ctx.save_for_backward(x, w)
+    ctx.stats = mean, rstd  # numpy arrays: no tensor made for them
+    ctx.eps = eps
+    ctx.b_dtype = b.dtype if b is not None else None
+    ctx.set_materialize_grads(False)
+    return y
 
 
-_eager_apply = fast_apply(_EagerLN2d)
+def _eager_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    mean, rstd = ctx.stats
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(dy, x, w, ctx.b_dtype, mean, rstd, ctx.eps, need[1], need[2], eager=True)
+    return dx, dw, db, None
+
+
+_eager_apply = _register.eager(
+    "LayerNorm2d", _eager_forward, _eager_backward,
+    "LayerNorm over dim 1 of contiguous (N, C, *) ``x`` on the NCHW kernels: ``apply(x, w, b, eps)`` -> ``y``.",
+)
 
 
 def serves(x: Tensor) -> bool:
@@ -233,9 +229,18 @@ def serves(x: Tensor) -> bool:
 
 def layer_norm2d_nchw(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float) -> Tensor:
     """LayerNorm over dim 1 of a contiguous (N, C, *) ``x`` on the NCHW kernels (arguments checked,
-    :func:`serves` true); the output is contiguous."""
-    if torch.compiler.is_compiling():
-        return layer_norm2d_fwd(x, w, b, eps)[0]
-    if _records(x, w, b):
+    :func:`serves` true); the output is contiguous. The form that runs: ``_register.route``."""
+    path = _register.route(x, w, b)
+    if path == _register.EAGER:
         return _eager_apply(x, w, b, eps)
-    return _forward2d(x, w, b, eps)[0]
+    if path == _register.PLAIN:
+        return _forward2d(x, w, b, eps)[0]
+    return layer_norm2d_fwd(x, w, b, eps)[0]  # COMPILE (serves() keeps transforms on the row path)
+
+
+def layer_norm2d(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float) -> Tensor:
+    """The backend table's ``"cpu"`` LayerNorm2d: the NCHW kernels where they serve ``x``, else
+    LayerNorm's row kernels on ``x.movedim(1, -1)`` (channels_last: no copy)."""
+    if serves(x):
+        return layer_norm2d_nchw(x, w, b, eps)
+    return layer_norm2d_rows(_row_op.layer_norm, x, w, b, eps)

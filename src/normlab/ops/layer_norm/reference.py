@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from .._common import affine_jvp, x_hat_jvp, shifted_mean_var, to_acc
+from .._common import acc_dtype, affine_jvp, empty_output, x_hat_jvp, shifted_mean_var, to_acc
 
 # --------------------------------------------------------------------------
 # Reference forward: the formula in plain torch ops, in the accumulation dtype
@@ -298,3 +298,86 @@ class RMSNormFunction(torch.autograd.Function):
     def _jvp(ctx, xt, wt, _eps_t, _offset_t, _cast_t):
         x, w, rstd = ctx.saved_tensors
         return norm_jvp(x, w, None, rstd, xt, wt, None, False, ctx.offset, ctx.cast_x_hat), None
+
+
+# --------------------------------------------------------------------------
+# The "ref" entry points (the backend table's functions for backend "ref";
+# normlab.functional has checked the arguments)
+# --------------------------------------------------------------------------
+
+
+def rows(x: torch.Tensor, normalized_shape: tuple) -> torch.Tensor:
+    """``x`` as ``(n_rows, n_cols)``, ``n_cols`` the product of ``normalized_shape``."""
+    n_cols = 1
+    for s in normalized_shape:
+        n_cols *= s
+    if x.dim() == 2 and x.shape[1] == n_cols:
+        return x  # already (n_rows, n_cols): no view node in the autograd graph
+    return x.reshape(-1, n_cols)  # (n_rows, n_cols); copies only if it must
+
+
+def flat(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias as ``(n_cols,)``."""
+    return p.reshape(-1) if p is not None and p.dim() != 1 else p
+
+
+def like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` in ``x``'s shape (no view node when it already is)."""
+    return t if t.shape == x.shape else t.reshape(x.shape)
+
+
+def rms_eps(x: torch.Tensor, eps: float | None) -> float:
+    """RMSNorm's ``eps``: ``None`` is the machine epsilon of the accumulation dtype, as in torch."""
+    return torch.finfo(acc_dtype(x.dtype)).eps if eps is None else eps
+
+
+def ref_layer_norm(x, normalized_shape, w, b, eps):
+    """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` by :class:`LayerNormFunction`."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        return empty_output(x, w, b)
+    y = _transforms.pick(LayerNormFunction).apply(rows(x, normalized_shape), flat(w), flat(b), eps)[0]
+    return like(y, x)
+
+
+def ref_rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` by :class:`RMSNormFunction`; the
+    weight applied as ``w + offset``, ``x_hat`` rounded to ``x``'s dtype first if ``cast_x_hat``."""
+    if 0 in normalized_shape:  # no value in a row: torch's (empty) output
+        return empty_output(x, w)
+    eps = rms_eps(x, eps)
+    y = _transforms.pick(RMSNormFunction).apply(rows(x, normalized_shape), flat(w), eps, offset, cast_x_hat)[0]
+    return like(y, x)
+
+
+def ref_add_layer_norm(x, residual, normalized_shape, w, b, eps):
+    """``h = x + residual``, ``y = layer_norm(h)``; returns ``(y, h)``."""
+    h = x + residual
+    return ref_layer_norm(h, normalized_shape, w, b, eps), h
+
+
+def ref_add_rms_norm(x, residual, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
+    """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)``."""
+    h = x + residual
+    return ref_rms_norm(h, normalized_shape, w, eps, offset, cast_x_hat), h
+
+
+# --------------------------------------------------------------------------
+# LayerNorm2d: LayerNorm over dim 1 of (N, C, *), as rows
+# --------------------------------------------------------------------------
+
+
+def layer_norm2d_rows(layer_norm, x, w, b, eps):
+    """LayerNorm over dim 1 of ``x`` (N, C, *) by a row LayerNorm ``layer_norm(rows, (C,), w, b, eps)``
+    on ``x.movedim(1, -1)`` (a channels_last ``x`` is already rows: no copy); the output in
+    ``x``'s memory format."""
+    from ..batch_norm.reference import _memory_format  # the layout torch's norms give their outputs
+
+    rows_ = x.movedim(1, -1)  # (N, *, C)
+    y = layer_norm(rows_, (x.shape[1],), w, b, eps)
+    out = y.movedim(-1, 1)  # the input's strides when rows_ was contiguous
+    return out if rows_.is_contiguous() else out.contiguous(memory_format=_memory_format(x))
+
+
+def ref_layer_norm2d(x, w, b, eps):
+    """The ``"ref"`` LayerNorm2d: :func:`ref_layer_norm` over the channels of every position."""
+    return layer_norm2d_rows(ref_layer_norm, x, w, b, eps)

@@ -1,0 +1,95 @@
+"""What every ``normlab bench`` suite shares: the output directory, option lists, thread
+counts (torch's and numba's), the progress bar and the run's metadata."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+DEFAULT_OUT = "bench-results"
+
+
+def _listify(value, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.split(",")
+    items = [str(v).strip() for v in value if str(v).strip()]
+    if not items:
+        raise ValueError(f"normlab bench: expected at least one {what}, got {value!r}")
+    return items
+
+
+def _choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str] | None:
+    items = _listify(value, what)
+    if items is None:
+        return None
+    out = []
+    for item in items:
+        expanded = (aliases or {}).get(item, (item,))
+        for name in expanded:
+            if name not in allowed:
+                names = list(allowed) + list(aliases or {})
+                raise ValueError(f"normlab bench: unknown {what} {item!r}; expected one of {names}")
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def _set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    numba = sys.modules.get("numba")
+    if numba is not None:  # the "cpu" kernels' thread pool, when they are loaded
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def _get_threads() -> tuple[int, int | None]:
+    numba = sys.modules.get("numba")
+    return torch.get_num_threads(), (numba.get_num_threads() if numba is not None else None)
+
+
+def _thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]:
+    """After each call of ``provider``: if the thread count is no longer ``n``, warn once
+    and set it back. (Seen: numba's "omp" threading layer shares torch's libgomp, and
+    launching its pool on the first ``"cpu"`` kernel call set torch's count to
+    NUMBA_NUM_THREADS; every torch op after it then ran with 2 threads.)"""
+    def guard(provider: str) -> None:
+        got = torch.get_num_threads()
+        if got != n:
+            msg = (f"{provider} changed torch.get_num_threads() from {n} to {got}; "
+                   f"set back to {n} (it would leak into the providers timed after it)")
+            if msg not in warnings:
+                warnings.append(msg)
+                if console is not None:
+                    console.print(f"[yellow]warning: {msg}[/]")
+            _set_threads(n)
+    return guard
+
+
+def progress_bar(show: bool):
+    """The rich progress bar of a bench run, on stderr (hidden unless ``show``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=not show)
+
+
+def _meta(options: dict) -> dict:
+    numba = sys.modules.get("numba")
+    import normlab
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "options": options,
+        "normlab": normlab.__version__, "torch": torch.__version__,
+        "numba": getattr(numba, "__version__", None), "python": platform.python_version(),
+        "backends": normlab.available_backends(),
+        "machine": platform.machine(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }

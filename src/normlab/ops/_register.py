@@ -1,0 +1,162 @@
+"""One registration path: the plumbing every op of the ``"cpu"`` backend needs, written once.
+
+A family's ``op.py`` declares what is its own -- the launchers (the kernel
+calls), the backward, the forward-mode rule (``jvp``), the ``vmap`` rule, the
+fake shapes -- and hands them to this module, which builds:
+
+- :func:`custom_op`: the ``torch.library`` custom op ``normlab::<name>``
+  (device ``cpu``) with its fake implementation and, for a differentiable op,
+  its autograd formula. ``torch.compile`` traces these as single nodes.
+- :func:`eager`: the op's eager twin, an ``autograd.Function`` named
+  ``<Name>Eager`` applied through the C++ apply (``_launch.fast_apply``): no
+  ``torch.library`` dispatch, which costs tens of microseconds a call -- most of
+  a small LayerNorm. Its statistics may stay numpy arrays on the node.
+- :func:`transform`: the Function named ``<Name>Transform`` that runs under
+  torch.func transforms and forward-mode AD (``ops/_transforms.py``): a
+  ``forward`` without ``ctx``, ``setup_context``, ``backward``, ``jvp`` and a
+  ``vmap`` rule.
+- :func:`route`: which of those runs a call -- one rule for every op.
+- :func:`implement`: the op's entries in the backend table (``_backend``), the
+  ``"ref"`` function from the family's ``reference.py`` and the ``"cpu"`` one
+  from its ``op.py``.
+- :func:`written`: the one rule for running statistics that the kernels write
+  through their address.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.autograd.forward_ad as _fwad
+
+from .. import _backend
+from . import _launch
+from ._launch import fast_apply
+
+# --------------------------------------------------------------------------
+# Which path runs a call
+# --------------------------------------------------------------------------
+
+TRANSFORM = 0  # a torch.func transform or forward-mode AD is active: the <Name>Transform Function
+COMPILE = 1  # torch.compile is tracing: the custom ops
+EAGER = 2  # autograd records the call: the <Name>Eager Function
+PLAIN = 3  # nothing to record (no_grad, inference, no input needs a gradient): the launcher alone
+
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+def route(*tensors: Optional[torch.Tensor]) -> int:
+    """The path of a call on ``tensors`` (None allowed): :data:`TRANSFORM`, :data:`COMPILE`,
+    :data:`EAGER` or :data:`PLAIN`, tested in that order.
+
+    A kernel gets tensors by address, which a functorch ``BatchedTensor`` or a
+    dual tensor has not: transforms come first, also while compiling. Without
+    a transform, ``torch.compile`` traces the custom ops; an eager call takes
+    the eager Function only when autograd records it (grad mode on and an
+    input that requires grad), else the launcher alone (~10 us less).
+    """
+    if _functorch_active() or _fwad._current_level >= 0:
+        return TRANSFORM
+    if _is_compiling():
+        return COMPILE
+    if _grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return EAGER
+    return PLAIN
+
+
+# --------------------------------------------------------------------------
+# The three forms of an op
+# --------------------------------------------------------------------------
+
+
+def custom_op(
+    name: str,
+    fn: Callable,
+    *,
+    fake: Callable,
+    backward: Optional[Callable] = None,
+    setup_context: Optional[Callable] = None,
+    mutates_args: tuple[str, ...] = (),
+    device_types: Optional[str] = "cpu",
+):
+    """``fn`` as the custom op ``normlab::<name>`` (on CPU; ``device_types=None``: any device),
+    with its ``fake`` (shapes only) and, when ``backward`` is given, its autograd formula
+    (``setup_context`` saves what it needs).
+
+    The schema comes from ``fn``'s type hints (so the module defining ``fn`` does not use
+    ``from __future__ import annotations``). A mutating op (``mutates_args``) can carry no
+    autograd formula: the running-statistics updates are ops of their own.
+    """
+    op = torch.library.custom_op(f"normlab::{name}", fn, mutates_args=mutates_args, device_types=device_types)
+    op.register_fake(fake)
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def eager(name: str, forward: Callable, backward: Callable, doc: str = "") -> Callable:
+    """The apply of ``<name>Eager``, the autograd.Function of the eager calls: ``forward(ctx, ...)``
+    runs the launchers, ``backward(ctx, *grads)`` the backward launcher (or, under
+    ``create_graph=True``, the differentiable reference). Applied through the C++ apply when no
+    functorch transform is active (``_launch.fast_apply``)."""
+    cls = type(f"{name}Eager", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "__doc__": doc or f"{name} on the kernels, for eager calls that autograd records.",
+        "__module__": forward.__module__,
+    })
+    return fast_apply(cls)
+
+
+def transform(
+    name: str,
+    *,
+    forward: Callable,
+    setup_context: Callable,
+    backward: Callable,
+    jvp: Callable,
+    vmap: Callable,
+    doc: str = "",
+) -> type:
+    """``<name>Transform``: the autograd.Function for torch.func transforms and forward-mode AD.
+
+    ``forward`` (no ``ctx``) runs the launchers on plain tensors; ``setup_context`` saves for
+    the backward and for ``jvp`` (``ctx.save_for_forward``); ``vmap(info, in_dims, *args)``
+    maps the batch dim onto the op (more rows, channels or samples: one kernel call, never a
+    loop over the batch). The class is returned; its ``apply`` is the call.
+    """
+    return type(f"{name}Transform", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward), "jvp": staticmethod(jvp), "vmap": staticmethod(vmap),
+        "__doc__": doc or f"{name} on the kernels under torch.func transforms and forward-mode AD.",
+        "__module__": forward.__module__,
+    })
+
+
+# --------------------------------------------------------------------------
+# The backend table and the running buffers
+# --------------------------------------------------------------------------
+
+
+def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None) -> None:
+    """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
+    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when numba is installed (checked
+    without importing it). Both take the arguments ``normlab.functional`` has checked."""
+    _backend.register_op(op, "ref", ref)
+    if cpu is not None and _launch.available():
+        _backend.register_backend("cpu", _launch.serves_cpu)
+        _backend.register_op(op, "cpu", cpu)
+
+
+_increment_version = torch._C._increment_version  # (what autograd.graph.increment_version calls)
+
+
+def written(*buffers: torch.Tensor) -> None:
+    """Running statistics that a kernel wrote in place through their address: their version
+    counters move once, as for any in-place torch op (and as on the reference path, which
+    writes them with ``copy_``). Inference tensors have no version counter and are skipped."""
+    _increment_version(buffers)
