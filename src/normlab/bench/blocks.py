@@ -42,7 +42,7 @@ from .common import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _t
 from .cases import DTYPES, Candidate, exception_status
 from . import chapters_data as _chapters
 from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
-from .report import fmt_time, write_json
+from .report import fmt_time, ratio_and_times, write_json
 from .timing import Timing, time_interleaved
 
 SUITE = "blocks"
@@ -264,19 +264,13 @@ def _sort_key(r: Mapping):
 
 
 def make_tables(rows: Iterable[Mapping]) -> list:
-    from rich.markup import escape
-
     table = _table("normlab bench --suite blocks", "layer|shape|dtype|thr|mode|torch|normlab|×torch|max Δy",
                    "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as fast); "
                    "LlamaBlock: torch.nn.RMSNorm vs after normlab.convert; LayerNorm2d: permute -> "
                    "torch.nn.LayerNorm -> permute vs normlab.nn.LayerNorm2d; max Δy: largest output difference")
     last = None
     for r in sorted(rows, key=_sort_key):
-        ok = r["status"] == "ok"
-        ratio = "" if not ok else (f"[green]{r['x_torch']:.2f}[/]" if r["x_torch"] >= 1.0
-                                   else f"[red]{r['x_torch']:.2f}[/]")
-        times = [fmt_time(r["torch_us"] * 1e-6), fmt_time(r["normlab_us"] * 1e-6)] if ok else \
-            [escape(f"{r['status']}: {r['reason']}"[:60]), ""]
+        ratio, times = ratio_and_times(r)
         group = (r["layer"], r["shape"], r["layout"])
         if last is not None and group != last:
             table.add_section()

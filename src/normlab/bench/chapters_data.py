@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .cases import DTYPES
 from .common import _listify
-from .report import _atomic_write, fmt_time
+from .report import _atomic_write, ratio_and_times
 from .timing import Timing
 
 SUITE = "chapters"
@@ -191,8 +191,6 @@ def _table(title: str, columns: str, caption: str | None = None):
 
 def make_tables(rows: Sequence[Mapping]) -> list:
     """``rich`` tables: the module calls (a section per layer and shape), then the loops."""
-    from rich.markup import escape
-
     calls = _table("normlab bench --suite chapters: module calls",
                    "layer|shape|dtype|thr|mode|torch|normlab|×torch",
                    "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as "
@@ -202,10 +200,7 @@ def make_tables(rows: Sequence[Mapping]) -> list:
     last, data = None, set()
     for r in sorted(rows, key=_sort_key):
         ok = r["status"] == "ok"
-        ratio = "" if not ok else (f"[green]{r['x_torch']:.2f}[/]" if r["x_torch"] >= 1.0
-                                   else f"[red]{r['x_torch']:.2f}[/]")
-        times = [fmt_time(r["torch_us"] * 1e-6), fmt_time(r["normlab_us"] * 1e-6)] if ok else \
-            [escape(f"{r['status']}: {r['reason']}"[:60]), ""]
+        ratio, times = ratio_and_times(r)
         if r["mode"] == LOOP_MODE:
             data.add(r.get("data") or "")
             per_s = [f"{r['torch_runs_per_s']:.1f}", f"{r['normlab_runs_per_s']:.1f}"] if ok else ["", ""]

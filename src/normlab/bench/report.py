@@ -269,3 +269,15 @@ def write_png(rows: Sequence[Mapping], out_dir: str) -> list[str]:
 def _rw(row: Mapping) -> int:
     """Reads + writes of the row's op/mode (bytes / this = size of x)."""
     return sum(traffic(row["op"], row["mode"]))
+
+
+def ratio_and_times(r: dict) -> tuple[str, list[str]]:
+    """A module-call row's "×torch" cell (green from 1.0 up, red below) and its two time cells
+    (torch's, normlab's), or the reason it has no numbers."""
+    from rich.markup import escape
+
+    if r["status"] != "ok":
+        return "", [escape(f"{r['status']}: {r['reason']}"[:60]), ""]
+    x = r["x_torch"]
+    ratio = f"[green]{x:.2f}[/]" if x >= 1.0 else f"[red]{x:.2f}[/]"
+    return ratio, [fmt_time(r["torch_us"] * 1e-6), fmt_time(r["normlab_us"] * 1e-6)]
