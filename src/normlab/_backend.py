@@ -5,8 +5,10 @@ enters its ops there when it is imported (``ops/_register.implement``): the
 ``"ref"`` function from its ``reference.py`` for every op, the ``"cpu"``
 function from its ``op.py`` where it has kernels and numba is installed
 (``ops/layer_norm``: ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm``; ``ops/batch_norm``: ``batch_norm``; ``ops/group_norm``:
-``group_norm``, ``instance_norm``). Callers (``normlab.functional``) ask
+``add_rms_norm``, ``layer_norm2d``; ``ops/batch_norm``: ``batch_norm``, and
+``sync_batch_norm`` when ``ops/batch_norm/sync.py`` is first imported -- its
+entries are the per-rank parts of SyncBatchNorm, see ``sync.Parts``;
+``ops/group_norm``: ``group_norm``, ``instance_norm``). Callers (``normlab.functional``) ask
 :func:`implementation` for the function and call it; nothing else branches on a
 backend's name.
 
@@ -66,6 +68,12 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
         raise ValueError(f"normlab: register backend {backend!r} before its ops")
     _IMPL[(op, backend)] = fn
     _AUTO.clear()
+
+
+def function(op: str, backend: str) -> Callable:
+    """The table's entry for ``op`` on ``backend`` (a name :func:`resolve` gave): for ops whose
+    custom ops carry the backend's name, to find their implementation again inside."""
+    return _IMPL[(op, backend)]
 
 
 def _auto_order(op: str):

@@ -54,7 +54,7 @@ nothing, so ``torch.compile(fullgraph=True)`` traces a model through them.
 (No ``from __future__ import annotations``: ``torch.library`` reads the hints.)
 """
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -163,19 +163,33 @@ def _header(c: int, dtype: torch.dtype, n: int) -> list:
 # --------------------------------------------------------------------------
 
 
-def _local_stats(x: Tensor, backend: str):
+def _empty_vectors(x: Tensor, c: int):
+    return np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
+
+
+def _kernel_stats(x: Tensor):
+    """``(mean, M2)`` of this rank from the training kernel's statistics (its output y is not used)."""
+    n = x.numel() // x.shape[1]
+    _, sn = _launch._forward(x, None, None, None, None, True, 0.0)
+    return sn[0], sn[1] * n
+
+
+def _torch_stats(x: Tensor):
+    """``(mean, M2)`` of this rank in torch ops (any device)."""
+    n = x.numel() // x.shape[1]
+    mean, var, _ = _mean_var_xc(x.to(acc_dtype(x.dtype)))  # (1, C, 1, ...) each
+    mean, m2 = mean.reshape(-1).double(), var.reshape(-1).double() * n
+    return (mean.numpy(), m2.numpy()) if x.is_cpu else (mean, m2)
+
+
+def _local_stats(x: Tensor, parts):
     """``(n, mean, M2)`` of this rank: values per channel, float64 (C,) mean and sum of squared deviations."""
     c = x.shape[1]
     n = x.numel() // c
     if n == 0:
-        z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
+        z = _empty_vectors(x, c)
         return 0, z, z
-    if backend == "cpu":  # the training kernel's statistics (its output y is not used)
-        _, sn = _launch._forward(x, None, None, None, None, True, 0.0)
-        return n, sn[0], sn[1] * n
-    mean, var, _ = _mean_var_xc(x.to(acc_dtype(x.dtype)))  # (1, C, 1, ...) each
-    mean, m2 = mean.reshape(-1).double(), var.reshape(-1).double() * n
-    return (n, mean.numpy(), m2.numpy()) if x.is_cpu else (n, mean, m2)
+    return (n, *parts.stats(x))
 
 
 def chan_merge(counts, means, m2s):
@@ -199,13 +213,13 @@ def chan_merge(counts, means, m2s):
     return n, mean, m2
 
 
-def _global_stats(x: Tensor, eps: float, group, check: bool, backend: str):
+def _global_stats(x: Tensor, eps: float, group, check: bool, parts):
     """``(4, C)`` float64 rows: the global mean, biased var, rstd and count ``N`` (numpy for CPU input)."""
     c = x.shape[1]
     if check:  # fixed-size header first: ranks with another C would otherwise send another size
         head = torch.tensor(_header(c, x.dtype, 0), dtype=torch.float64, device=x.device)
         _check_headers(_all_gather(head, group, "check of the ranks' inputs"), group)
-    n, mean, m2 = _local_stats(x, backend)
+    n, mean, m2 = _local_stats(x, parts)
     if x.is_cpu:
         pack = np.empty(HEADER + 2 * c)
         pack[:HEADER] = _header(c, x.dtype, n)
@@ -259,28 +273,32 @@ def merge_moments(count: int, mean: Optional[Tensor], m2: Optional[Tensor], num_
     return int(total), mean.to(device), m2.to(device)
 
 
-def _forward(x: Tensor, w, b, eps: float, group, check: bool, backend: str):
+def _kernel_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
+    """The evaluation kernel with the global statistics as its "running" ones."""
+    y, _ = _launch._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
+    return y
+
+
+def _torch_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
+    mean, var = (torch.from_numpy(stats[0]), torch.from_numpy(stats[1])) if x.is_cpu else (stats[0], stats[1])
+    y, _, _ = batch_norm_eval_ref(x, mean, var, w, b, eps)
+    return y
+
+
+def _forward(x: Tensor, w, b, eps: float, group, check: bool, parts):
     """``(y, stats)``: SyncBatchNorm of ``x`` (canonical layout); ``stats`` as :func:`_global_stats`."""
-    stats = _global_stats(x, eps, group, check, backend)
+    stats = _global_stats(x, eps, group, check, parts)
     if x.numel() == 0:
         return torch.empty_like(x), stats
-    if backend == "cpu":  # the evaluation kernel with the global statistics as its "running" ones
-        y, _ = _launch._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
-    else:
-        mean, var = (torch.from_numpy(stats[0]), torch.from_numpy(stats[1])) if x.is_cpu else (stats[0], stats[1])
-        y, _, _ = batch_norm_eval_ref(x, mean, var, w, b, eps)
-    return y, stats
+    return parts.normalize(x, w, b, stats, eps), stats
 
 
-def _local_sums(dy: Tensor, x: Tensor, w, stats, backend: str):
-    """``(sum(dy), sum(dy * x_hat))`` of this rank, float64 (C,); x_hat with the global statistics."""
-    c = x.shape[1]
-    if x.numel() == 0:
-        z = np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
-        return z, z
-    if backend == "cpu":
-        _, dw, db = _launch._backward_arrays(dy, x, w, stats[:3], False, False, True)
-        return db, dw
+def _kernel_sums(dy: Tensor, x: Tensor, w, stats):
+    _, dw, db = _launch._backward_arrays(dy, x, w, stats[:3], False, False, True)
+    return db, dw
+
+
+def _torch_sums(dy: Tensor, x: Tensor, w, stats):
     acc = acc_dtype(x.dtype)
     shape = _stat_shape(x)
     mean, rstd = (torch.from_numpy(stats[0]), torch.from_numpy(stats[2])) if x.is_cpu else (stats[0], stats[2])
@@ -290,11 +308,37 @@ def _local_sums(dy: Tensor, x: Tensor, w, stats, backend: str):
     return (db.numpy(), dw.numpy()) if x.is_cpu else (db, dw)
 
 
-def _backward(dy: Tensor, x: Tensor, w, stats, group, backend: str):
+def _local_sums(dy: Tensor, x: Tensor, w, stats, parts):
+    """``(sum(dy), sum(dy * x_hat))`` of this rank, float64 (C,); x_hat with the global statistics."""
+    if x.numel() == 0:
+        z = _empty_vectors(x, x.shape[1])
+        return z, z
+    return parts.sums(dy, x, w, stats)
+
+
+class Parts(NamedTuple):
+    """SyncBatchNorm's per-rank computations on one backend; the communication is shared.
+    The backend table holds one per backend (op ``"sync_batch_norm"``)."""
+
+    stats: Callable  # x -> (mean, M2) of this rank, float64 (C,)
+    normalize: Callable  # (x, w, b, stats, eps) -> y with the global statistics
+    sums: Callable  # (dy, x, w, stats) -> (sum dy, sum dy * x_hat), float64 (C,)
+    canonical: Callable  # x -> the layout the computations take
+
+
+KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, _launch._canonical)
+TORCH_PARTS = Parts(_torch_stats, _torch_normalize, _torch_sums, lambda x: x)
+
+
+def _parts(backend: str) -> Parts:
+    return _backend.function("sync_batch_norm", backend)
+
+
+def _backward(dy: Tensor, x: Tensor, w, stats, group, parts):
     """``(dx, dw, db)``: dx of BatchNorm over the global batch (one all-reduce); this rank's dw, db
     (C,) float64, numpy for CPU input."""
     c = x.shape[1]
-    db, dw = _local_sums(dy, x, w, stats, backend)
+    db, dw = _local_sums(dy, x, w, stats, parts)
     if x.is_cpu:
         sums = _all_reduce(torch.from_numpy(np.concatenate([db, dw])), group, "all-reduce of the gradient sums")
         sums = sums.numpy()
@@ -345,7 +389,7 @@ def _sync_batch_norm_fwd(
     x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float, group: str, check: bool, backend: str
 ) -> tuple[Tensor, Tensor]:
     """SyncBatchNorm forward of a canonical ``x`` over the group named ``group``: ``(y, stats)``, stats (4, C)."""
-    y, stats = _forward(x, w, b, eps, _resolve(group), check, backend)
+    y, stats = _forward(x, w, b, eps, _resolve(group), check, _parts(backend))
     return y, _tensor(stats)
 
 
@@ -357,7 +401,7 @@ def _sync_batch_norm_bwd(
     dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor, group: str, backend: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     """SyncBatchNorm gradients ``(dx, dw, db)``, dw/db float64 local sums."""
-    dx, dw, db = _backward(dy, x, w, _arrays(stats), _resolve(group), backend)
+    dx, dw, db = _backward(dy, x, w, _arrays(stats), _resolve(group), _parts(backend))
     return dx, _tensor(dw), _tensor(db)
 
 
@@ -422,7 +466,7 @@ sync_batch_norm_fwd = _register.custom_op(
 
 
 def _eager_forward(ctx, x, w, b, eps, group, check, backend, out):
-    y, stats = _forward(x, w, b, eps, group, check, backend)
+    y, stats = _forward(x, w, b, eps, group, check, _parts(backend))
     ctx.save_for_backward(x, w)
     ctx.stats = out[0] = stats
     ctx.group, ctx.backend, ctx.b_dtype = group, backend, (b.dtype if b is not None else None)
@@ -432,7 +476,7 @@ def _eager_forward(ctx, x, w, b, eps, group, check, backend, out):
 @once_differentiable  # no double backward: a second derivative would need its own collectives
 def _eager_backward(ctx, dy):
     x, w = ctx.saved_tensors
-    dx, dw, db = _backward(dy, x, w, ctx.stats, ctx.group, ctx.backend)
+    dx, dw, db = _backward(dy, x, w, ctx.stats, ctx.group, _parts(ctx.backend))
     need = ctx.needs_input_grad
     dw, db = _cast(dw, db, w, ctx.b_dtype, need)
     return (dx if need[0] else None), dw, db, None, None, None, None, None
@@ -464,12 +508,8 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
     """
     if group is None:
         group = dist.group.WORLD
-    backend = _backend.resolve(x, "batch_norm")
-    if backend not in ("cpu", "ref"):
-        backend = "ref"
-    if backend == "cpu" and not x.is_cpu:
-        backend = "ref"
-    xc = _launch._canonical(x) if backend == "cpu" else x
+    backend = _backend.resolve(x, "sync_batch_norm")  # its name: the custom ops carry it
+    xc = _parts(backend).canonical(x)
     update = running_mean is not None
     path = _register.route(x, w, b)
     if path != _register.COMPILE:  # (no torch.func rule: under a transform, the eager Function)
@@ -478,7 +518,7 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
             y = _eager_apply(xc, w, b, eps, group, check, backend, out)
             stats = out[0]
         else:
-            y, stats = _forward(xc, w, b, eps, group, check, backend)
+            y, stats = _forward(xc, w, b, eps, group, check, _parts(backend))
         if update:
             _update(running_mean, running_var, stats, float(momentum))
         return y
@@ -488,3 +528,6 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
             momentum = torch.tensor(momentum, dtype=torch.float64)
         sync_batch_norm_update_stats(running_mean, running_var, stats, momentum)
     return y
+
+
+_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS)
