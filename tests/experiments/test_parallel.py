@@ -106,3 +106,20 @@ def test_ray_missing_is_a_clear_error_before_any_run(tmp_path, monkeypatch, caps
         cli.main(["experiment", "stability", "--executor", "ray", "--store", str(tmp_path / "r.sqlite")])
     assert "Ray is not installed" in capsys.readouterr().err
     assert not (tmp_path / "r.sqlite").exists()
+
+
+def _record_task(seed: int) -> list[dict]:
+    return [{"config": {"norm": "none", "lr": 0.1, "epochs": 1}, "seed": seed, "epochs": {"train_loss": [1.0]},
+             "final": {"train_loss": 1.0}, "wall_s": 0.0}]
+
+
+@pytest.mark.skipif(C.cores() < 2, reason="needs 2 cores")
+def test_warm_runs_once_here_before_forked_workers_only(tmp_path):
+    calls = []
+    tasks = [(_record_task, {"seed": s}, 1) for s in range(4)]
+    with Store(tmp_path / "a.sqlite") as st:
+        C.run_tasks(st, "warm-test", tasks, workers=2, threads=1, warm=lambda: calls.append("forked"))
+    with Store(tmp_path / "b.sqlite") as st:
+        C.run_tasks(st, "warm-test", tasks, workers=1, threads=1, warm=lambda: calls.append("alone"))
+        assert len(st.runs("warm-test")) == 4
+    assert calls == ["forked"]
