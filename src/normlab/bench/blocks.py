@@ -28,9 +28,7 @@ Files in ``--out``: ``blocks.csv``, ``blocks.json`` (``--resume`` skips rows alr
 from __future__ import annotations
 
 import copy
-import gc
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -38,12 +36,12 @@ import torch.nn.functional as F
 
 import normlab
 
-from .common import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
-from .cases import DTYPES, Candidate, exception_status
+from .common import DEFAULT_OUT, _listify, _meta
+from .cases import DTYPES, Candidate
+from . import chapters as _chapters_run
 from . import chapters_data as _chapters
 from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
-from .report import fmt_time, ratio_and_times, write_json
-from .timing import Timing, time_interleaved
+from .report import fmt_time, ratio_and_times
 
 SUITE = "blocks"
 CSV_NAME, JSON_NAME = "blocks.csv", "blocks.json"
@@ -190,56 +188,14 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
     meta.update(suite=SUITE, normlab_backend=normlab.get_backend(), warnings=warnings)
-    measured, interrupted = 0, False
-    saved_threads = _get_threads()
-    bar = progress_bar(progress)
-    console = bar.console
-    try:
-        with bar:
-            task = bar.add_task(SUITE, total=sum(len(m) for *_, m in plan))
-            current = None
-            for n_threads, case, dtype, left in plan:
-                if n_threads != current:
-                    _set_threads(n_threads)
-                    current = n_threads
-                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
-                for mode in left:
-                    what = case.what(dtype, n_threads, mode)
-                    bar.update(task, description=what)
-                    diff = None
-                    try:
-                        cands, diff = candidates(case, dtype, mode)
-                    except Exception as e:  # noqa: BLE001
-                        cands, why = {}, exception_status(e)
-                        timed = {p: Timing(status=why[0], reason=why[1]) for p in PROVIDERS}
-                    else:
-                        timed = time_interleaved(cands, repeats=repeats, warmup=warmup,
-                                                 min_sample_s=min_sample_s, max_total_s=max_group_s,
-                                                 after_call=guard)
-                    row = make_row(case, dtype, n_threads, mode, timed) | {"max_abs_diff": diff}
-                    del cands, timed
-                    rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
-                    meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-                    _chapters.write_csv(rows, files["csv"], FIELDS)
-                    write_json(rows, meta, files["json"])
-                    measured += 1
-                    if progress:
-                        bar.console.print(f"  {what}: {_cell(row)}", highlight=False, soft_wrap=True)
-                    bar.advance(task)
-                    if on_group is not None:
-                        on_group(row)
-                gc.collect()
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
-    finally:
-        torch.set_num_threads(saved_threads[0])
-        numba = sys.modules.get("numba")
-        if saved_threads[1] is not None and numba is not None:
-            numba.set_num_threads(saved_threads[1])
-    if not os.path.exists(files["json"]):
-        _chapters.write_csv(rows, files["csv"], FIELDS)
-        write_json(rows, meta, files["json"])
+    rows, measured, interrupted = _chapters_run.run_plan(
+        plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,
+        progress=progress, on_group=on_group, providers=PROVIDERS, cell=_cell,
+        timing=dict(repeats=repeats, warmup=warmup, min_sample_s=min_sample_s, max_total_s=max_group_s),
+        build=candidates,
+        make=lambda case, dtype, n_threads, mode, timed, diff: make_row(case, dtype, n_threads, mode, timed)
+        | {"max_abs_diff": diff},
+        write_csv=lambda rows_, path: _chapters.write_csv(rows_, path, FIELDS))
     return {"suite": SUITE, "out": out, "files": files, "rows": rows, "measured": measured,
             "skipped": skipped, "interrupted": interrupted, "warnings": warnings, "summary": summary(rows)}
 

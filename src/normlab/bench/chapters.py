@@ -204,6 +204,69 @@ def loop_candidates(case: Case, data) -> dict[str, Candidate]:
 # The run
 # --------------------------------------------------------------------------
 
+def run_plan(plan, *, suite: str, out: str, rows: list, files: Mapping[str, str], meta: dict,
+             warnings: list, progress: bool, on_group: Callable[[dict], None] | None, providers,
+             cell: Callable[[Mapping], str], timing: dict, build: Callable, make: Callable,
+             write_csv: Callable) -> tuple[list, int, bool]:
+    """Measure every ``(threads, case, dtype, modes)`` of ``plan`` (the module-call suites:
+    chapters, blocks) and rewrite the CSV and JSON files after every row.
+
+    ``build(case, dtype, mode)`` gives ``(candidates, extra)`` -- a case that cannot be built
+    becomes a row with its error, not a crash; ``make(case, dtype, threads, mode, timed, extra)``
+    the row; ``timing``: :func:`time_interleaved`'s options. Ctrl-C stops with the files holding
+    every finished row. Returns ``(rows, measured, interrupted)``.
+    """
+    measured, interrupted = 0, False
+    saved_threads = _get_threads()
+    bar = progress_bar(progress)
+    console = bar.console
+    try:
+        with bar:
+            task = bar.add_task(suite, total=sum(len(m) for *_, m in plan))
+            current = None
+            for n_threads, case, dtype, left in plan:
+                if n_threads != current:
+                    _set_threads(n_threads)
+                    current = n_threads
+                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
+                for mode in left:
+                    what = case.what(dtype, n_threads, mode)
+                    bar.update(task, description=what)
+                    extra = None
+                    try:
+                        cands, extra = build(case, dtype, mode)
+                    except Exception as e:  # noqa: BLE001
+                        cands, why = {}, exception_status(e)
+                        timed = {p: Timing(status=why[0], reason=why[1]) for p in providers}
+                    else:
+                        timed = time_interleaved(cands, after_call=guard, **timing)
+                    row = make(case, dtype, n_threads, mode, timed, extra)
+                    del cands, timed
+                    rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
+                    meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+                    write_csv(rows, files["csv"])
+                    write_json(rows, meta, files["json"])
+                    measured += 1
+                    if progress:
+                        bar.console.print(f"  {what}: {cell(row)}", highlight=False, soft_wrap=True)
+                    bar.advance(task)
+                    if on_group is not None:
+                        on_group(row)
+                gc.collect()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
+    finally:
+        torch.set_num_threads(saved_threads[0])
+        numba = sys.modules.get("numba")
+        if saved_threads[1] is not None and numba is not None:
+            numba.set_num_threads(saved_threads[1])
+    if not os.path.exists(files["json"]):  # nothing measured: still leave valid files
+        write_csv(rows, files["csv"])
+        write_json(rows, meta, files["json"])
+    return rows, measured, interrupted
+
+
 def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str] | str | None = None,
                  dtypes: Iterable[str] | str | None = None, threads: Iterable[int] | str | None = None,
                  out: str = DEFAULT_OUT, quick: bool = False, resume: bool = False,
@@ -252,56 +315,15 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
     warnings: list[str] = []
     meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=normlab.get_backend(),
                 warnings=warnings)
-    measured, interrupted = 0, False
-    saved_threads = _get_threads()
-    bar = progress_bar(progress)
-    console = bar.console
-    try:
-        with bar:
-            task = bar.add_task("chapters", total=sum(len(m) for *_, m in plan))
-            current = None
-            for n_threads, case, dtype, left in plan:
-                if n_threads != current:
-                    _set_threads(n_threads)
-                    current = n_threads
-                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
-                for mode in left:
-                    what = case.what(dtype, n_threads, mode)
-                    bar.update(task, description=what)
-                    try:  # a module that cannot be built is a row with its error, not a crash
-                        cands = loop_candidates(case, data) if mode == LOOP_MODE else \
-                            layer_candidates(case, dtype, mode)
-                    except Exception as e:  # noqa: BLE001
-                        cands, why = {}, exception_status(e)
-                        timed = {p: Timing(status=why[0], reason=why[1]) for p in PROVIDERS}
-                    else:
-                        timed = time_interleaved(cands, repeats=repeats, warmup=warmup,
-                                                 min_sample_s=min_sample_s, max_total_s=max_group_s,
-                                                 after_call=guard)
-                    row = make_row(case, dtype, n_threads, mode, timed, meta["data"] or "")
-                    del cands, timed
-                    rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
-                    meta["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-                    write_csv(rows, files["csv"])
-                    write_json(rows, meta, files["json"])
-                    measured += 1
-                    if progress:
-                        bar.console.print(f"  {what}: {_cell(row)}", highlight=False, soft_wrap=True)
-                    bar.advance(task)
-                    if on_group is not None:
-                        on_group(row)
-                gc.collect()
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
-    finally:
-        torch.set_num_threads(saved_threads[0])
-        numba = sys.modules.get("numba")
-        if saved_threads[1] is not None and numba is not None:
-            numba.set_num_threads(saved_threads[1])
-    if not os.path.exists(files["json"]):  # nothing measured: still leave valid files
-        write_csv(rows, files["csv"])
-        write_json(rows, meta, files["json"])
+    rows, measured, interrupted = run_plan(
+        plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,
+        progress=progress, on_group=on_group, providers=PROVIDERS, cell=_cell,
+        timing=dict(repeats=repeats, warmup=warmup, min_sample_s=min_sample_s, max_total_s=max_group_s),
+        build=lambda case, dtype, mode: (loop_candidates(case, data) if mode == LOOP_MODE else
+                                         layer_candidates(case, dtype, mode), None),
+        make=lambda case, dtype, n_threads, mode, timed, _: make_row(case, dtype, n_threads, mode, timed,
+                                                                      meta["data"] or ""),
+        write_csv=write_csv)
     return {"suite": SUITE, "out": out, "files": files, "rows": rows, "measured": measured,
             "skipped": skipped, "interrupted": interrupted, "warnings": warnings,
             "data": meta["data"], "summary": summary(rows)}
