@@ -337,18 +337,12 @@ def _fold_graph(gm: torch.fx.GraphModule, prefix: str, report: FoldReport) -> No
             else:
                 report.not_folded.append((name, why))
                 report.blocked.append((name, why))
-        elif family in ("layer", "rms"):
-            why = _why_not_rows(node, m, modules, calls)
+        elif family in ("layer", "rms", "layer2d"):  # an affine folded into the next Linear / 1x1 conv
+            why_not, fold_into = ((_why_not_channels, _fold_channels) if family == "layer2d"
+                                  else (_why_not_rows, _fold_rows))
+            why = why_not(node, m, modules, calls)
             if why is None:
-                report.folded.append((name, ", ".join(prefix + t for t in _fold_rows(node, m, modules))))
-            else:
-                report.not_folded.append((name, why))
-                if m.weight is not None:
-                    report.blocked.append((name, why))
-        elif family == "layer2d":
-            why = _why_not_channels(node, m, modules, calls)
-            if why is None:
-                report.folded.append((name, ", ".join(prefix + t for t in _fold_channels(node, m, modules))))
+                report.folded.append((name, ", ".join(prefix + t for t in fold_into(node, m, modules))))
             else:
                 report.not_folded.append((name, why))
                 if m.weight is not None:
