@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import normlab
 
-from .common import DEFAULT_OUT, _listify, _meta
+from .common import DEFAULT_OUT, _meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
 from . import chapters_data as _chapters
@@ -159,12 +159,8 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
     modes = _choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
                     suite="blocks") or list(MODES)
     dtypes = _choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
-    thread_list = [int(t) for t in (_listify(threads, "thread count") or _DEFAULTS["threads"][q])]
-    if min(thread_list) < 1:
-        raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
-    pick = (lambda v, k: _DEFAULTS[k][q] if v is None else float(v))
-    repeats, warmup = int(pick(repeats, "repeats")), int(pick(warmup, "warmup"))
-    min_sample_s, max_group_s = 1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s")
+    thread_list, repeats, warmup, min_sample_s, max_group_s = _chapters_run.timing_options(
+        _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
     os.makedirs(out, exist_ok=True)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}

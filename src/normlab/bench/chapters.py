@@ -204,6 +204,18 @@ def loop_candidates(case: Case, data) -> dict[str, Candidate]:
 # The run
 # --------------------------------------------------------------------------
 
+def timing_options(defaults: Mapping, quick: bool, threads, repeats, warmup, min_sample_ms, max_group_s):
+    """``(thread counts, repeats, warmup, min_sample_s, max_group_s)`` of a module-call suite: each
+    given value, else the suite's ``defaults[key][quick]``; thread counts must be >= 1."""
+    q = 1 if quick else 0
+    thread_list = [int(t) for t in (_listify(threads, "thread count") or defaults["threads"][q])]
+    if min(thread_list) < 1:
+        raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
+    pick = (lambda v, k: defaults[k][q] if v is None else float(v))
+    return (thread_list, int(pick(repeats, "repeats")), int(pick(warmup, "warmup")),
+            1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s"))
+
+
 def run_plan(plan, *, suite: str, out: str, rows: list, files: Mapping[str, str], meta: dict,
              warnings: list, progress: bool, on_group: Callable[[dict], None] | None, providers,
              cell: Callable[[Mapping], str], timing: dict, build: Callable, make: Callable,
@@ -286,12 +298,8 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
     names = _choose(layers, LAYERS, "layer", LAYER_ALIASES) or list(LAYERS)
     modes = _choose(modes, MODES, "mode", MODE_ALIASES) or list(MODES)
     dtypes = _choose(dtypes, list(DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
-    thread_list = [int(t) for t in (_listify(threads, "thread count") or _DEFAULTS["threads"][q])]
-    if min(thread_list) < 1:
-        raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
-    pick = (lambda v, k: _DEFAULTS[k][q] if v is None else float(v))
-    repeats, warmup = int(pick(repeats, "repeats")), int(pick(warmup, "warmup"))
-    min_sample_s, max_group_s = 1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s")
+    thread_list, repeats, warmup, min_sample_s, max_group_s = timing_options(
+        _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
     os.makedirs(out, exist_ok=True)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
