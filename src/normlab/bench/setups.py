@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import normlab
 import normlab.functional as NF
+from normlab.ops import _launch
 
 from .cases import (_NORMLAB_NAME, EPS, MODES, MOMENTUM, PROVIDERS, RMS_EPS, Candidate, Case, _normlab_fn,
                     min_bytes, normlab_unavailable, num_groups, traffic)
@@ -27,11 +28,12 @@ def _copy_kernel(reads: int, writes: int, pool: Sequence[torch.Tensor]) -> Calla
     if len(pool) < reads:
         raise ValueError(f"limit copy: expected {reads} tensors to read, got {len(pool)}")
     a, b, c = (list(pool) + [None, None])[:3]
+    new = _launch.empty_like  # the outputs allocated as the kernels' are (huge pages advised when large)
     kernels = {
-        (1, 1): lambda: a.clone(),
-        (2, 1): lambda: torch.add(a, b),
-        (3, 1): lambda: torch.addcmul(a, b, c),
-        (2, 2): lambda: (a.clone(), b.clone()),
+        (1, 1): lambda: new(a).copy_(a),
+        (2, 1): lambda: torch.add(a, b, out=new(a)),
+        (3, 1): lambda: torch.addcmul(a, b, c, out=new(a)),
+        (2, 2): lambda: (new(a).copy_(a), new(b).copy_(b)),
     }
     if (reads, writes) not in kernels:
         raise ValueError(f"limit copy: no copy kernel for {reads}R {writes}W")

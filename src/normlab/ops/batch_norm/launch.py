@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .._launch import PROTO as _PROTO
 from .._launch import call as _call
+from .._launch import empty_like as _empty_like
 from .._launch import kernels_loader
 from .._launch import param_ptr as _param_ptr
 from .._common import acc_dtype
@@ -145,7 +146,7 @@ def _forward(x, w, b, running_mean, running_var, training, eps):
     """
     n_ch = x.shape[1]
     acc = acc_dtype(x.dtype)
-    y = torch.empty_like(x)
+    y = _empty_like(x)
     n_rows, width, s = _dims(x, n_ch)
     sn = np.empty((3, n_ch))
     if not training:
@@ -179,8 +180,8 @@ def _backward_arrays(dy, x, w, stats, training, need_dx, need_wb):
     if dy.stride() != x.stride():
         dy = dy.contiguous(memory_format=_memory_format(x))
         if dy.stride() != x.stride():  # size-1 dims: strides that differ only there
-            dy = torch.empty_like(x).copy_(dy)
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
+            dy = _empty_like(x).copy_(dy)
+    dx = _empty_like(x) if need_dx else x.new_empty((0,))
     if isinstance(stats, torch.Tensor):
         stats = stats.numpy()
     n_rows, width, s = _dims(x, n_ch)

@@ -109,7 +109,7 @@ def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buf
     fixed = fixed_mean is not None
     nhwc = _use_nhwc(x, fixed)
     x = _kernel_layout(x, nhwc)
-    y = torch.empty_like(x)  # x's (kernel) layout
+    y = _launch.empty_like(x)  # x's (kernel) layout
     if fixed:
         mean = var = rstd = None
     elif one_buffer:
@@ -155,7 +155,7 @@ def _backward(dy, x, w, mean, rstd, num_groups, fixed, need_dx):
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
     dy = _kernel_layout(dy, nhwc)
-    dx = torch.empty_like(x) if need_dx else None
+    dx = _launch.empty_like(x) if need_dx else None
     if x.numel() == 0:
         return dx, torch.zeros((c,), dtype=acc), torch.zeros((c,), dtype=acc)
     pw, keep_w = _param_ptr(w, acc)

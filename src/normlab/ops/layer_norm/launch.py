@@ -39,10 +39,10 @@ def _forward(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
     n_rows, n_cols = x.shape
     if not x.is_contiguous():
         x = x.contiguous()
-    y = torch.empty_like(x)  # (n_rows, n_cols)
+    y = _launch.empty_like(x)  # (n_rows, n_cols)
     h = None
     if res is not None:
-        h = torch.empty_like(x)  # (n_rows, n_cols)
+        h = _launch.empty_like(x)  # (n_rows, n_cols)
         if not res.is_contiguous():
             res = res.contiguous()
     numel = n_rows * n_cols
@@ -101,7 +101,7 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb, offset=0.0, cast_x_hat=
         dy = dy.to(x.dtype)
     if not dy.is_contiguous():
         dy = dy.contiguous()
-    dx = torch.empty_like(x)  # (n_rows, n_cols)
+    dx = _launch.empty_like(x)  # (n_rows, n_cols)
     numel = n_rows * n_cols
     if numel == 0:
         if dh is not None:

@@ -82,7 +82,7 @@ def _forward2d(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float):
         x = x.contiguous()
     n, nc = x.shape[0], x.shape[1]
     ns = x.numel() // (n * nc)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    y = _launch.empty_like(x, memory_format=torch.contiguous_format)
     acc = _acc(x.dtype)
     pw, keep_w = _param_ptr(w, acc)
     pb, keep_b = _param_ptr(b, acc)
@@ -105,7 +105,7 @@ def _backward2d(dy: Tensor, x: Tensor, w: Optional[Tensor], mean, rstd, need_wb:
         mean, rstd = mean.contiguous().numpy(), rstd.contiguous().numpy()
     n, nc = x.shape[0], x.shape[1]
     ns = x.numel() // (n * nc)
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dx = _launch.empty_like(x, memory_format=torch.contiguous_format)
     acc = _acc(x.dtype)
     pw, keep_w = _param_ptr(w, acc)
     proto, acc_proto = _PROTO[x.dtype]
