@@ -16,9 +16,12 @@
   ``batch``  ``BatchNorm1d(M*64)`` over the activations laid out as (1, M*64, N): a
              channel per member and unit, so each member gets its own batch statistics
              and running statistics.
-  ``layer``  ``LayerNorm(64, elementwise_affine=False)`` over the last dim, then the
-             member's own weight and bias (M, 64).
-  ``rms``    ``RMSNorm(64, elementwise_affine=False)``, then the member's own weight.
+  ``layer``  ``normlab.functional.layer_norm`` over the last dim with the member's own
+             weight and bias, through ``torch.func.vmap`` over the stacked (M, 64)
+             weights: one kernel call, the weights grouped per member inside it
+             (before: the norm without affine, then a multiply and an add in torch ops,
+             ~30 % of this model's time).
+  ``rms``    ``normlab.functional.rms_norm`` the same way, with the member's own weight.
   ``group``  ``GroupNorm(8, 64, affine=False)`` on the (rows, 64) view, then the member's
              own weight and bias (8 groups of 8 units per member).
 
@@ -46,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import normlab
+import normlab.functional as NF
 
 NORMS = ("none", "batch", "layer", "rms", "group")
 WIDTHS = (2, 64, 64, 64, 2)
@@ -147,11 +151,7 @@ class BatchedMLP(torch.nn.Module):
                     bn.bias.copy_(b.reshape(-1))
                 self.norms.append(bn)
                 continue
-            if norm == "layer":
-                self.norms.append(normlab.nn.LayerNorm(C, elementwise_affine=False))
-            elif norm == "rms":
-                self.norms.append(normlab.nn.RMSNorm(C, elementwise_affine=False))
-            else:
+            if norm == "group":
                 self.norms.append(normlab.nn.GroupNorm(GROUPS, C, affine=False))
             self.norm_weight.append(torch.nn.Parameter(w))
             if b is not None:
@@ -174,6 +174,15 @@ class BatchedMLP(torch.nn.Module):
             a = torch.tanh(self.norms[k](h.view(1, M * C, N))).view(M, C, N)
         return torch.bmm(self.weight[last], a).add_(self.bias[last].unsqueeze(2)).transpose(1, 2)  # (M, N, 2)
 
+    def _row_norm(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """LayerNorm / RMSNorm of each member's (N, C) rows with its own weight (and bias):
+        vmap over the members, so the kernel gets the stacked weights (see the module docstring)."""
+        C = self.width
+        if self.norm == "layer":
+            return torch.func.vmap(lambda hm, w, b: NF.layer_norm(hm, (C,), w, b))(
+                h, self.norm_weight[k], self.norm_bias[k])
+        return torch.func.vmap(lambda hm, w: NF.rms_norm(hm, (C,), w))(h, self.norm_weight[k])
+
     def _forward_mnc(self, x: torch.Tensor) -> torch.Tensor:
         # The other norms work on the last dim: activations as (M, N, C).
         N, M, C = x.shape[0], self.members, self.width
@@ -181,11 +190,12 @@ class BatchedMLP(torch.nn.Module):
         last = len(self.weight) - 1
         for k in range(last):
             h = torch.bmm(a, self.weight[k].transpose(1, 2)).add_(self.bias[k].unsqueeze(1))      # (M, N, C)
-            if self.norm != "none":
-                h = self.norms[k](h.view(M * N, C)).view(M, N, C) if self.norm == "group" else self.norms[k](h)
-                w = self.norm_weight[k].unsqueeze(1)
+            if self.norm in ("layer", "rms"):
+                h = self._row_norm(h, k)
+            elif self.norm == "group":
+                h = self.norms[k](h.view(M * N, C)).view(M, N, C)
                 # h * w + b in one pass (torch.addcmul): ~0.4 ms less per layer at 50 members
-                h = torch.addcmul(self.norm_bias[k].unsqueeze(1), h, w) if len(self.norm_bias) else h * w
+                h = torch.addcmul(self.norm_bias[k].unsqueeze(1), h, self.norm_weight[k].unsqueeze(1))
             a = torch.tanh(h)
         return torch.bmm(a, self.weight[last].transpose(1, 2)).add_(self.bias[last].unsqueeze(1))  # (M, N, 2)
 

@@ -43,7 +43,7 @@ from numba import prange
 
 from .._bf16 import acc_cast, acc_zero, load, round_as, store
 from .._jit import helper, kernel
-from .._ptr import at, params_at
+from .._ptr import at
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
 from .._simd import wide
@@ -137,18 +137,22 @@ WIDE_COLS = 2048
 
 
 @kernel
-def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, rows):
+def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, rows, rpw):
     """LayerNorm (``center``) or RMSNorm of every row, optionally of ``x + res``.
 
     x     (n_rows, n_cols)  input, storage dtype
     res   (n_rows, n_cols)  residual, same dtype (read if ``has_res``)
     h     (n_rows, n_cols)  out: x + res rounded to the storage dtype (written if ``has_res``)
-    w, b  (n_cols,)         weight, bias in the accumulation dtype (ones / zeros if absent)
+    w, b  (G, n_cols)       weight, bias in the accumulation dtype (ones / zeros if absent);
+                            row i uses row ``i // rpw`` of each (G = 1: one weight for all rows;
+                            G > 1: torch.func.vmap over stacked weights, a weight per group of
+                            ``rpw`` rows)
     y     (n_rows, n_cols)  out: the normalised rows, storage dtype
     mean  (n_rows,)         out: row means, accumulation dtype (written if ``center``)
     rstd  (n_rows,)         out: 1 / sqrt(var + eps), accumulation dtype
     cast_x_hat  bool        y = round(x_hat) * w + b: x_hat rounded to the storage dtype first
     rows  int               rows per task
+    rpw   int               rows per weight row (n_rows when G = 1)
 
     The statistics are those of ``ops/_common.shifted_mean_var``::
 
@@ -168,6 +172,8 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
         wide()
         d = np.empty(0 if short else n_cols, w.dtype)  # (n_cols,) scratch: the row minus its shift
         for i in range(t * rows, min((t + 1) * rows, n_rows)):
+            wr = w[i // rpw if w.shape[0] > 1 else 0]  # (n_cols,) this row's weight and bias (an
+            br = b[i // rpw if b.shape[0] > 1 else 0]  # absent one is a single row of ones / zeros)
             src = x  # the rows normalised: x, or h for the fused add
             if has_res:  # h = x + res, rounded as torch.add would; normalise h
                 hr = h[i]
@@ -196,16 +202,16 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
             yr = y[i]
             if short and not cast_x_hat:
                 for j in range(n_cols):  # y = x_hat * w + b, as below, d recomputed
-                    store(yr, j, (((load(src, (i, j)) - shift) - mean_d) * rs) * w[j] + b[j])
+                    store(yr, j, (((load(src, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
             elif short:
                 for j in range(n_cols):
-                    store(yr, j, round_as(yr, ((load(src, (i, j)) - shift) - mean_d) * rs) * w[j] + b[j])
+                    store(yr, j, round_as(yr, ((load(src, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
             elif cast_x_hat:  # y = round(x_hat) * w + b: the product of two storage values
                 for j in range(n_cols):
-                    store(yr, j, round_as(yr, (d[j] - mean_d) * rs) * w[j] + b[j])
+                    store(yr, j, round_as(yr, (d[j] - mean_d) * rs) * wr[j] + br[j])
             else:
                 for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd
-                    store(yr, j, ((d[j] - mean_d) * rs) * w[j] + b[j])
+                    store(yr, j, ((d[j] - mean_d) * rs) * wr[j] + br[j])
 
 
 # --------------------------------------------------------------------------
@@ -214,19 +220,22 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
 
 
 @kernel
-def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, need_wb):
+def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, need_wb, rpw):
     """Gradients of LayerNorm (``center``) or RMSNorm for every row; returns ``(dw, db)``.
 
     dy       (n_rows, n_cols)    gradient of y, storage dtype
     x        (n_rows, n_cols)    the forward's input (its h for the fused add)
-    w        (n_cols,)           weight, accumulation dtype (ones if absent)
+    w        (G, n_cols)         weight, accumulation dtype (ones if absent); row i uses
+                                 row ``i // rpw`` (see :func:`norm_fwd`)
     mean     (n_rows,)           saved means (read if ``center``)
     rstd     (n_rows,)           saved 1 / sqrt(var + eps)
     dh       (n_rows, n_cols)    gradient arriving at h = x + res (read if ``has_dh``)
     dx       (n_rows, n_cols)    out: gradient of x (plus dh), storage dtype
     rows     int                 rows per chunk (``_launch.rows_per_chunk``)
     cast_x_hat bool              the forward rounded x_hat first: dw sums dy * round(x_hat)
-    returns  dw, db (n_cols,)    sums over rows in the accumulation dtype (size 0 unless ``need_wb``)
+    rpw      int                 rows per weight row (n_rows when G = 1)
+    returns  dw, db (G, n_cols)  sums over each weight row's rows, accumulation dtype
+                                 (size 0 unless ``need_wb``)
 
     With ``g = dy * w`` and ``x_hat = (x - mean) * rstd``::
 
@@ -238,18 +247,20 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
     (``cast_x_hat``: the rounding counts as the identity for dx, as autograd's cast does;
     dw sums ``dy * round(x_hat)``, the value the weight multiplied.)
 
-    dw and db are summed over fixed chunks of ``rows`` rows, then the chunk
-    partials are merged in chunk order, in float64: the same bits for any
-    number of threads.
+    dw and db are summed over fixed chunks of ``rows`` rows (each weight row's
+    ``rpw`` rows split into chunks of their own), then the chunk partials are
+    merged in chunk order, in float64: the same bits for any number of threads.
     """
     n_rows, n_cols = x.shape
-    n_chunks = (n_rows + rows - 1) // rows
+    n_w = w.shape[0]
+    per_w = (rpw + rows - 1) // rows  # chunks per weight row
+    n_chunks = n_w * per_w
     n_part = n_chunks if need_wb else 0
     dw_part = np.empty((n_part, n_cols), w.dtype)  # per-chunk partial sums of dy * x_hat
     db_part = np.empty((n_part, n_cols), w.dtype)  # per-chunk partial sums of dy
-    n_out = n_cols if need_wb else 0
-    dw = np.empty(n_out, w.dtype)
-    db = np.empty(n_out, w.dtype)
+    n_out = n_w if need_wb else 0
+    dw = np.empty((n_out, n_cols), w.dtype)
+    db = np.empty((n_out, n_cols), w.dtype)
     # no scratch rows for wide rows (they would outgrow L1) nor for short ones (a pass over
     # the row in L1 costs less than storing it and reading it back): the sums and dx read
     # x and dy again
@@ -258,24 +269,27 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
         wide()
         x_hat = np.empty(0 if wide_rows else n_cols, w.dtype)  # (n_cols,) scratch
         g = np.empty(0 if wide_rows else n_cols, w.dtype)  # (n_cols,) scratch
-        pw = np.zeros_like(w)  # (n_cols,) this chunk's sum of dy * x_hat
-        pb = np.zeros_like(w)  # (n_cols,) this chunk's sum of dy
-        for i in range(c * rows, min((c + 1) * rows, n_rows)):
+        pw = np.zeros(n_cols, w.dtype)  # (n_cols,) this chunk's sum of dy * x_hat
+        pb = np.zeros(n_cols, w.dtype)  # (n_cols,) this chunk's sum of dy
+        gw = c // per_w  # the chunk's weight row
+        wr = w[gw if w.shape[0] > 1 else 0]  # (n_cols,) (an absent weight: one row of ones)
+        lo_row = gw * rpw + (c - gw * per_w) * rows
+        for i in range(lo_row, min(lo_row + rows, (gw + 1) * rpw, n_rows)):
             xr = x[i]
             dyr = dy[i]
             dxr = dx[i]
-            m = acc_zero(w)
+            m = acc_zero(wr)
             if center:
                 m = mean[i]
             rs = rstd[i]
             if wide_rows:
-                sum_g, sum_gx = _grad_sums(dyr, xr, w, m, rs)
+                sum_g, sum_gx = _grad_sums(dyr, xr, wr, m, rs)
             else:
-                sum_g, sum_gx = _grad_row(dyr, xr, w, m, rs, x_hat, g)
-            mean_g = acc_zero(w)
+                sum_g, sum_gx = _grad_row(dyr, xr, wr, m, rs, x_hat, g)
+            mean_g = acc_zero(wr)
             if center:
-                mean_g = acc_cast(w, sum_g / n_cols)  # term 2
-            mean_gx = acc_cast(w, sum_gx / n_cols)  # term 3's factor
+                mean_g = acc_cast(wr, sum_g / n_cols)  # term 2
+            mean_gx = acc_cast(wr, sum_gx / n_cols)  # term 3's factor
             if has_dh:  # fused add: h's own gradient joins dx
                 dhr = dh[i]
                 for j in range(n_cols):
@@ -284,7 +298,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
                 for j in range(n_cols):
                     xh = (load(xr, j) - m) * rs
                     dyv = load(dyr, j)
-                    store(dxr, j, rs * ((dyv * w[j] - mean_g) - xh * mean_gx))
+                    store(dxr, j, rs * ((dyv * wr[j] - mean_g) - xh * mean_gx))
                     if need_wb:
                         pw[j] += dyv * xh
                         pb[j] += dyv
@@ -312,19 +326,21 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
             for j in range(n_cols):
                 dw_part[c, j] = pw[j]
                 db_part[c, j] = pb[j]
-    if need_wb:  # merge the partials in chunk order, 256 columns per task
-        for blk in prange((n_cols + 255) // 256):
-            lo = blk * 256
+    if need_wb:  # merge each weight row's partials in chunk order, 256 columns per task
+        n_blk = (n_cols + 255) // 256
+        for task in prange(n_w * n_blk):
+            gw = task // n_blk
+            lo = (task - gw * n_blk) * 256
             hi = min(lo + 256, n_cols)
             sw = np.zeros(hi - lo, np.float64)
             sb = np.zeros(hi - lo, np.float64)
-            for c in range(n_chunks):
+            for c in range(gw * per_w, (gw + 1) * per_w):
                 for j in range(lo, hi):
                     sw[j - lo] += dw_part[c, j]
                     sb[j - lo] += db_part[c, j]
             for j in range(lo, hi):
-                dw[j] = sw[j - lo]
-                db[j] = sb[j - lo]
+                dw[gw, j] = sw[j - lo]
+                db[gw, j] = sb[j - lo]
     return dw, db
 
 
@@ -334,39 +350,51 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
 
 
 @helper
-def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, cast_x_hat, rows):
+def _weights_at(acc, pw, pb, n_w, n_cols):
+    """Weight and bias (n_w, n_cols) in the accumulation dtype at ``pw``/``pb``; a (1, n_cols)
+    row of ones / zeros for address 0 (an absent weight or bias)."""
+    w = at(pw, acc, (n_w, n_cols)) if pw != 0 else np.ones((1, n_cols), acc.dtype)
+    b = at(pb, acc, (n_w, n_cols)) if pb != 0 else np.zeros((1, n_cols), acc.dtype)
+    return w, b
+
+
+@helper
+def norm_fwd_at(proto, acc, px, pres, ph, pw, pb, py, n_rows, n_cols, eps, has_res, center, cast_x_hat, rows,
+                n_w):
     """:func:`norm_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``.
 
     proto, acc   (1,)  prototypes of the storage and the accumulation dtype
     px, py             x, y: (n_rows, n_cols), storage dtype
     pres, ph           residual, h (read / written if ``has_res``)
-    pw, pb             weight, bias: (n_cols,), accumulation dtype; 0 for ones / zeros
+    pw, pb             weight, bias: (n_w, n_cols), accumulation dtype; 0 for ones / zeros;
+                       ``n_w`` rows, each for ``n_rows / n_w`` consecutive rows of x
     returns            mean (n_rows,) (size 0 unless ``center``), rstd (n_rows,)
     """
     shape = (n_rows, n_cols)
     x = at(px, proto, shape)
     res = at(pres if has_res else px, proto, shape)
     h = at(ph if has_res else px, proto, shape)
-    w, b = params_at(acc, pw, pb, n_cols)
+    w, b = _weights_at(acc, pw, pb, n_w, n_cols)
     mean = np.empty(n_rows if center else 0, acc.dtype)
     rstd = np.empty(n_rows, acc.dtype)
-    norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, cast_x_hat, rows)
+    norm_fwd(x, res, h, w, b, at(py, proto, shape), mean, rstd, eps, has_res, center, cast_x_hat, rows,
+             n_rows // n_w)
     return mean, rstd
 
 
 @helper
 def norm_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdh, pdx, n_rows, n_cols, rows, has_dh, center, cast_x_hat,
-                need_wb):
-    """:func:`norm_bwd` on the buffers at the given addresses; returns ``(dw, db)``.
+                need_wb, n_w):
+    """:func:`norm_bwd` on the buffers at the given addresses; returns ``(dw, db)``, (n_w, n_cols) each.
 
     pdy, px, pdx       dy, x, dx: (n_rows, n_cols), storage dtype
     pdh                dh (read if ``has_dh``)
-    pw                 weight (n_cols,), accumulation dtype; 0 for ones
+    pw                 weight (n_w, n_cols), accumulation dtype; 0 for ones (see :func:`norm_fwd_at`)
     mean, rstd         the forward's statistics (arrays)
     """
     shape = (n_rows, n_cols)
     dy = at(pdy, proto, shape)
-    w, _ = params_at(acc, pw, 0, n_cols)
+    w, _ = _weights_at(acc, pw, 0, n_w, n_cols)
     dh = at(pdh if has_dh else pdy, proto, shape)
     return norm_bwd(dy, at(px, proto, shape), w, mean, rstd, dh, at(pdx, proto, shape), rows, has_dh, center,
-                    cast_x_hat, need_wb)
+                    cast_x_hat, need_wb, n_rows // n_w)

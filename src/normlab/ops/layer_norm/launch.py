@@ -35,6 +35,9 @@ def _forward(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
     dtype) and rounds ``x_hat`` before the weight when ``cast_x_hat``.
     ``mean`` and ``rstd`` are numpy arrays in the accumulation dtype (the eager
     path keeps them as they are; the custom ops wrap them with ``torch.from_numpy``).
+
+    ``w``/``b`` may also be (G, n_cols) (``torch.func.vmap`` over stacked weights, see
+    ``op._vmap``): G weights, each for ``n_rows / G`` consecutive rows, G dividing n_rows.
     """
     n_rows, n_cols = x.shape
     if not x.is_contiguous():
@@ -64,11 +67,18 @@ def _forward(x, res, w, b, eps, center, offset=0.0, cast_x_hat=False):
         res.data_ptr() if res is not None else px, h.data_ptr() if h is not None else px,
         pw, pb, y.data_ptr(), n_rows, n_cols, float(eps), res is not None, bool(center), bool(cast_x_hat),
         _rows_per_chunk(n_rows, n_cols),  # rows per task (no effect on results)
+        _n_weights(w, b),
     )
     return y, h, mean, rstd
 
 
 _rows_per_chunk = functools.lru_cache(maxsize=1024)(_launch.rows_per_chunk)
+
+
+def _n_weights(w, b) -> int:
+    """How many weight rows the kernel gets: G for (G, n_cols) weights, else 1."""
+    p = w if w is not None else b
+    return p.shape[0] if p is not None and p.dim() == 2 else 1
 
 
 # The backward's chunks: at least _launch.rows_per_chunk rows, enlarged up to this
@@ -90,8 +100,8 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb, offset=0.0, cast_x_hat=
     """Run ``norm_bwd``; returns ``(dx, dw, db)`` with dw/db in the accumulation dtype.
 
     ``dx`` includes ``dh`` when given (the fused add). ``dw``/``db`` are empty
-    (0,) tensors unless ``need_wb``. ``mean``/``rstd``: the forward's, as numpy
-    arrays or tensors.
+    (0,) tensors unless ``need_wb``; (G, n_cols) for a (G, n_cols) ``w`` (see
+    :func:`_forward`). ``mean``/``rstd``: the forward's, as numpy arrays or tensors.
     """
     n_rows, n_cols = x.shape
     acc = _ACC.get(x.dtype, torch.float32)
@@ -106,8 +116,9 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb, offset=0.0, cast_x_hat=
     if numel == 0:
         if dh is not None:
             dx.copy_(dh)
-        n = n_cols if need_wb else 0
-        return dx, x.new_zeros((n,), dtype=acc), x.new_zeros((n,), dtype=acc)
+        shape = (n_cols,) if w is None or w.dim() == 1 else tuple(w.shape)
+        n = shape if need_wb else (0,)
+        return dx, x.new_zeros(n, dtype=acc), x.new_zeros(n, dtype=acc)
     if dh is not None and (dh.dtype != x.dtype or not dh.is_contiguous()):
         dh = dh.to(x.dtype).contiguous()
     if isinstance(mean, torch.Tensor):  # the custom ops' saved statistics
@@ -118,9 +129,14 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb, offset=0.0, cast_x_hat=
     k = _k(numel)
     proto, acc_proto = _PROTO[x.dtype]
     pdy = dy.data_ptr()
+    n_w = _n_weights(w, None)
+    rows = _bwd_rows(n_rows, n_cols) if n_w == 1 else _bwd_rows(n_rows // n_w, n_cols)
     dw, db = _call(
         k.norm_bwd_at, x.dtype, proto, acc_proto, pdy, x.data_ptr(), pw, mean, rstd,
         dh.data_ptr() if dh is not None else pdy, dx.data_ptr(), n_rows, n_cols,
-        _bwd_rows(n_rows, n_cols), dh is not None, bool(center), bool(cast_x_hat), bool(need_wb),
+        rows, dh is not None, bool(center), bool(cast_x_hat), bool(need_wb), n_w,
     )
-    return dx, torch.from_numpy(dw), torch.from_numpy(db)
+    dw, db = torch.from_numpy(dw), torch.from_numpy(db)  # (n_w, n_cols), or (0, n_cols)
+    if n_w == 1 and (w is None or w.dim() == 1):
+        dw, db = dw.view(-1), db.view(-1)  # (n_cols,), or (0,)
+    return dx, dw, db

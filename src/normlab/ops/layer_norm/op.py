@@ -64,6 +64,9 @@ def _grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
     need_dw = need_dw and w is not None
     need_db = need_db and ctx.center and ctx.b_dtype is not None
     if _transforms.differentiable_backward():  # create_graph=True: the differentiable reference backward
+        shape = x.shape
+        if w is not None and w.dim() == 2:  # grouped weights (vmap): rows as (G, rows per weight, n_cols)
+            x, dy, w = _grouped(x, w.shape[0]), _grouped(dy, w.shape[0]), w.unsqueeze(1)
         xa = to_acc(x)
         if ctx.center:
             mean, rstd = layer_norm_stats(xa, ctx.eps)
@@ -72,6 +75,9 @@ def _grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
             rstd = rms_norm_stats(xa, ctx.eps)
             dx, dw = rms_norm_backward_ref(dy, x, w, rstd, True, need_dw, ctx.offset, ctx.cast_x_hat)
             db = None
+        dx = dx.reshape(shape)
+        if w is not None and w.dim() == 3:
+            w = w.squeeze(1)
         if dh is not None:
             dx = dx + dh
     elif eager:
@@ -85,6 +91,11 @@ def _grads(ctx, dy, dh, x, w, mean, rstd, need_dw, need_db, eager=False):
     dw = (dw if dw.dtype == w.dtype else dw.to(w.dtype)) if need_dw else None
     db = (db if db.dtype == ctx.b_dtype else db.to(ctx.b_dtype)) if need_db else None
     return dx, dw, db
+
+
+def _grouped(t: Tensor, g: int) -> Tensor:
+    """2-D rows as (g, rows / g, n_cols): the rows of each of g grouped weights (see ``_vmap``)."""
+    return t.reshape(g, -1, t.shape[-1])
 
 
 def _keep(ctx, eps, center, offset, cast_x_hat, b):
@@ -315,36 +326,36 @@ def _transform_backward(ctx, dy, _dmean, _drstd):
 def _jvp(ctx, xt, wt, bt, _eps_t, _center_t, _offset_t, _cast_t):
     x, w, mean, rstd = ctx.saved_tensors
     m = mean.unsqueeze(1) if ctx.center else None
-    yt = norm_jvp(x, w, m, rstd.unsqueeze(1), xt, wt, bt, ctx.center, ctx.offset, ctx.cast_x_hat)
+    rs = rstd.unsqueeze(1)
+    p = next((t for t in (w, wt, bt) if t is not None), None)
+    if p is not None and p.dim() == 2:  # grouped weights (vmap): rows as (G, rows per weight, n_cols)
+        g, shape = p.shape[0], x.shape
+        col = lambda t: None if t is None else t.reshape(g, -1, 1)  # noqa: E731
+        row = lambda t: None if t is None else t.unsqueeze(1)  # noqa: E731
+        yt = norm_jvp(_grouped(x, g), row(w), col(m), col(rs), None if xt is None else _grouped(xt, g),
+                      row(wt), row(bt), ctx.center, ctx.offset, ctx.cast_x_hat)
+        return (None if yt is None else yt.reshape(shape)), None, None
+    yt = norm_jvp(x, w, m, rs, xt, wt, bt, ctx.center, ctx.offset, ctx.cast_x_hat)
     return yt, None, None
 
 
 def _vmap(info, in_dims, x, w, b, eps, center, offset, cast_x_hat):
-    """A batch of row sets is one set of more rows; a batched weight or bias is applied after
-    the kernel (which then normalises without one, so its ``x_hat`` is rounded first: exactly
-    the Llama variant, one rounding more than the others), in torch ops."""
+    """A batch of row sets is one set of more rows. Batched weights (an ensemble of models
+    vmapped over stacked parameters, ``torch.func.stack_module_state``) stay in the kernel as
+    *grouped* weights: the (B * n_rows, n_cols) rows with a (B, n_cols) weight and bias, row
+    ``i`` taking weight row ``i // n_rows`` -- the same arithmetic as B separate calls, in one
+    pass, and the backward gives the (B, n_cols) gradients. An unbatched weight or bias next to
+    a batched one is expanded to (B, n_cols); a weight already grouped (nested vmap) keeps its
+    order: (B, G, n_cols) becomes B * G weights over B * G row sets."""
     n = info.batch_size
     xb = _transforms.front(x, in_dims[0], n)  # (B, n_rows, n_cols)
     x2 = xb.reshape(-1, xb.shape[-1])
-    if in_dims[1] is None and in_dims[2] is None:
-        y, mean, rstd = _Transform.apply(x2, w, b, eps, center, offset, cast_x_hat)
-    else:
-        y, mean, rstd = _Transform.apply(x2, None, None, eps, center, 0.0, False)
-        wb = _transforms.front(w, in_dims[1], n)
-        y = _affine_batched(y.view(xb.shape), None if wb is None else to_acc(wb) + offset,
-                            _transforms.front(b, in_dims[2], n))
+    grouped = any(t is not None and t.dim() == 2 for t in (w, b))  # grouped already (nested vmap)
+    if in_dims[1] is not None or in_dims[2] is not None or grouped:
+        flat = lambda t, d: None if t is None else _transforms.front(t, d, n).reshape(-1, t.shape[-1]).contiguous()  # noqa: E731
+        w, b = flat(w, in_dims[1]), flat(b, in_dims[2])
+    y, mean, rstd = _Transform.apply(x2, w, b, eps, center, offset, cast_x_hat)
     return (y.view(xb.shape), mean.view(n, -1) if center else mean.new_empty((n, 0)), rstd.view(n, -1)), (0, 0, 0)
-
-
-def _affine_batched(x_hat, w, b):
-    """``x_hat * w + b`` for (B, n_rows, n_cols) ``x_hat`` and (B, n_cols) ``w``/``b`` (or None), in the
-    accumulation dtype, rounded once to ``x_hat``'s dtype."""
-    y = to_acc(x_hat)
-    if w is not None:
-        y = y * to_acc(w).unsqueeze(1)
-    if b is not None:
-        y = y + to_acc(b).unsqueeze(1)
-    return y.to(x_hat.dtype)
 
 
 _Transform = _register.transform(

@@ -157,9 +157,9 @@ def layer_norm_backward_ref(
         term3 = x_hat * (g * x_hat).mean(dim=-1, keepdim=True)  # (n_rows, n_cols)
         dx = (rstd * (term1 - term2 - term3)).to(x.dtype)
     if need_dw and w is not None:
-        dw = (dya * x_hat).sum(dim=0).to(w.dtype)  # (n_cols,)
+        dw = (dya * x_hat).sum(dim=-2).to(w.dtype)  # (n_cols,); (G, n_cols) for (G, rows, n_cols) grouped rows
     if need_db:
-        db = dya.sum(dim=0)  # (n_cols,), cast by the caller to b's dtype
+        db = dya.sum(dim=-2)  # (n_cols,) (or (G, n_cols)), cast by the caller to b's dtype
     return dx, dw, db
 
 
@@ -194,7 +194,7 @@ def rms_norm_backward_ref(
         dx = (rstd * (term1 - term2)).to(x.dtype)
     if need_dw and w is not None:
         seen = rounded_x_hat(x_hat, x.dtype) if cast_x_hat else x_hat  # what w multiplied
-        dw = (dya * seen).sum(dim=0).to(w.dtype)  # (n_cols,)
+        dw = (dya * seen).sum(dim=-2).to(w.dtype)  # (n_cols,); (G, n_cols) for grouped rows
     return dx, dw
 
 
