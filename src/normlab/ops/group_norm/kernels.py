@@ -70,6 +70,9 @@ Both group means come from the per-(n, c) sums ``sum_s dy`` and
   partials (accumulation dtype), written to an ``(n_tasks, C)`` array: with
   ``S == 1`` a task's ~64K values are >= 16 samples, so the partials are at
   least 16 times smaller than ``x`` (per-(n, c) partials would be as large).
+  The ``S == 1`` small-group block kernels (``kernels_nhwc.gn_bwd_s1``) first add
+  into one slot per sample position of a block, then the slots in slot order,
+  into the same ``(n_tasks, C)`` array.
 
 Either way the rows of partials are then summed in row order, in float64,
 in parallel over blocks of channels (:func:`_merge_rows`). The chunks of
