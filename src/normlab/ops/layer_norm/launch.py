@@ -130,7 +130,7 @@ def _backward(dy, x, w, mean, rstd, dh, center, need_wb, offset=0.0, cast_x_hat=
     proto, acc_proto = _PROTO[x.dtype]
     pdy = dy.data_ptr()
     n_w = _n_weights(w, None)
-    rows = _bwd_rows(n_rows, n_cols) if n_w == 1 else _bwd_rows(n_rows // n_w, n_cols)
+    rows = _bwd_rows(n_rows // n_w, n_cols)  # chunks within each weight's rows
     dw, db = _call(
         k.norm_bwd_at, x.dtype, proto, acc_proto, pdy, x.data_ptr(), pw, mean, rstd,
         dh.data_ptr() if dh is not None else pdy, dx.data_ptr(), n_rows, n_cols,
