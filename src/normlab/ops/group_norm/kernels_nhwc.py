@@ -294,6 +294,20 @@ def _odd_part(cg):
 
 
 @helper
+def _s1_geometry(nc, n_groups, block, itemsize, rows):
+    """The block kernels' sizes: ``(cg, m, p, bs, nv, nb)``.
+
+    cg       channels per group; ``cg = m * 2**p`` with ``m`` odd (:func:`_odd_part`)
+    bs       samples per block: about ``block`` float32-sized values, at least 1, at most ``rows``
+    nv, nb   values and groups per block (``bs * nc``, ``bs * n_groups``)
+    """
+    cg = nc // n_groups
+    m, p = _odd_part(cg)
+    bs = max(1, min(block * 4 // itemsize // nc, rows))
+    return cg, m, p, bs, bs * nc, bs * n_groups
+
+
+@helper
 def takes_s1_blocks(ns, nc, cg, fixed, backward, acc_size):
     """Whether the block kernel (:func:`gn_fwd_s1`, or :func:`gn_bwd_s1` when ``backward``)
     takes the input, rather than :func:`gn_fwd_nhwc` / :func:`gn_bwd_nhwc`: from the shape
@@ -501,11 +515,7 @@ def gn_fwd_s1(x, w, b, y, mean, var, rstd, eps, n_groups, rows):
     is innocuous for a quotient of two floats).
     """
     n, ns, nc = x.shape
-    cg = nc // n_groups
-    m, p = _odd_part(cg)
-    bs = max(1, min(FWD_BLOCK * 4 // w.itemsize // nc, rows))  # samples per block
-    nv = bs * nc
-    nb = bs * n_groups
+    cg, m, p, bs, nv, nb = _s1_geometry(nc, n_groups, FWD_BLOCK, w.itemsize, rows)
     xf = x.reshape(n * nc)
     yf = y.reshape(n * nc)
     n_tasks = (n + rows - 1) // rows
@@ -585,11 +595,7 @@ def gn_bwd_s1(dy, x, w, mean, rstd, dx, n_groups, need_dx, rows):
     only, never the number of threads.
     """
     n, ns, nc = x.shape
-    cg = nc // n_groups
-    m, p = _odd_part(cg)
-    bs = max(1, min(BWD_BLOCK * 4 // w.itemsize // nc, rows))  # samples per block
-    nv = bs * nc
-    nb = bs * n_groups
+    cg, m, p, bs, nv, nb = _s1_geometry(nc, n_groups, BWD_BLOCK, w.itemsize, rows)
     xf = x.reshape(n * nc)
     dyf = dy.reshape(n * nc)
     dxf = dx.reshape(n * nc)
