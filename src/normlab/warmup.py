@@ -56,10 +56,12 @@ def _batch(dtype) -> None:
 
 
 def _groups(dtype) -> None:
-    """GroupNorm/InstanceNorm: the NCHW and the NHWC kernels, forward and backward, and the update."""
+    """GroupNorm/InstanceNorm: the NCHW, the NHWC and the S == 1 block kernels, forward and
+    backward, and the update."""
     w, b = _leaf(4, dtype=dtype), _leaf(4, dtype=dtype)
     rm, rv = torch.zeros(4, dtype=dtype), torch.ones(4, dtype=dtype)
-    for x in (_leaf(2, 4, 3, dtype=dtype), _leaf(2, 4, 1, dtype=dtype)):
+    channels_last = _leaf(2, 3, 4, dtype=dtype).transpose(1, 2)  # (2, 4, 3), channels fastest
+    for x in (_leaf(2, 4, 3, dtype=dtype), channels_last, _leaf(2, 4, 1, dtype=dtype)):
         F.group_norm(x, 2, w, b).sum().backward()
     x = _leaf(2, 4, 3, dtype=dtype)
     F.instance_norm(x, rm, rv, w, b, use_input_stats=True).sum().backward()

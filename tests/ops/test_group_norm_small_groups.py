@@ -221,6 +221,37 @@ def test_small_groups_take_the_block_kernels():
     assert not k.takes_s1_blocks(1, 1024, 32, False, True, 4)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_launcher_picks_the_kernels(dtype, monkeypatch):
+    """The launcher, not the per-channel kernels, picks the block kernels (so each kind compiles
+    only when an input takes it): (N, C) with small groups -> gn_*_s1_at; channels_last with
+    S > 1, or (N, C) with large groups -> gn_*_nhwc_at."""
+    used = []
+    real = gn_launch._call
+
+    def spy(entry, *args):
+        used.append(entry.py_func.__name__)
+        return real(entry, *args)
+
+    monkeypatch.setattr(gn_launch, "_call", spy)
+    small = 8 if dtype == torch.float32 else 32  # Cg = 8, or 2 in float64 (takes_s1_blocks)
+    cases = [
+        ((300, 64), small, ["gn_fwd_s1_at", "gn_bwd_s1_at"]),
+        ((4, 64, 3, 3), 8, ["gn_fwd_nhwc_at", "gn_bwd_nhwc_at"]),  # channels_last, S = 9
+        ((300, 1024), 8, ["gn_fwd_nhwc_at", "gn_bwd_nhwc_at"]),  # Cg = 128
+    ]
+    for shape, groups, expected in cases:
+        x, w, b, dy = _inputs(shape, dtype, True, seed=40)
+        if x.dim() == 4:
+            x, dy = (t.to(memory_format=torch.channels_last) for t in (x, dy))
+        used.clear()
+        got = _ours(x, w, b, dy, groups)
+        assert used == expected, (shape, used)
+        tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+        for a, o in zip(got, _torch64(x, w, b, dy, groups)):
+            torch.testing.assert_close(a.double(), o, **tol)
+
 def _pairwise(vals):
     """The documented order: pairs while the count is even, then the rest in order (float32)."""
     v = [np.float32(e) for e in vals]

@@ -117,6 +117,8 @@ def serial(disp):
     is its own twin. Twins get their own qualified name (``<name>__serial``), so
     numba caches them on disk apart from the parallel versions.
     """
+    if not _is_dispatcher(disp):  # plain Python (a routing rule, a constant): no twin needed
+        return disp
     twin = _TWINS.get(disp)
     if twin is not None:
         return twin

@@ -423,4 +423,4 @@ def gn_bwd_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, 
 # The NHWC kernels (channels_last, and every S == 1 input) live in their own file; the
 # loader (``launch.py``) reads every kernel from this module, so they are re-exported here.
 # (Imported last: they use _merge_rows above.)
-from .kernels_nhwc import gn_bwd_nhwc_at, gn_fwd_nhwc_at  # noqa: E402
+from .kernels_nhwc import gn_bwd_nhwc_at, gn_bwd_s1_at, gn_fwd_nhwc_at, gn_fwd_s1_at, takes_s1_blocks  # noqa: E402

@@ -15,7 +15,8 @@ Two kinds of kernels:
   length ``C`` and its per-group loops of length ``Cg`` (and scalar divisions and
   square roots per group) cost ~170 ns per 64-value sample.
 - blocks, :func:`gn_fwd_s1` / :func:`gn_bwd_s1`, for ``S == 1`` and small groups
-  (:func:`takes_s1_blocks`, which the two kernels above ask first): each group's
+  (:func:`takes_s1_blocks`, which the launcher asks; each kind is compiled only
+  when an input takes it, as the block kernels take ~12 s each): each group's
   ``Cg`` values are contiguous, so a task takes a block of whole samples (~1K
   values) and runs every step as one loop over all the block's values, or all its
   groups (the divisions and square roots vectorize too): per-group sums by
@@ -114,14 +115,11 @@ def gn_fwd_nhwc(x, w, b, y, mean, var, rstd, eps, n_groups, fixed, rows):
 
     The per-channel sums run over ``s`` in order; :func:`_group_sums` adds a
     group's channels. With S == 1 a sample is one row of ``C`` values; with
-    S == 1 and small groups :func:`gn_fwd_s1` runs instead (:func:`takes_s1_blocks`).
+    S == 1 and small groups the launcher runs :func:`gn_fwd_s1` instead (:func:`takes_s1_blocks`).
     ``fixed``: only the output pass, with ``shift = mean[c]``, ``mean(d) = 0``.
     """
     n, ns, nc = x.shape
     cg = nc // n_groups
-    if takes_s1_blocks(ns, nc, cg, fixed, False, w.itemsize):
-        gn_fwd_s1(x, w, b, y, mean, var, rstd, eps, n_groups, rows)
-        return
     m_grp = cg * ns  # values per group
     n_tasks = (n + rows - 1) // rows
     for t in prange(n_tasks):
@@ -192,12 +190,10 @@ def gn_bwd_nhwc(dy, x, w, mean, rstd, dx, n_groups, fixed, need_dx, rows):
     in float64, in parallel over blocks of channels (:func:`_merge_rows`).
     The chunks depend on the shape only, so the bits do not depend on the
     number of threads. ``fixed``: ``dx = rstd * dy * w[c]`` (term 1 only).
-    With S == 1 and small groups :func:`gn_bwd_s1` runs instead (:func:`takes_s1_blocks`).
+    With S == 1 and small groups the launcher runs :func:`gn_bwd_s1` instead (:func:`takes_s1_blocks`).
     """
     n, ns, nc = x.shape
     cg = nc // n_groups
-    if takes_s1_blocks(ns, nc, cg, fixed, True, w.itemsize):
-        return gn_bwd_s1(dy, x, w, mean, rstd, dx, n_groups, need_dx, rows)
     m_grp = cg * ns
     n_tasks = (n + rows - 1) // rows
     pw = np.empty((n_tasks, nc), w.dtype)  # per task: sums of dy * x_hat
@@ -307,7 +303,6 @@ def _s1_geometry(nc, n_groups, block, itemsize, rows):
     return cg, m, p, bs, bs * nc, bs * n_groups
 
 
-@helper
 def takes_s1_blocks(ns, nc, cg, fixed, backward, acc_size):
     """Whether the block kernel (:func:`gn_fwd_s1`, or :func:`gn_bwd_s1` when ``backward``)
     takes the input, rather than :func:`gn_fwd_nhwc` / :func:`gn_bwd_nhwc`: from the shape
@@ -329,7 +324,7 @@ def takes_s1_blocks(ns, nc, cg, fixed, backward, acc_size):
     """
     if ns != 1 or fixed:
         return False
-    m, p = _odd_part(cg)
+    m, p = _odd_part.py_func(cg)
     if acc_size == 8:
         return cg <= (2 if backward else 4)
     if backward:
@@ -691,9 +686,29 @@ def gn_fwd_nhwc_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shap
 
 
 @helper
+def gn_fwd_s1_at(proto, acc, px, pw, pb, py, pmean, pvar, prstd, n_stats, shape, n_ch, eps, n_groups, fixed,
+                 rows):
+    """:func:`gn_fwd_s1` on the buffers at the given addresses; the arguments of
+    :func:`gn_fwd_nhwc_at` (``fixed`` is False wherever :func:`takes_s1_blocks` holds)."""
+    w, b = params_at(acc, pw, pb, n_ch)
+    gn_fwd_s1(at(px, proto, shape), w, b, at(py, proto, shape), at(pmean, acc, (n_stats,)),
+              at(pvar, acc, (n_stats,)), at(prstd, acc, (n_stats,)), eps, n_groups, rows)
+
+
+@helper
 def gn_bwd_nhwc_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx,
                    rows):
     """:func:`gn_bwd_nhwc` on the buffers at the given addresses; returns ``(dw, db)``."""
     w, _ = params_at(acc, pw, 0, n_ch)
     return gn_bwd_nhwc(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
                        at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, fixed, need_dx, rows)
+
+
+@helper
+def gn_bwd_s1_at(proto, acc, pdy, px, pw, pmean, prstd, n_stats, pdx, shape, n_ch, n_groups, fixed, need_dx,
+                 rows):
+    """:func:`gn_bwd_s1` on the buffers at the given addresses; returns ``(dw, db)``; the arguments
+    of :func:`gn_bwd_nhwc_at` (``fixed`` is False wherever :func:`takes_s1_blocks` holds)."""
+    w, _ = params_at(acc, pw, 0, n_ch)
+    return gn_bwd_s1(at(pdy, proto, shape), at(px, proto, shape), w, at(pmean, acc, (n_stats,)),
+                     at(prstd, acc, (n_stats,)), at(pdx, proto, shape), n_groups, need_dx, rows)

@@ -66,6 +66,14 @@ def _use_nhwc(x: Tensor, fixed: bool) -> bool:
     return x.shape[2] == 1 or (not fixed and _is_nhwc(x))
 
 
+def _s1_blocks(k, shape, num_groups: int, fixed: bool, backward: bool, acc: torch.dtype) -> bool:
+    """Whether the S == 1 small-group block kernels take an NHWC input of ``shape`` (N, S, C)
+    (``kernels_nhwc.takes_s1_blocks``, from the shape only). Chosen here rather than inside the
+    per-channel kernels, so that each kind compiles only when an input takes it."""
+    _, s, c = shape
+    return k.takes_s1_blocks(s, c, c // num_groups, fixed, backward, acc.itemsize)
+
+
 def _kernel_layout(t: Tensor, nhwc: bool) -> Tensor:
     """``t`` (N, C, S) in the layout the kernel reads: NHWC (``nhwc``) or contiguous."""
     if nhwc:
@@ -132,7 +140,8 @@ def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None, one_buf
     k = _k(y.numel())
     proto, acc_proto = _PROTO[x.dtype]
     if nhwc:
-        shape, entry, rows = (n, s, c), k.gn_fwd_nhwc_at, _samples_per_task(n, s, c)
+        shape, rows = (n, s, c), _samples_per_task(n, s, c)
+        entry = k.gn_fwd_s1_at if _s1_blocks(k, shape, num_groups, fixed, False, acc) else k.gn_fwd_nhwc_at
     else:
         shape = (n * num_groups, c // num_groups, s)
         entry, rows = k.gn_fwd_at, _rows_per_task(shape[0], shape[1] * s)
@@ -163,7 +172,8 @@ def _backward(dy, x, w, mean, rstd, num_groups, fixed, need_dx):
     k = _k(x.numel())
     proto, acc_proto = _PROTO[x.dtype]
     if nhwc:
-        shape, entry, rows = (n, s, c), k.gn_bwd_nhwc_at, _samples_per_task(n, s, c)
+        shape, rows = (n, s, c), _samples_per_task(n, s, c)
+        entry = k.gn_bwd_s1_at if _s1_blocks(k, shape, num_groups, fixed, True, acc) else k.gn_bwd_nhwc_at
     else:
         shape = (n * num_groups, c // num_groups, s)
         entry, rows = k.gn_bwd_at, _rows_per_task(shape[0], shape[1] * s)
