@@ -20,6 +20,8 @@ import normlab.functional as NF
 from normlab.ops import _launch
 from normlab.ops.group_norm import launch as gn_launch
 from tests.oracle import assert_within_rounding, rel_err
+from tests.ops.test_group_norm_cpu import _inputs as _gn_inputs
+from tests.ops.test_group_norm_cpu import _leaf, _run
 
 pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 
@@ -48,26 +50,8 @@ def _ids(case):
 
 
 def _inputs(shape, dtype, affine, seed):
-    g = torch.Generator().manual_seed(seed)
-    c = shape[1]
-    x = (torch.randn(shape, generator=g) * 2 + 1).to(dtype)
-    w = (1 + 0.5 * torch.randn(c, generator=g)).to(dtype) if affine else None
-    b = (0.5 * torch.randn(c, generator=g)).to(dtype) if affine else None
-    dy = torch.randn(shape, generator=g).to(dtype)
-    return x, w, b, dy
-
-
-def _leaf(t):
-    return None if t is None else t.detach().clone().requires_grad_()
-
-
-def _run(backend, fn, tensors, dy):
-    """``fn(*tensors)`` under ``backend``, backward with ``dy``; returns [y, *grads] (None for absent inputs)."""
-    leaves = [_leaf(t) for t in tensors]
-    with normlab.use_backend(backend):
-        y = fn(*leaves)
-    y.backward(dy)
-    return [y.detach()] + [lf.grad if lf is not None else None for lf in leaves]
+    """The GroupNorm tests' inputs (``test_group_norm_cpu._inputs``), with weight and bias or neither."""
+    return _gn_inputs(shape, dtype, "both" if affine else None, seed=seed)
 
 
 def _torch64(x, w, b, dy, groups):
