@@ -121,11 +121,14 @@ def test_same_bits_at_1_and_2_threads_and_in_the_serial_twin(dtype):
             assert torch.equal(a, r)
 
 
-def test_block_size_depends_on_the_shape_only():
-    assert launch_2d.block_size(8, 96, 3136) == 672  # about 65536 values a task, a multiple of 16 pixels
-    assert launch_2d.block_size(8, 3000, 1024) == 64  # at least 64 pixels
-    assert launch_2d.block_size(8, 64, 10) == 10  # never more than the pixels there are
-    assert launch_2d.block_size(8, 64, 1024) == 512  # halved until 16 tasks: 8 samples x 2 blocks
+def test_block_size_depends_on_the_shape_and_dtype_only():
+    assert launch_2d.block_size(8, 96, 3136, 4) == 672  # about 256 KiB a task, a multiple of 16 pixels
+    assert launch_2d.block_size(8, 96, 3136, 2) == 1360  # the same bytes in bfloat16: twice the pixels
+    assert launch_2d.block_size(16, 768, 1369, 4) == 256  # runs of 1 KiB a plane (256 KiB would be 80 pixels)
+    assert launch_2d.block_size(8, 3000, 1024, 4) == 80  # ...but a block of at most 1 MiB
+    assert launch_2d.block_size(8, 20000, 1024, 4) == 64  # at least 64 pixels
+    assert launch_2d.block_size(8, 64, 10, 4) == 10  # never more than the pixels there are
+    assert launch_2d.block_size(8, 64, 1024, 4) == 512  # halved until 16 tasks: 8 samples x 2 blocks
 
 
 def test_gradcheck_and_double_backward():

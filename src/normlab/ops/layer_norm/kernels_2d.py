@@ -22,8 +22,7 @@ negative-index fix-up to every access, and LLVM then loads and stores one
 element at a time (measured: bfloat16 forward of (8, 64, 32, 32) 2.6 -> 0.29 ms).
 
 A task is one block of ``block`` pixels of one sample (``launch_2d.block_size``:
-about ``BLOCK_ELEMS`` values, so the block's ``C`` planes stay in L2 across the
-passes). Memory traffic per element:
+about ``BLOCK_BYTES``, so the block's ``C`` planes stay in L2 across the passes). Memory traffic per element:
 
 - forward:  read x, write y (the second and third pass read x from cache)
 - backward: read x and dy, write dx; dw/db through per-task partials
@@ -142,7 +141,7 @@ def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
     mean     (N * S,)    saved per-pixel means
     rstd     (N * S,)    saved 1 / sqrt(var + eps)
     dx       (N, C, S)   out: gradient of x, storage dtype
-    block    int         pixels per task (``launch_2d.block_size``, from the shape only)
+    block    int         pixels per task (``launch_2d.block_size``, from the shape and dtype only)
     returns  dw, db (C,) in the accumulation dtype (size 0 unless ``need_wb``)
 
     Per pixel, with ``g = dy * w`` and ``x_hat = (x - mean) * rstd`` (LayerNorm's rows)::
