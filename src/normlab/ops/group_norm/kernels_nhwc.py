@@ -16,7 +16,7 @@ Two kinds of kernels:
   square roots per group) cost ~170 ns per 64-value sample.
 - blocks, :func:`gn_fwd_s1` / :func:`gn_bwd_s1`, for ``S == 1`` and small groups
   (:func:`takes_s1_blocks`, which the launcher asks; each kind is compiled only
-  when an input takes it, as the block kernels take ~12 s each): each group's
+  when an input takes it; their helpers are ``generic``, compiled once each): each group's
   ``Cg`` values are contiguous, so a task takes a block of whole samples (~1K
   values) and runs every step as one loop over all the block's values, or all its
   groups (the divisions and square roots vectorize too): per-group sums by
@@ -359,7 +359,7 @@ def _u(i):
 # row as a view (``a[ra]``) would cost reference counting in every block.
 
 
-@helper
+@helper(generic=True)
 def _pairs(a, ra, n, sq, o, ro):
     """``o[ro, j] = a[ra, 2j] + a[ra, 2j+1]`` for ``j < n`` (of their squares when ``sq``)."""
     _wide()
@@ -373,7 +373,7 @@ def _pairs(a, ra, n, sq, o, ro):
             o[ro, j] = a[ra, 2 * j] + a[ra, 2 * j + 1]
 
 
-@helper
+@helper(generic=True)
 def _runs(a, ra, nr, m, sq, o, ro):
     """``o[ro, r] = a[ra, r*m] + a[ra, r*m+1] + ... + a[ra, r*m+m-1]``, added in that order, for
     ``r < nr`` (of their squares when ``sq``)."""
@@ -387,7 +387,7 @@ def _runs(a, ra, nr, m, sq, o, ro):
             o[ro, r] += e * e if sq else e
 
 
-@helper
+@helper(generic=True)
 def _block_sums(a, ra, nr, m, p, sq, u, o, ro):
     """``o[ro, r]`` = the sum of the ``Cg = m * 2**p`` values ``a[ra, r*Cg : (r+1)*Cg]`` (of
     their squares when ``sq``) for ``r < nr``, ``m`` odd: pairwise while the count is
@@ -418,7 +418,7 @@ def _block_sums(a, ra, nr, m, p, sq, u, o, ro):
         _runs(u, (p - 1) % 2, nr, m, False, o, ro)
 
 
-@helper
+@helper(generic=True)
 def _dup(a, ra, n, f, o, ro):
     """``o[ro, f*j + k] = a[ra, j]`` for ``k < f``, ``j < n``; ``f`` is 2, 4 or 8 (inner loops of
     constant length: a run of ``f`` copies is one vector store)."""
@@ -440,7 +440,7 @@ def _dup(a, ra, n, f, o, ro):
             o[ro, 2 * j + 1] = e
 
 
-@helper
+@helper(generic=True)
 def _fill_runs(a, ra, nr, m, o, ro):
     """``o[ro, r*m + k] = a[ra, r]`` for ``k < m``, ``r < nr``."""
     _wide()
@@ -449,7 +449,7 @@ def _fill_runs(a, ra, nr, m, o, ro):
             o[ro, _u(r * m + k)] = a[ra, r]
 
 
-@helper
+@helper(generic=True)
 def _block_spread(a, ra, nr, m, p, o, ro, u):
     """``o[ro, r*Cg + k] = a[ra, r]`` for ``k < Cg = m * 2**p``, ``r < nr``, ``m`` odd: a
     per-group value on each of the group's channels (copies: exact).
