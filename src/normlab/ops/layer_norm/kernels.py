@@ -46,7 +46,7 @@ from .._jit import helper, kernel
 from .._ptr import at
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
-from .._simd import wide
+from .._simd import inline, wide
 
 
 
@@ -60,6 +60,7 @@ def _grad_row(dyr, xr, w, m, rs, x_hat, g):
     (``ops/_rows.shift_row`` says why).
     """
     wide()
+    inline()
     for j in range(g.shape[0]):
         x_hat[j] = (load(xr, j) - m) * rs
         g[j] = load(dyr, j) * w[j]
@@ -77,6 +78,7 @@ def _grad_sums(dyr, xr, w, m, rs):
     """``(sum(g), sum(g * x_hat))`` of :func:`_grad_row` without storing ``g`` and ``x_hat``:
     wide rows, whose second loop computes them again from ``x`` and ``dy`` (in L2)."""
     wide()
+    inline()
     s1 = acc_zero(w)
     s2 = acc_zero(w)
     for j in range(w.shape[0]):
@@ -93,6 +95,7 @@ def _shift_sum(x, r, shift):
     itself instead of stored to scratch (the loop only reads: one order, any addresses).
     The same differences, summed by the same loop: the same value."""
     wide()
+    inline()
     s = shift - shift
     for j in range(x.shape[1]):
         s += load(x, (r, j)) - shift
@@ -104,6 +107,7 @@ def _sqdev_row(x, r, shift, m):
     """``sum_j ((x[r, j] - shift) - m)^2``: :func:`ops._rows.sqdev` over the row's
     differences computed again from the row (same two halves, same fused multiply-adds)."""
     wide()
+    inline()
     s0 = m - m
     s1 = m - m
     n = x.shape[1]
@@ -167,51 +171,114 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
     """
     n_rows, n_cols = x.shape
     n_tasks = (n_rows + rows - 1) // rows
-    short = n_cols <= SHORT_COLS
     for t in prange(n_tasks):
         wide()
-        d = np.empty(0 if short else n_cols, w.dtype)  # (n_cols,) scratch: the row minus its shift
-        for i in range(t * rows, min((t + 1) * rows, n_rows)):
-            wr = w[i // rpw if w.shape[0] > 1 else 0]  # (n_cols,) this row's weight and bias (an
-            br = b[i // rpw if b.shape[0] > 1 else 0]  # absent one is a single row of ones / zeros)
+        lo = t * rows
+        hi = min(lo + rows, n_rows)
+        if n_cols > SHORT_COLS:
+            _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, lo, hi, rpw)
+        else:
             src = x  # the rows normalised: x, or h for the fused add
-            if has_res:  # h = x + res, rounded as torch.add would; normalise h
-                hr = h[i]
-                xr = x[i]
-                rr = res[i]
-                for j in range(n_cols):
-                    store(hr, j, load(xr, j) + load(rr, j))
+            if has_res:  # h = x + res for the task's rows (in L2), then normalise h
+                for i in range(lo, hi):
+                    _add_row(x, res, h, i)
                 src = h
-            shift = acc_zero(d)
-            if center:
-                shift = load(src, (i, 0))
-            if short:  # the row itself, three times (from L1)
-                sum_d = _shift_sum(src, i, shift)
-            else:
-                sum_d = _shift_row(src, i, d, shift)  # d = x - shift, read from memory once
-            mean_d = acc_zero(d)
-            if center:
-                mean_d = acc_cast(d, sum_d / n_cols)
-                mean[i] = shift + mean_d
-            if short:
-                var = acc_cast(d, _sqdev_row(src, i, shift, mean_d) / n_cols)
-            else:
-                var = acc_cast(d, _sqdev(d, n_cols, mean_d) / n_cols)  # RMSNorm: the mean square
-            rs = acc_cast(d, 1.0) / np.sqrt(var + acc_cast(d, eps))
-            rstd[i] = rs
-            yr = y[i]
-            if short and not cast_x_hat:
-                for j in range(n_cols):  # y = x_hat * w + b, as below, d recomputed
-                    store(yr, j, (((load(src, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
-            elif short:
-                for j in range(n_cols):
-                    store(yr, j, round_as(yr, ((load(src, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
-            elif cast_x_hat:  # y = round(x_hat) * w + b: the product of two storage values
-                for j in range(n_cols):
-                    store(yr, j, round_as(yr, (d[j] - mean_d) * rs) * wr[j] + br[j])
-            else:
-                for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd
-                    store(yr, j, ((d[j] - mean_d) * rs) * wr[j] + br[j])
+            _fwd_short(src, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw)
+
+
+@helper
+def _add_row(x, res, h, i):
+    """``h[i] = x[i] + res[i]``, rounded to the storage dtype as ``torch.add`` rounds it."""
+    inline()
+    wide()
+    hr = h[i]
+    xr = x[i]
+    rr = res[i]
+    for j in range(hr.shape[0]):
+        store(hr, j, load(xr, j) + load(rr, j))
+
+
+@helper
+def _over_n(a, s, n):
+    """``s / n`` rounded to the accumulation dtype (``a``'s, ``s``'s), as ``acc_cast(a, s / n)`` (a
+    float64 quotient) gives it, but divided in that dtype: for ``n <= 2**24`` (exact in float32)
+    the float64 quotient of two float32 values rounds to the float32 quotient (float64 carries
+    more than twice float32's digits, so the double rounding is exact), and one ``divss`` is ~10
+    cycles shorter on a row's critical path than ``cvtss2sd, divsd, cvtsd2ss``."""
+    inline()
+    if n <= 16777216:
+        return s / acc_cast(a, n)
+    return acc_cast(a, s / n)
+
+
+@helper
+def _fwd_short(x, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw):
+    """:func:`norm_fwd` of rows ``lo:hi`` of ``x`` (``h`` for the fused add), rows of at most
+    ``SHORT_COLS`` values: no scratch, each pass reads the row again (from L1), which costs less
+    than storing it to scratch and reading that back. The weight row is picked once unless there
+    are several (vmap)."""
+    wide()
+    n_cols = x.shape[1]
+    wr = w[0]
+    br = b[0]
+    for i in range(lo, hi):
+        if w.shape[0] > 1:  # vmap's stacked weights (an absent weight or bias stays one row)
+            wr = w[i // rpw]
+        if b.shape[0] > 1:
+            br = b[i // rpw]
+        shift = acc_zero(wr)
+        if center:
+            shift = load(x, (i, 0))
+        sum_d = _shift_sum(x, i, shift)
+        mean_d = acc_zero(wr)
+        if center:
+            mean_d = _over_n(wr, sum_d, n_cols)
+            mean[i] = shift + mean_d
+        var = _over_n(wr, _sqdev_row(x, i, shift, mean_d), n_cols)  # RMSNorm: the mean square
+        rs = acc_cast(wr, 1.0) / np.sqrt(var + acc_cast(wr, eps))
+        rstd[i] = rs
+        yr = y[i]
+        if cast_x_hat:  # y = round(x_hat) * w + b: the product of two storage values
+            for j in range(n_cols):
+                store(yr, j, round_as(yr, ((load(x, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
+        else:
+            for j in range(n_cols):  # y = x_hat * w + b, x_hat = (d - mean(d)) * rstd, d recomputed
+                store(yr, j, (((load(x, (i, j)) - shift) - mean_d) * rs) * wr[j] + br[j])
+
+
+@helper
+def _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, lo, hi, rpw):
+    """:func:`norm_fwd` of rows ``lo:hi``, rows of more than ``SHORT_COLS`` values: each row is read
+    from memory once into scratch ``d`` (the row minus its shift); the other passes read ``d``
+    (L1). The fused add writes ``h`` a row at a time, just before normalising it."""
+    wide()
+    n_cols = x.shape[1]
+    d = np.empty(n_cols, w.dtype)  # (n_cols,) scratch: the row minus its shift
+    for i in range(lo, hi):
+        wr = w[i // rpw if w.shape[0] > 1 else 0]  # (n_cols,) this row's weight and bias (an
+        br = b[i // rpw if b.shape[0] > 1 else 0]  # absent one is a single row of ones / zeros)
+        src = x  # the rows normalised: x, or h for the fused add
+        if has_res:  # h = x + res, rounded as torch.add would; normalise h
+            _add_row(x, res, h, i)
+            src = h
+        shift = acc_zero(d)
+        if center:
+            shift = load(src, (i, 0))
+        sum_d = _shift_row(src, i, d, shift)  # d = x - shift, read from memory once
+        mean_d = acc_zero(d)
+        if center:
+            mean_d = _over_n(d, sum_d, n_cols)
+            mean[i] = shift + mean_d
+        var = _over_n(d, _sqdev(d, n_cols, mean_d), n_cols)  # RMSNorm: the mean square
+        rs = acc_cast(d, 1.0) / np.sqrt(var + acc_cast(d, eps))
+        rstd[i] = rs
+        yr = y[i]
+        if cast_x_hat:
+            for j in range(n_cols):
+                store(yr, j, round_as(yr, (d[j] - mean_d) * rs) * wr[j] + br[j])
+        else:
+            for j in range(n_cols):
+                store(yr, j, ((d[j] - mean_d) * rs) * wr[j] + br[j])
 
 
 # --------------------------------------------------------------------------
@@ -288,8 +355,8 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
                 sum_g, sum_gx = _grad_row(dyr, xr, wr, m, rs, x_hat, g)
             mean_g = acc_zero(wr)
             if center:
-                mean_g = acc_cast(wr, sum_g / n_cols)  # term 2
-            mean_gx = acc_cast(wr, sum_gx / n_cols)  # term 3's factor
+                mean_g = _over_n(wr, sum_g, n_cols)  # term 2
+            mean_gx = _over_n(wr, sum_gx, n_cols)  # term 3's factor
             if has_dh:  # fused add: h's own gradient joins dx
                 dhr = dh[i]
                 for j in range(n_cols):
