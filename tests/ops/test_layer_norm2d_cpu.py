@@ -121,6 +121,24 @@ def test_same_bits_at_1_and_2_threads_and_in_the_serial_twin(dtype):
             assert torch.equal(a, r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_prefetches_change_no_bit(monkeypatch, dtype):
+    """Large tensors are read with prefetches (``launch_2d.FAR_BYTES``): the same outputs and
+    gradients, bit for bit, with them forced on as with them off, including a last block and
+    the last ``AHEAD`` planes (nothing ahead to ask for)."""
+    x, w, b, dy = _data((3, 40, 33, 31), dtype)
+    monkeypatch.setattr(launch_2d, "FAR_BYTES", 1 << 62)
+    near = _run(x, w, b, dy)
+    monkeypatch.setattr(launch_2d, "FAR_BYTES", 0)
+    seen = []
+    real = launch_2d._far
+    monkeypatch.setattr(launch_2d, "_far", lambda t: seen.append(real(t)) or real(t))
+    far = _run(x, w, b, dy)
+    assert seen == [True, True]  # the forward and the backward asked for them
+    for a, r in zip(far, near):
+        assert torch.equal(a, r)
+
+
 def test_block_size_depends_on_the_shape_and_dtype_only():
     assert launch_2d.block_size(8, 96, 3136, 4) == 672  # about 256 KiB a task, a multiple of 16 pixels
     assert launch_2d.block_size(8, 96, 3136, 2) == 1360  # the same bytes in bfloat16: twice the pixels

@@ -48,7 +48,22 @@ from numba import prange
 from .._bf16 import acc_cast, acc_zero, load, store
 from .._jit import helper, kernel
 from .._ptr import at, params_at
-from .._simd import wide
+from .._simd import prefetch, wide
+
+
+# How many planes ahead the first pass asks for a block's next runs (``far``): measured 2, 4
+# and 8 alike on large tensors (float32 3-9 %, bfloat16 5-27 % faster forward at C >= 96).
+AHEAD = 4
+LINE_BYTES = 64
+
+
+@helper
+def _prefetch_run(a2, row, p0, m):
+    """Ask for the cache lines of ``a2[row, p0:p0 + m]`` (a plane's run of a block, ``a2`` the
+    tensor as (N * C, S) rows); no loads, so no result changes."""
+    step = max(1, LINE_BYTES // a2.itemsize)
+    for q in range(0, m, step):
+        prefetch(a2, row, p0 + q)
 
 
 @helper(sums=True)
@@ -72,7 +87,7 @@ def _plane_sums(dyr, xr, m, rs):
 
 
 @kernel
-def ln2d_fwd(x, w, b, y, mean, rstd, eps, block):
+def ln2d_fwd(x, w, b, y, mean, rstd, eps, block, far):
     """LayerNorm over the channels of every pixel of NCHW ``x``.
 
     x      (N, C, S)  input, storage dtype, contiguous (S = H * W)
@@ -81,9 +96,12 @@ def ln2d_fwd(x, w, b, y, mean, rstd, eps, block):
     mean   (N * S,)   out: per-pixel means, accumulation dtype
     rstd   (N * S,)   out: 1 / sqrt(var + eps)
     block  int        pixels per task (no effect on results)
+    far    bool       x is far larger than the caches: the first pass asks for the runs of the
+                      plane ``AHEAD`` planes on while it sums this one (no effect on results)
     """
     n, nc, ns = x.shape
     n_blk = (ns + block - 1) // block
+    x2 = x.reshape(n * nc, ns)  # the planes as rows, for the prefetches
     for t in prange(n * n_blk):
         wide()
         i = t // n_blk
@@ -98,6 +116,8 @@ def ln2d_fwd(x, w, b, y, mean, rstd, eps, block):
             sh[p] = load(x0, p)
             acc[p] = acc_zero(w)
         for c in range(nc):  # pass 1: sum of d = x - shift
+            if far and c + AHEAD < nc:
+                _prefetch_run(x2, i * nc + c + AHEAD, p0, m)
             xr = x[i, c, p0:p0 + m]  # this block of the plane
             for p in range(m):
                 acc[p] += load(xr, p) - sh[p]
@@ -132,7 +152,7 @@ def ln2d_fwd(x, w, b, y, mean, rstd, eps, block):
 
 
 @kernel
-def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
+def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb, far):
     """Gradients of LayerNorm2d for every pixel; returns ``(dw, db)``.
 
     dy       (N, C, S)   gradient of y, storage dtype
@@ -164,6 +184,8 @@ def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
     n_out = nc if need_wb else 0
     dw = np.empty(n_out, w.dtype)
     db = np.empty(n_out, w.dtype)
+    x2 = x.reshape(n * nc, ns)  # the planes as rows, for the prefetches
+    dy2 = dy.reshape(n * nc, ns)
     for t in prange(n_tasks):
         wide()
         i = t // n_blk
@@ -181,6 +203,9 @@ def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
             s1[p] = acc_zero(w)
             s2[p] = acc_zero(w)
         for c in range(nc):  # the per-pixel sums over channels
+            if far and c + AHEAD < nc:
+                _prefetch_run(x2, i * nc + c + AHEAD, p0, m)
+                _prefetch_run(dy2, i * nc + c + AHEAD, p0, m)
             xr = x[i, c, p0:p0 + m]  # this block of the plane
             dyr = dy[i, c, p0:p0 + m]
             wc = w[c]
@@ -226,7 +251,7 @@ def ln2d_bwd(dy, x, w, mean, rstd, dx, block, need_wb):
 
 
 @helper
-def ln2d_fwd_at(proto, acc, px, pw, pb, py, n, nc, ns, eps, block):
+def ln2d_fwd_at(proto, acc, px, pw, pb, py, n, nc, ns, eps, block, far):
     """:func:`ln2d_fwd` on the buffers at the given addresses; returns ``(mean, rstd)``, (N * S,) each.
 
     proto, acc   (1,)  prototypes of the storage and the accumulation dtype
@@ -237,12 +262,12 @@ def ln2d_fwd_at(proto, acc, px, pw, pb, py, n, nc, ns, eps, block):
     w, b = params_at(acc, pw, pb, nc)
     mean = np.empty(n * ns, acc.dtype)
     rstd = np.empty(n * ns, acc.dtype)
-    ln2d_fwd(at(px, proto, shape), w, b, at(py, proto, shape), mean, rstd, eps, block)
+    ln2d_fwd(at(px, proto, shape), w, b, at(py, proto, shape), mean, rstd, eps, block, far)
     return mean, rstd
 
 
 @helper
-def ln2d_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdx, n, nc, ns, block, need_wb):
+def ln2d_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdx, n, nc, ns, block, need_wb, far):
     """:func:`ln2d_bwd` on the buffers at the given addresses; returns ``(dw, db)``.
 
     pdy, px, pdx   dy, x, dx: (N, C, S), storage dtype
@@ -252,4 +277,4 @@ def ln2d_bwd_at(proto, acc, pdy, px, pw, mean, rstd, pdx, n, nc, ns, block, need
     shape = (n, nc, ns)
     w, _ = params_at(acc, pw, 0, nc)
     return ln2d_bwd(at(pdy, proto, shape), at(px, proto, shape), w, mean, rstd, at(pdx, proto, shape), block,
-                    need_wb)
+                    need_wb, far)
