@@ -24,9 +24,12 @@ from tests.oracle import assert_within_rounding, rel_err
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# (input shape, normalized_shape); the last two have rows wider than the backward's
-# WIDE_COLS (no scratch rows; test_wide_cases_are_wide holds them to it)
-CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5)), ((5, 2100), (2100,)), ((2, 3, 50, 45), (50, 45))]
+# (input shape, normalized_shape); the last two have rows longer than the forward's
+# SHORT_COLS (a scratch row each; test_wide_cases_are_wide holds them to it), the others
+# rows short enough to be read again instead -- rows of 700 only in float32/float64
+# (half precision takes a scratch row above SHORT_COLS_HALF)
+CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5)), ((3, 700), (700,)), ((5, 2100), (2100,)),
+         ((2, 3, 50, 45), (50, 45))]
 TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
@@ -264,13 +267,16 @@ def test_gradcheck_and_gradgradcheck(name):
 
 
 def test_wide_cases_are_wide():
-    assert max(math.prod(ns) for _, ns in CASES) > ln_launch._k().WIDE_COLS
+    k = ln_launch._k()
+    widths = sorted(math.prod(ns) for _, ns in CASES)
+    assert widths[-2] > k.SHORT_COLS >= widths[-3]  # both forward paths, in every dtype
+    assert widths[-3] > k.SHORT_COLS_HALF  # and the half-precision limit's both sides
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n, cols", [(2048, 96), (96, 2560), (4096, 1024)], ids=["narrow", "wide", "long"])
 def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
-    # rows of 96 (scratch rows), of 2560 values (wider than WIDE_COLS), and enough rows
+    # rows of 96 (read again), of 2560 values (longer than SHORT_COLS: a scratch row), and enough rows
     # that the backward's chunks are enlarged (_bwd_rows): several fixed row chunks,
     # large enough to run on 2 threads
     if n == 4096:

@@ -16,14 +16,16 @@ Memory traffic per element:
 - forward:  read x (and residual), write y (and h = x + residual)
 - backward: read x and dy (and dh), write dx; dw/db through per-chunk partials
 
-Each task (a fixed chunk of rows) owns scratch rows in the accumulation dtype.
-A row is read from memory once, converted into scratch and summed in the same
-loop; every further pass runs over scratch in L1 cache, as plain elementwise
-loops that LLVM vectorizes (with 512-bit registers where the CPU has them:
-``ops/_simd.wide``). The backward of rows wider than ``WIDE_COLS`` keeps no
-scratch rows: its sums read ``x`` and ``dy`` (:func:`_grad_sums`), and the
-``dx`` loop reads them again from L2 (~4% faster at 4096 columns). The fused
-row loops that sum (:func:`_shift_row` and :func:`_sqdev`, shared with
+Rows of up to ``SHORT_COLS`` values (512 in half precision) are normalised
+without scratch: each pass of the forward reads the row again, from L1
+(:func:`_fwd_short`). Longer rows are read from memory once into a scratch
+row in the accumulation dtype, and the further passes run over the scratch
+(:func:`_fwd_long`). The backward keeps no scratch either (:func:`_bwd_direct`:
+its sums read ``x`` and ``dy``, and the ``dx`` loop reads them again, from L1
+or L2), except for the fused add's and the rounded ``x_hat``'s, which store
+``g`` and ``x_hat`` rows. All loops are plain elementwise loops that LLVM
+vectorizes (with 512-bit registers where the CPU has them: ``ops/_simd.wide``).
+The fused row loops that sum (:func:`_shift_row` and :func:`_sqdev`, shared with
 GroupNorm from ``ops/_rows.py``, :func:`_grad_row` and :func:`_grad_sums`)
 are the only code compiled with
 ``fastmath={"reassoc"}`` (and ``_sqdev`` with ``"contract"``: fused
@@ -75,8 +77,8 @@ def _grad_row(dyr, xr, w, m, rs, x_hat, g):
 
 @helper(sums=True)
 def _grad_sums(dyr, xr, w, m, rs):
-    """``(sum(g), sum(g * x_hat))`` of :func:`_grad_row` without storing ``g`` and ``x_hat``:
-    wide rows, whose second loop computes them again from ``x`` and ``dy`` (in L2)."""
+    """``(sum(g), sum(g * x_hat))`` of :func:`_grad_row` without storing ``g`` and ``x_hat``
+    (:func:`_bwd_direct`, whose ``dx`` loop computes them again from ``x`` and ``dy``)."""
     wide()
     inline()
     s1 = acc_zero(w)
@@ -125,14 +127,15 @@ def _sqdev_row(x, r, shift, m):
 
 # Rows of at most this many values are normalised without scratch: each of the three
 # passes (sum, squared deviations, output) reads the row again (from L1), which costs
-# less than storing it to scratch and reading that back (a (8192, 64) float32 forward:
-# 740 -> ~350 us, one thread).
-SHORT_COLS = 256
-
-# Rows of more than this many values take the backward without scratch rows
-# (:func:`_grad_sums`): two scratch rows of float32 stored and read back, with
-# dw/db's partial rows, would outgrow L1 there.
-WIDE_COLS = 2048
+# less than storing it to scratch and reading that back. Side by side, one thread, the
+# forward with the old limit (256) and this one, same bits: float32 in cache (2 MB)
+# 384 columns 198 -> 181 us, 512 201 -> 176, 1024 216 -> 163, 2048 185 -> 175; from
+# memory (64 MB) 15.1 -> 12.9 ms, 16.0 -> 12.7, 14.7 -> 12.2, 14.4 -> 12.6.
+SHORT_COLS = 2048
+# The same for half-precision storage, whose every re-read converts the row again:
+# bfloat16 384 columns 218 -> 200 us (9.5 -> 8.2 ms from memory), 512 187 -> 188 us
+# (9.7 -> 8.5 ms); at 1024 slower in cache (165 -> 176 us), so not beyond 512.
+SHORT_COLS_HALF = 512
 
 
 # --------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
         wide()
         lo = t * rows
         hi = min(lo + rows, n_rows)
-        if n_cols > SHORT_COLS:
+        if n_cols > (SHORT_COLS if x.itemsize >= 4 else SHORT_COLS_HALF):
             _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, lo, hi, rpw)
         else:
             src = x  # the rows normalised: x, or h for the fused add
@@ -214,14 +217,14 @@ def _over_n(a, s, n):
 @helper
 def _fwd_short(x, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw):
     """:func:`norm_fwd` of rows ``lo:hi`` of ``x`` (``h`` for the fused add), rows of at most
-    ``SHORT_COLS`` values: no scratch, each pass reads the row again (from L1), which costs less
+    ``SHORT_COLS`` values (``SHORT_COLS_HALF`` in half precision): no scratch, each pass reads the row again (from L1), which costs less
     than storing it to scratch and reading that back. The weight row is picked once unless there
     are several (vmap)."""
     wide()
     n_cols = x.shape[1]
     wr = w[0]
     br = b[0]
-    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: see _bwd_short
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: see _bwd_direct
         if w.shape[0] > 1:  # vmap's stacked weights (an absent weight or bias stays one row)
             wr = w[np.int64(i) // rpw]
         if b.shape[0] > 1:
@@ -248,7 +251,7 @@ def _fwd_short(x, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw):
 
 @helper
 def _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, lo, hi, rpw):
-    """:func:`norm_fwd` of rows ``lo:hi``, rows of more than ``SHORT_COLS`` values: each row is read
+    """:func:`norm_fwd` of rows ``lo:hi``, rows longer than :func:`_fwd_short` takes: each row is read
     from memory once into scratch ``d`` (the row minus its shift); the other passes read ``d``
     (L1). The fused add writes ``h`` a row at a time, just before normalising it."""
     wide()
@@ -287,11 +290,14 @@ def _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, 
 
 
 @helper
-def _bwd_short(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo, hi):
-    """:func:`norm_bwd` of rows ``lo:hi`` of at most ``SHORT_COLS`` values (without the fused add
-    and the rounded ``x_hat``), all of one weight row ``wr``: no scratch, the sums and ``dx``
-    read the row again (from L1); this chunk's ``dw``/``db`` added to ``pw``/``pb``. The same
-    operations in the same order as the general loop's wide-row branch: the same bits.
+def _bwd_direct(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo, hi):
+    """:func:`norm_bwd` of rows ``lo:hi`` (without the fused add and the rounded ``x_hat``), all
+    of one weight row ``wr``: no scratch, the sums read ``x`` and ``dy`` and the ``dx`` loop
+    reads them again (from L1, or L2 for the widest rows); this chunk's ``dw``/``db`` added to
+    ``pw``/``pb``. ``x_hat`` and ``g`` are the same two-operand products the scratch path stores,
+    so the results are the same bits. Side by side against scratch rows (one thread, float32):
+    384 columns 340 -> 273 us in cache, 22.6 -> 19.7 ms from memory; 1024 361 -> 304 us,
+    25.2 -> 23.2 ms; bfloat16 384 279 -> 244 us.
 
     The row index is unsigned: numba indexes with a signed integer through a check for a
     negative index (Python's ``a[-1]``), which LLVM could not remove here (it cannot tell that
@@ -367,23 +373,21 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
     n_out = n_w if need_wb else 0
     dw = np.empty((n_out, n_cols), w.dtype)
     db = np.empty((n_out, n_cols), w.dtype)
-    # no scratch rows for wide rows (they would outgrow L1) nor for short ones (a pass over
-    # the row in L1 costs less than storing it and reading it back): the sums and dx read
-    # x and dy again
-    wide_rows = (n_cols > WIDE_COLS or n_cols <= SHORT_COLS) and not has_dh and not cast_x_hat
-    short = n_cols <= SHORT_COLS and not has_dh and not cast_x_hat
+    # scratch rows only for the fused add (dx adds dh) and the rounded x_hat (dw reads it
+    # rounded); otherwise _bwd_direct reads x and dy again
+    direct = not has_dh and not cast_x_hat
     for c in prange(n_chunks):
         wide()
-        x_hat = np.empty(0 if wide_rows else n_cols, w.dtype)  # (n_cols,) scratch
-        g = np.empty(0 if wide_rows else n_cols, w.dtype)  # (n_cols,) scratch
+        x_hat = np.empty(0 if direct else n_cols, w.dtype)  # (n_cols,) scratch
+        g = np.empty(0 if direct else n_cols, w.dtype)  # (n_cols,) scratch
         pw = np.zeros(n_cols, w.dtype)  # (n_cols,) this chunk's sum of dy * x_hat
         pb = np.zeros(n_cols, w.dtype)  # (n_cols,) this chunk's sum of dy
         gw = c // per_w  # the chunk's weight row
         wr = w[gw if w.shape[0] > 1 else 0]  # (n_cols,) (an absent weight: one row of ones)
         lo_row = gw * rpw + (c - gw * per_w) * rows
         hi_row = min(lo_row + rows, (gw + 1) * rpw, n_rows)
-        if short:
-            _bwd_short(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo_row, hi_row)
+        if direct:
+            _bwd_direct(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo_row, hi_row)
             lo_row = hi_row  # done: the loop below runs no row
         for i in range(lo_row, hi_row):
             xr = x[i]
@@ -393,10 +397,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
             if center:
                 m = mean[i]
             rs = rstd[i]
-            if wide_rows:
-                sum_g, sum_gx = _grad_sums(dyr, xr, wr, m, rs)
-            else:
-                sum_g, sum_gx = _grad_row(dyr, xr, wr, m, rs, x_hat, g)
+            sum_g, sum_gx = _grad_row(dyr, xr, wr, m, rs, x_hat, g)
             mean_g = acc_zero(wr)
             if center:
                 mean_g = _over_n(wr, sum_g, n_cols)  # term 2
@@ -405,14 +406,6 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
                 dhr = dh[i]
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx) + load(dhr, j))
-            elif wide_rows:  # g and x_hat again, from x and dy
-                for j in range(n_cols):
-                    xh = (load(xr, j) - m) * rs
-                    dyv = load(dyr, j)
-                    store(dxr, j, rs * ((dyv * wr[j] - mean_g) - xh * mean_gx))
-                    if need_wb:
-                        pw[j] += dyv * xh
-                        pb[j] += dyv
             elif need_wb and not cast_x_hat:  # dx and this row's share of dw/db in one loop
                 for j in range(n_cols):
                     xh = x_hat[j]
