@@ -4,6 +4,7 @@ so that calls with different constants share one compiled version (and the same 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from normlab.ops._jit import helper, serial
 
@@ -41,3 +42,19 @@ def test_generic_helper_compiles_once_for_all_constants():
 
 def test_generic_helper_is_its_own_serial_twin():
     assert serial(generic_sum) is generic_sum
+
+
+def test_spliced_helper_compiles_only_inside_its_callers():
+    """``helper(spliced=True)``: numba splices the code into each caller; it is never compiled
+    on its own, whatever argument types its callers give it."""
+    spliced_sum = helper(spliced=True)(_row_sum)
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    expected = a[0].sum() + a[1].sum() + (a[2] ** 2).sum()
+    assert _calls(spliced_sum)(a) == expected
+    assert _calls(spliced_sum)(a.astype(np.float32)) == expected
+    assert len(spliced_sum.signatures) == 0
+
+
+def test_spliced_helper_cannot_take_sum_options():
+    with pytest.raises(ValueError, match="caller's options"):
+        helper(spliced=True, sums=True)(_row_sum)

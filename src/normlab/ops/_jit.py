@@ -73,14 +73,22 @@ def kernel(fn):
     return disp
 
 
-def helper(fn=None, *, sums: bool = False, fma: bool = False, generic: bool = False):
+def helper(fn=None, *, sums: bool = False, fma: bool = False, generic: bool = False, spliced: bool = False):
     """Decorator for a function that kernels call: ``numba.njit(**HELPER_OPTIONS)``;
     ``@helper(sums=True)``: :data:`SUM_OPTIONS` (its sums may be split into SIMD lanes);
     with ``fma=True`` also ``contract`` (a product and a sum may become one fused multiply-add);
-    ``generic=True``: compiled once per argument *type*, not once per constant (:func:`_generic`)."""
+    ``generic=True``: compiled once per argument *type*, not once per constant (:func:`_generic`);
+    ``spliced=True``: a few lines that numba splices into each caller before typing
+    (``inline="always"``), compiled as part of the caller (with the caller's options) and never
+    on their own -- a compiled function of its own costs ~0.15 s of a cold first call for
+    every argument type it meets (measured: numba's compile events)."""
     options = HELPER_OPTIONS
     if sums:
         options = dict(SUM_OPTIONS, fastmath={"reassoc", "contract"}) if fma else SUM_OPTIONS
+    if spliced:
+        if sums:
+            raise ValueError("helper: spliced code takes its caller's options; sums=True needs a function of its own")
+        options = dict(options, inline="always")
 
     def make(f):
         disp = numba().njit(**options)(f)

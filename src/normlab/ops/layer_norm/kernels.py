@@ -189,11 +189,9 @@ def norm_fwd(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, r
             _fwd_short(src, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw)
 
 
-@helper
+@helper(spliced=True)
 def _add_row(x, res, h, i):
     """``h[i] = x[i] + res[i]``, rounded to the storage dtype as ``torch.add`` rounds it."""
-    inline()
-    wide()
     hr = h[i]
     xr = x[i]
     rr = res[i]
@@ -201,14 +199,13 @@ def _add_row(x, res, h, i):
         store(hr, j, load(xr, j) + load(rr, j))
 
 
-@helper
+@helper(spliced=True)
 def _over_n(a, s, n):
     """``s / n`` rounded to the accumulation dtype (``a``'s, ``s``'s), as ``acc_cast(a, s / n)`` (a
     float64 quotient) gives it, but divided in that dtype: for ``n <= 2**24`` (exact in float32)
     the float64 quotient of two float32 values rounds to the float32 quotient (float64 carries
     more than twice float32's digits, so the double rounding is exact), and one ``divss`` is ~10
     cycles shorter on a row's critical path than ``cvtss2sd, divsd, cvtsd2ss``."""
-    inline()
     if n <= 16777216:
         return s / acc_cast(a, n)
     return acc_cast(a, s / n)
