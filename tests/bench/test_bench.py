@@ -62,6 +62,17 @@ def test_traffic_table_covers_every_op_and_mode():
         assert all(traffic(op, m)[0] >= 1 and traffic(op, m)[1] >= 1 for m in MODES)
 
 
+def test_layer_norm2d_cases_in_both_layouts_and_never_2d():
+    from normlab.bench.cases import cases_for
+
+    cases = cases_for("layer_norm2d", "float32", shapes=[(4, 6), (2, 3, 5), (2, 3, 4, 5)])
+    assert [(c.shape, c.layout) for c in cases] == [
+        ((2, 3, 5), "contiguous"), ((2, 3, 4, 5), "contiguous"), ((2, 3, 4, 5), "channels_last")]
+    defaults = cases_for("layer_norm2d", "bfloat16")
+    assert {c.layout for c in defaults} == {"contiguous", "channels_last"}
+    assert max(c.x_bytes for c in defaults) >= 32 * MiB  # 64 MB in float32: out of cache
+
+
 TINY = {"rows": (5, 24), "nchw": (3, 8, 2, 3)}
 
 
@@ -73,6 +84,8 @@ def _tiny_cases(dtype):
                     Case(op, (6, 8), dtype)]
         elif op == "group_norm":
             out.append(Case(op, TINY["nchw"], dtype))
+        elif op == "layer_norm2d":
+            out += [Case(op, TINY["nchw"], dtype), Case(op, TINY["nchw"], dtype, "channels_last")]
         else:
             out.append(Case(op, TINY["rows"], dtype))
     return out
@@ -124,6 +137,9 @@ def _torch_reference(setup):
         x, w, b = ins
         rm, rv = setup.args_for("reference")[3:]  # fresh copies of the running statistics
         outs = (F.batch_norm(x, rm, rv, w, b, op == "batch_norm_train", 0.1, 1e-5),)
+    elif op == "layer_norm2d":
+        x, w, b = ins
+        outs = (F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), w, b, 1e-6).permute(0, 3, 1, 2),)
     else:
         x, w, b = ins
         outs = (F.group_norm(x, num_groups(x.shape[1]), w, b, 1e-5),)

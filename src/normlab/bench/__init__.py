@@ -73,7 +73,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--providers", metavar="LIST", help=f"comma-separated, from {', '.join(PROVIDERS)}")
     parser.add_argument("--sizes", metavar="LIST",
                         help="comma-separated shapes replacing the defaults, e.g. 4x6,4096x1024,32x64x32x32 "
-                             "(2-D: every op; 3-D and up: batch_norm/group_norm)")
+                             "(2-D: every op but layer_norm2d; 3-D and up: batch_norm/group_norm/layer_norm2d)")
     parser.add_argument("--repeats", type=int, metavar="N", help="timed repeats per group (default 11; quick 5)")
     parser.add_argument("--warmup", type=int, metavar="N", help="warm-up samples per provider (default 2; quick 1)")
     parser.add_argument("--compile-backend", default="inductor", metavar="NAME",

@@ -51,6 +51,7 @@ add_rms_norm         2R 2W      3R 1W      5R 3W
 batch_norm_train     1R 1W      2R 1W      3R 2W
 batch_norm_eval      1R 1W      2R 1W      3R 2W
 group_norm           1R 1W      2R 1W      3R 2W
+layer_norm2d         1R 1W      2R 1W      3R 2W
 ===================  =========  =========  ================
 
 - A norm's forward reads ``x`` and writes ``y``. Its backward reads ``x`` (to rebuild
@@ -100,6 +101,7 @@ OPS = (
     "batch_norm_train",
     "batch_norm_eval",
     "group_norm",
+    "layer_norm2d",
 )
 #: names that ``--ops`` accepts besides OPS, expanding to several ops
 OP_ALIASES = {"batch_norm": ("batch_norm_train", "batch_norm_eval")}
@@ -118,9 +120,11 @@ MIN_TRAFFIC: dict[str, dict[str, tuple[int, int]]] = {
     "batch_norm_train": {"forward": (1, 1), "backward": (2, 1)},  # x -> y;      x, dy -> dx
     "batch_norm_eval":  {"forward": (1, 1), "backward": (2, 1)},  # x -> y;      x, dy -> dx (dw needs x)
     "group_norm":       {"forward": (1, 1), "backward": (2, 1)},  # x -> y;      x, dy -> dx
+    "layer_norm2d":     {"forward": (1, 1), "backward": (2, 1)},  # x -> y;      x, dy -> dx
 }
 
 EPS = 1e-5
+LN2D_EPS = 1e-6  # LayerNorm2d's default (timm, detectron2, SAM)
 RMS_EPS = 1e-6  # explicit: torch's eps=None is finfo(input dtype), normlab's finfo(float32)
 MOMENTUM = 0.1
 
@@ -149,6 +153,14 @@ GROUP_NORM_SHAPES = (
     (32, 64, 32, 32),
     (256, 256, 8, 8),
     (256, 256, 32, 32),
+)
+# LayerNorm2d (N, C, H, W), each in both layouts: call overhead, the chapters' block size
+# (2 MB: in cache), and 64 MB of float32 with few and with many channels (DRAM)
+LAYER_NORM2D_SHAPES = (
+    (1, 6, 2, 2),
+    (8, 64, 32, 32),
+    (16, 64, 128, 128),
+    (15, 768, 37, 37),
 )
 # --quick: one mid-size (cache-exceeding on most machines) shape per family
 QUICK_ROW_SHAPES = ((4096, 1024),)
@@ -217,28 +229,29 @@ class Case:
 def _family(op: str) -> str:
     if op in ("batch_norm_train", "batch_norm_eval"):
         return "batch_norm"
-    return "group_norm" if op == "group_norm" else "rows"
+    return op if op in ("group_norm", "layer_norm2d") else "rows"
 
 
 def cases_for(op: str, dtype: str, shapes: Sequence[Sequence[int]] | None = None,
               quick: bool = False) -> list[Case]:
     """The cases of ``op`` in ``dtype``: the default shapes (or ``shapes``), each 4-D
-    BatchNorm shape in both layouts. Given ``shapes`` are kept where they fit the op:
-    2-D for every op, 3-D and more for BatchNorm/GroupNorm only."""
+    BatchNorm and LayerNorm2d shape in both layouts. Given ``shapes`` are kept where they
+    fit the op: 2-D for every op but LayerNorm2d, 3-D and more for BatchNorm/GroupNorm/
+    LayerNorm2d only."""
     family = _family(op)
     if shapes is None:
         if quick:
             shapes = QUICK_ROW_SHAPES if family == "rows" else QUICK_NCHW_SHAPES
         else:
             shapes = {"rows": ROW_SHAPES, "batch_norm": BATCH_NORM_SHAPES,
-                      "group_norm": GROUP_NORM_SHAPES}[family]
+                      "group_norm": GROUP_NORM_SHAPES, "layer_norm2d": LAYER_NORM2D_SHAPES}[family]
     out = []
     for shape in shapes:
         shape = tuple(int(s) for s in shape)
-        if family == "rows" and len(shape) != 2:
+        if (family == "rows" and len(shape) != 2) or (family == "layer_norm2d" and len(shape) < 3):
             continue
         out.append(Case(op, shape, dtype))
-        if family == "batch_norm" and len(shape) == 4:
+        if family in ("batch_norm", "layer_norm2d") and len(shape) == 4:
             out.append(Case(op, shape, dtype, "channels_last"))
     return out
 
@@ -255,6 +268,7 @@ _NORMLAB_NAME = {
     "layer_norm": "layer_norm", "rms_norm": "rms_norm",
     "add_layer_norm": "add_layer_norm", "add_rms_norm": "add_rms_norm",
     "batch_norm_train": "batch_norm", "batch_norm_eval": "batch_norm", "group_norm": "group_norm",
+    "layer_norm2d": "layer_norm2d",
 }
 
 

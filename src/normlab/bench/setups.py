@@ -16,7 +16,7 @@ import normlab
 import normlab.functional as NF
 from normlab.ops import _launch
 
-from .cases import (_NORMLAB_NAME, EPS, MODES, MOMENTUM, PROVIDERS, RMS_EPS, Candidate, Case, _normlab_fn,
+from .cases import (_NORMLAB_NAME, EPS, LN2D_EPS, MODES, MOMENTUM, PROVIDERS, RMS_EPS, Candidate, Case, _normlab_fn,
                     min_bytes, normlab_unavailable, num_groups, traffic)
 
 # --------------------------------------------------------------------------
@@ -221,6 +221,15 @@ def _normlab_group_norm(x, w, b):
     return NF.group_norm(x, num_groups(x.shape[1]), w, b, EPS)
 
 
+def _torch_layer_norm2d(x, w, b):
+    """torch's usual channels-first LayerNorm: channels last, ``layer_norm``, channels back (views)."""
+    return F.layer_norm(x.movedim(1, -1), (x.shape[1],), w, b, LN2D_EPS).movedim(-1, 1)
+
+
+def _normlab_layer_norm2d(x, w, b):
+    return NF.layer_norm2d(x, w, b, LN2D_EPS)
+
+
 def _normlab_or_none(op: str, fn: Callable) -> Callable | None:
     return fn if _normlab_fn(_NORMLAB_NAME[op]) is not None else None
 
@@ -300,6 +309,19 @@ def setup_group_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator
     )
 
 
+def setup_layer_norm2d(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
+                       compile_backend: str = "inductor") -> Setup:
+    """layer_norm2d over dim 1 of ``(N, C, *)``, either layout, against torch's permute ->
+    ``layer_norm`` -> permute."""
+    x, w, b, dy = _channel_inputs(case, generator or torch.Generator().manual_seed(0))
+    args = (x, w, b)
+    return Setup(
+        case, _torch_layer_norm2d, _normlab_or_none(case.op, _normlab_layer_norm2d), lambda p: args,
+        grad_inputs=args, grad_outputs=(dy,), fwd_pool=(x,), bwd_pool=(x, dy),
+        providers=providers, compile_backend=compile_backend,
+    )
+
+
 #: op -> setup factory
 SETUPS: dict[str, Callable[..., Setup]] = {
     "layer_norm": setup_row_norm,
@@ -309,6 +331,7 @@ SETUPS: dict[str, Callable[..., Setup]] = {
     "batch_norm_train": setup_batch_norm,
     "batch_norm_eval": setup_batch_norm,
     "group_norm": setup_group_norm,
+    "layer_norm2d": setup_layer_norm2d,
 }
 
 
