@@ -286,25 +286,6 @@ def _fwd_long(x, res, h, w, b, y, mean, rstd, eps, has_res, center, cast_x_hat, 
 # --------------------------------------------------------------------------
 
 
-@helper(spliced=True)
-def _saved_stats(wr, mean, rstd, center, i):
-    """Row ``i``'s saved ``(mean, rstd)``; the mean is 0 for RMSNorm (``mean`` is empty there)."""
-    m = acc_zero(wr)
-    if center:
-        m = mean[i]
-    return m, rstd[i]
-
-
-@helper(spliced=True)
-def _grad_means(wr, sums, n, center):
-    """``(mean(g), mean(g * x_hat))`` from the row's ``(sum(g), sum(g * x_hat))``: the
-    backward's terms 2 (LayerNorm only; 0 for RMSNorm) and 3."""
-    mean_g = acc_zero(wr)
-    if center:
-        mean_g = _over_n(wr, sums[0], n)
-    return mean_g, _over_n(wr, sums[1], n)
-
-
 @helper
 def _bwd_direct(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo, hi):
     """:func:`norm_bwd` of rows ``lo:hi`` (without the fused add and the rounded ``x_hat``), all
@@ -322,11 +303,21 @@ def _bwd_direct(dy, x, wr, mean, rstd, dx, pw, pb, center, need_wb, lo, hi):
     wide()
     n_cols = x.shape[1]
     for i in range(np.uint64(lo), np.uint64(hi)):
+        # (these lines repeat norm_bwd's row loop on purpose: spliced from one helper
+        # (``helper(spliced=True)``) they made this loop 2-3x slower on rows of 16-256
+        # values, measured)
         xr = x[i]
         dyr = dy[i]
         dxr = dx[i]
-        m, rs = _saved_stats(wr, mean, rstd, center, i)
-        mean_g, mean_gx = _grad_means(wr, _grad_sums(dyr, xr, wr, m, rs), n_cols, center)
+        m = acc_zero(wr)
+        if center:
+            m = mean[i]
+        rs = rstd[i]
+        sum_g, sum_gx = _grad_sums(dyr, xr, wr, m, rs)
+        mean_g = acc_zero(wr)
+        if center:
+            mean_g = _over_n(wr, sum_g, n_cols)  # term 2
+        mean_gx = _over_n(wr, sum_gx, n_cols)  # term 3's factor
         if need_wb:  # dx and this row's share of dw/db in one loop
             for j in range(n_cols):
                 xh = (load(xr, j) - m) * rs
@@ -402,8 +393,15 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
             xr = x[i]
             dyr = dy[i]
             dxr = dx[i]
-            m, rs = _saved_stats(wr, mean, rstd, center, i)
-            mean_g, mean_gx = _grad_means(wr, _grad_row(dyr, xr, wr, m, rs, x_hat, g), n_cols, center)
+            m = acc_zero(wr)
+            if center:
+                m = mean[i]
+            rs = rstd[i]
+            sum_g, sum_gx = _grad_row(dyr, xr, wr, m, rs, x_hat, g)
+            mean_g = acc_zero(wr)
+            if center:
+                mean_g = _over_n(wr, sum_g, n_cols)  # term 2
+            mean_gx = _over_n(wr, sum_gx, n_cols)  # term 3's factor
             if has_dh:  # fused add: h's own gradient joins dx
                 dhr = dh[i]
                 for j in range(n_cols):
