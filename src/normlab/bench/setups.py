@@ -297,29 +297,30 @@ def setup_batch_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator
     )
 
 
-def setup_group_norm(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
-                     compile_backend: str = "inductor") -> Setup:
-    """group_norm on ``(N, C, *)`` with ``num_groups(C)`` groups (32 for the default shapes)."""
-    x, w, b, dy = _channel_inputs(case, generator or torch.Generator().manual_seed(0))
-    args = (x, w, b)
-    return Setup(
-        case, _torch_group_norm, _normlab_or_none(case.op, _normlab_group_norm), lambda p: args,
-        grad_inputs=args, grad_outputs=(dy,), fwd_pool=(x,), bwd_pool=(x, dy),
-        providers=providers, compile_backend=compile_backend,
-    )
+def _setup_affine_channels(torch_fn, normlab_fn, doc: str):
+    """The setup factory of a per-channel op ``f(x, w, b)`` without running statistics."""
+
+    def setup(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
+              compile_backend: str = "inductor") -> Setup:
+        x, w, b, dy = _channel_inputs(case, generator or torch.Generator().manual_seed(0))
+        args = (x, w, b)
+        return Setup(
+            case, torch_fn, _normlab_or_none(case.op, normlab_fn), lambda p: args,
+            grad_inputs=args, grad_outputs=(dy,), fwd_pool=(x,), bwd_pool=(x, dy),
+            providers=providers, compile_backend=compile_backend,
+        )
+
+    setup.__doc__ = doc
+    return setup
 
 
-def setup_layer_norm2d(case: Case, providers: Sequence[str] = PROVIDERS, generator=None,
-                       compile_backend: str = "inductor") -> Setup:
-    """layer_norm2d over dim 1 of ``(N, C, *)``, either layout, against torch's permute ->
-    ``layer_norm`` -> permute."""
-    x, w, b, dy = _channel_inputs(case, generator or torch.Generator().manual_seed(0))
-    args = (x, w, b)
-    return Setup(
-        case, _torch_layer_norm2d, _normlab_or_none(case.op, _normlab_layer_norm2d), lambda p: args,
-        grad_inputs=args, grad_outputs=(dy,), fwd_pool=(x,), bwd_pool=(x, dy),
-        providers=providers, compile_backend=compile_backend,
-    )
+setup_group_norm = _setup_affine_channels(
+    _torch_group_norm, _normlab_group_norm,
+    "group_norm on ``(N, C, *)`` with ``num_groups(C)`` groups (32 for the default shapes).")
+setup_layer_norm2d = _setup_affine_channels(
+    _torch_layer_norm2d, _normlab_layer_norm2d,
+    "layer_norm2d over dim 1 of ``(N, C, *)``, either layout, against torch's permute -> "
+    "``layer_norm`` -> permute.")
 
 
 #: op -> setup factory
