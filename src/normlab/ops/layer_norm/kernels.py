@@ -214,9 +214,9 @@ def _over_n(a, s, n):
 @helper
 def _fwd_short(x, w, b, y, mean, rstd, eps, center, cast_x_hat, lo, hi, rpw):
     """:func:`norm_fwd` of rows ``lo:hi`` of ``x`` (``h`` for the fused add), rows of at most
-    ``SHORT_COLS`` values (``SHORT_COLS_HALF`` in half precision): no scratch, each pass reads the row again (from L1), which costs less
-    than storing it to scratch and reading that back. The weight row is picked once unless there
-    are several (vmap)."""
+    ``SHORT_COLS`` values (``SHORT_COLS_HALF`` in half precision): no scratch, each pass reads
+    the row again (from L1), which costs less than storing it to scratch and reading that back.
+    The weight row is picked once unless there are several (vmap)."""
     wide()
     n_cols = x.shape[1]
     wr = w[0]
