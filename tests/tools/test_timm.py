@@ -4,7 +4,8 @@ segment-anything define (a user class: taught with ``normlab.register_conversion
 timm 1.0 cannot be imported beside torch 2.13 (its torchvision dependency is built for
 another torch), so the timm classes here are written fresh from their documented math and
 placed in the module timm defines them in (``timm.layers.norm``); the oracle is their own
-forward (and float64 torch).
+forward (and float64 torch). The last tests build real timm models where timm imports (for
+example beside torch 2.14.1 and torchvision 0.29.1) and skip elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from torch import nn
 
 import normlab
 from normlab.tools import timm as nl_timm
+
+MODULE = "timm.layers.norm"
 
 
 # -- timm's classes, as documented: the same attributes, the same math -------------------------
@@ -225,3 +228,40 @@ def test_register_conversion_handles_a_detectron2_style_layer_norm2d(user_regist
     normlab.revert(model)
     assert type(model[1]) is UserLayerNorm2d and model[1].weight is weight
     torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+
+
+# -- real timm models, where timm imports (it needs a torchvision built for the installed torch) --
+
+
+@pytest.mark.parametrize("name, kwargs, norm", [
+    ("convnext_atto", {}, "LayerNorm2d"),
+    ("vit_tiny_patch16_224", {"img_size": 32}, "LayerNorm"),
+])
+def test_real_timm_models_train_the_same_after_convert(name, kwargs, norm):
+    timm = pytest.importorskip("timm", reason="timm (and a torchvision for this torch) not installed")
+    torch.manual_seed(0)
+    ref = timm.create_model(name, pretrained=False, num_classes=5, **kwargs)
+    torch.manual_seed(0)
+    net = timm.create_model(name, pretrained=False, num_classes=5, **kwargs)
+    keys = list(net.state_dict())
+    n_norms = sum(type(m).__qualname__ == norm and type(m).__module__ == MODULE for m in ref.modules())
+    normlab.convert(net)
+    assert n_norms > 0
+    assert sum(type(m) is getattr(normlab.nn, norm) for m in net.modules()) == n_norms
+    assert list(net.state_dict()) == keys
+    x = torch.randn(2, 3, 32, 32)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ref, net)]
+    for _ in range(3):  # a few training steps: outputs and every gradient within float32 rounding
+        y_ref, y = ref(x), net(x)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        for m, y_m, opt in zip((ref, net), (y_ref, y), opts):
+            opt.zero_grad()
+            y_m.square().mean().backward()
+        for (n, p_ref), p in zip(ref.named_parameters(), net.parameters()):
+            scale = p_ref.grad.abs().max().item()
+            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-5, atol=1e-5 * scale, msg=n)
+        for opt in opts:
+            opt.step()
+    normlab.revert(net)
+    assert sum(type(m).__qualname__ == norm and type(m).__module__ == MODULE for m in net.modules()) == n_norms
+
