@@ -2,7 +2,8 @@
 
 - :func:`wide`: let LLVM vectorise the calling function with 512-bit registers.
 - :func:`inline`: have LLVM inline the calling helper into every kernel that calls it.
-- :func:`prefetch`: ask for the cache line of ``a[i, j]`` ahead of its loads.
+- :data:`prefetch` / :data:`prefetch_write`: ask for the cache line of ``a[i, j]`` ahead of
+  its loads / its stores.
 
 All emit no arithmetic, so they never change a result, only its speed.
 """
@@ -67,22 +68,35 @@ def inline(typingctx):
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
 
 
-@intrinsic
-def prefetch(typingctx, a, i, j):
-    """Ask for the cache line of ``a[i, j]`` (LLVM ``llvm.prefetch``: read, keep in all levels); no load."""
-    if not (isinstance(a, types.Array) and a.ndim == 2):
-        return None
+def _prefetch(write: int):
+    """An intrinsic ``(a, i, j)`` asking for the cache line of the 2-D array element ``a[i, j]``
+    (LLVM ``llvm.prefetch``, keep in all levels): for a read, or for a write (``write=1``: the
+    line is fetched for ownership, ``prefetchw`` on x86, as a store would)."""
 
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        arr = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, arr, [args[1], args[2]], wraparound=False)
-        i8p = ir.PointerType(ir.IntType(8))
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), _PREFETCH
-        )
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
+    @intrinsic
+    def pf(typingctx, a, i, j):
+        if not (isinstance(a, types.Array) and a.ndim == 2):
+            return None
 
-    return types.none(a, i, j), codegen
+        def codegen(context, builder, signature, args):
+            aty = signature.args[0]
+            arr = context.make_array(aty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aty, arr, [args[1], args[2]], wraparound=False)
+            i8p = ir.PointerType(ir.IntType(8))
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), _PREFETCH
+            )
+            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, write), ir.Constant(i32, 3),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return types.none(a, i, j), codegen
+
+    return pf
+
+
+#: ``prefetch(a, i, j)``: ask for the cache line of ``a[i, j]`` ahead of its loads; no load
+prefetch = _prefetch(0)
+#: ``prefetch_write(a, i, j)``: ask for the line of ``a[i, j]`` ahead of its stores (for ownership)
+prefetch_write = _prefetch(1)
