@@ -406,14 +406,7 @@ def norm_bwd(dy, x, w, mean, rstd, dh, dx, rows, has_dh, center, cast_x_hat, nee
                 dhr = dh[i]
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx) + load(dhr, j))
-            elif need_wb and not cast_x_hat:  # dx and this row's share of dw/db in one loop
-                for j in range(n_cols):
-                    xh = x_hat[j]
-                    store(dxr, j, rs * ((g[j] - mean_g) - xh * mean_gx))
-                    dyv = load(dyr, j)
-                    pw[j] += dyv * xh
-                    pb[j] += dyv
-            else:
+            else:  # (here cast_x_hat: the rows without either took _bwd_direct)
                 for j in range(n_cols):
                     store(dxr, j, rs * ((g[j] - mean_g) - x_hat[j] * mean_gx))
             if need_wb and cast_x_hat:  # dw: dy times the rounded x_hat the weight saw
