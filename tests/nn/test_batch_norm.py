@@ -382,3 +382,46 @@ def test_weight_of_wrong_shape_raises():
         ref(x)
     with pytest.raises(RuntimeError, match=r"expected weight of shape \[3\].*got weight of shape \[4\]"):
         m(x)
+
+
+# Shapes that reach each way the "cpu" kernels gather a channel's statistics: (N, C) rows,
+# short planes (S < 256: per-column sums), planes of >= 256 values (plane by plane),
+# channels-last rows, and a batch large enough to be split into row groups.
+_INF_CASES = [
+    ((16, 4), False),
+    ((4, 3, 100), False),
+    ((2, 3, 16, 16), False),
+    ((4, 3, 4, 4), True),
+    ((2048, 3), False),
+]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("shape,channels_last", _INF_CASES)
+@pytest.mark.parametrize("values", [("inf", None), ("-inf", None), ("inf", "-inf"), ("inf", "nan")])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_infinite_input_gives_torchs_running_mean(backend, shape, channels_last, values, where):
+    """torch's batch mean is sum / count: +-inf for a channel holding infinities of one
+    sign, NaN with a NaN or both signs; the running mean takes it. The shifted statistics
+    would give NaN for an infinity (inf - inf) -- also when it is the channel's first value."""
+    torch_cls = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d}[len(shape)]
+    ours_cls = {2: normlab.nn.BatchNorm1d, 3: normlab.nn.BatchNorm1d, 4: normlab.nn.BatchNorm2d}[len(shape)]
+    x = _x(shape, seed=11)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    first = (0, 1) + (0,) * (len(shape) - 2)
+    last = (shape[0] - 1, 1) + tuple(s - 1 for s in shape[2:])
+    spots = [first, last] if where == "first" else [last, first]
+    with torch.no_grad():
+        for spot, v in zip(spots, values):
+            if v is not None:
+                x[spot] = float(v)
+    ref = torch_cls(shape[1])
+    ours = ours_cls(shape[1])
+    with normlab.use_backend(backend):
+        y = ours(x)
+    yt = ref(x)
+    torch.testing.assert_close(ours.running_mean, ref.running_mean, equal_nan=True)
+    torch.testing.assert_close(ours.running_var, ref.running_var, equal_nan=True)
+    assert torch.equal(y.isnan(), yt.isnan())
+    torch.testing.assert_close(y, yt, equal_nan=True, rtol=1e-5, atol=1e-5)

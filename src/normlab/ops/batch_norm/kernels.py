@@ -450,6 +450,36 @@ def _channel_sums(ty, tx, start, s_len, fold, period):
 
 
 @helper
+def _inf_mean(x, m, c, s_len, period):
+    """Channel ``c``'s mean ``m`` as torch's ``sum / count`` gives it where it is NaN.
+
+    The shifted statistics subtract one of the channel's values from the rest, so a
+    channel holding an infinity gives NaN (``inf - inf``) where torch's mean is
+    ``+-inf``; torch's running mean then holds the infinity. A NaN mean is looked at
+    again here (rare: only a channel with a NaN or an infinity gets one): ``+-inf``
+    when the channel holds infinities of one sign and no NaN, else NaN as before.
+    Channel ``c`` is columns ``f * period + c * s_len .. + s_len`` of every row of
+    the 2-D view, for each fold ``f``.
+    """
+    if not np.isnan(m):
+        return m
+    pos = False
+    neg = False
+    for i in range(x.shape[0]):
+        for lo in range(c * s_len, x.shape[1], period):
+            xr = x[i][lo : lo + s_len]
+            for j in range(s_len):
+                v = load(xr, j)
+                if np.isnan(v):
+                    return m
+                pos = pos or v == np.inf
+                neg = neg or v == -np.inf
+    if pos != neg:
+        return np.inf if pos else -np.inf
+    return m
+
+
+@helper
 def _constants(w, b, mean, var, eps, rstd, hi, a, b2, c):
     """Channel c: rstd = 1 / sqrt(var + eps); y = ((x - hi) - lo) * a + b = (x - hi) * a + b2
     with hi = the mean rounded, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once)."""
@@ -545,6 +575,7 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
                 _task_stats_planes(x, r0, r1, c0, n, s_len, w, mean, var, ch0,
                                    np.empty(min(s_len, PLANE_PIECE), w.dtype))
                 for c in range(ch0, ch0 + n // s_len):
+                    mean[c] = _inf_mean(x, mean[c], c, s_len, n_ch * s_len)
                     _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
             else:
                 _task_stats(x, r0, r1, c0, n, sub, w, tm, tq)
@@ -552,6 +583,7 @@ def _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local, phase, pmean,
                 ch0 = c0 // s_len
                 for c in range(ch0, ch0 + n // s_len):
                     mean[c], var[c] = _channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, n_ch * s_len, n_rows)
+                    mean[c] = _inf_mean(x, mean[c], c, s_len, n_ch * s_len)
                     _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
         if phase == 1 or local:
             eh = hi
@@ -627,6 +659,7 @@ def bn_fwd(x, y, w, b, stats, work, eps, s_len, cw, sub, group, local, train):
             n_a += k
         for c in range(n_ch):  # per channel: its F * S columns
             mean[c], var[c] = _channel_stats(tm, tq, c * s_len, s_len, fold, period, n_rows)
+            mean[c] = _inf_mean(x, mean[c], c, s_len, period)
     for c in range(n_ch):
         _constants(w, b, mean, var, eps, rstd, hi, a, b2, c)
     _fwd_pass(x, y, w, b, stats, eps, s_len, cw, sub, rows, local and not train, phase0 + 1, pmean, pm2,

@@ -142,11 +142,16 @@ def _mean_var_xc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     (ideally 0, small and accurately summed) is the residual error, and is
     moved from ``xc`` into ``mean``. A constant channel still gives ``xc == 0``
     exactly. The variance changes only by ``residual^2`` and is kept.
+
+    A channel holding an infinity gets a NaN mean from the shift (``inf - inf``);
+    there the mean is torch's ``sum / count`` (``+-inf``, or NaN with a NaN or both
+    signs), as the running mean then is in torch.nn (the "cpu" kernels do the same).
     """
     dims = _reduce_dims(x)
     mean, var, xc = shifted_mean_var(x, dim=dims)  # (1, C, 1, ...) x2, (N, C, *spatial)
     residual = _channel_mean(xc)  # (1, C, 1, ...)
-    return mean + residual, var, xc - residual
+    mean = mean + residual
+    return torch.where(mean.isnan(), _channel_mean(x), mean), var, xc - residual
 
 
 def batch_norm_stats(
