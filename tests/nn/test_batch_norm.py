@@ -393,6 +393,7 @@ _INF_CASES = [
     ((2, 3, 16, 16), False),
     ((4, 3, 4, 4), True),
     ((2048, 3), False),
+    ((4, 3, 32, 32), False),
 ]
 
 
@@ -418,10 +419,19 @@ def test_infinite_input_gives_torchs_running_mean(backend, shape, channels_last,
                 x[spot] = float(v)
     ref = torch_cls(shape[1])
     ours = ours_cls(shape[1])
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
     with normlab.use_backend(backend):
-        y = ours(x)
-    yt = ref(x)
+        y = ours(xo)
+    yt = ref(xt)
     torch.testing.assert_close(ours.running_mean, ref.running_mean, equal_nan=True)
     torch.testing.assert_close(ours.running_var, ref.running_var, equal_nan=True)
     assert torch.equal(y.isnan(), yt.isnan())
     torch.testing.assert_close(y, yt, equal_nan=True, rtol=1e-5, atol=1e-5)
+    # db = sum of dy stays finite in torch whatever x holds; dw and dx of the channel are NaN
+    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(5))
+    with normlab.use_backend(backend):
+        y.backward(dy)
+    yt.backward(dy)
+    assert torch.isfinite(ours.bias.grad).all()
+    for a, b in ((xo.grad, xt.grad), (ours.weight.grad, ref.weight.grad), (ours.bias.grad, ref.bias.grad)):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-4, atol=1e-4)

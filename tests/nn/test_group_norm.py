@@ -415,3 +415,74 @@ def test_modules_call_normlab_functional(monkeypatch):
     m(torch.randn(2, 4, 3))
     m.eval()(torch.randn(4, 3))
     assert calls == ["group_norm", "instance_norm", "instance_norm"]
+
+
+def _with_specials(shape, values, channels_last=False, seed=21):
+    """A random ``x`` with ``values`` (floats or None) put at the first and the last value
+    of channel 1 of sample 0."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    spots = [(0, 1) + (0,) * (len(shape) - 2), (0, 1) + tuple(s - 1 for s in shape[2:])]
+    for spot, v in zip(spots, values):
+        if v is not None:
+            x[spot] = float(v)
+    return x
+
+
+_SPECIALS = [("inf", None), ("-inf", None), ("inf", "-inf"), ("nan", None), (None, "inf")]
+
+
+def _assert_same_specials(ours, theirs):
+    """Same NaN and infinity pattern, finite values close (torch is the oracle)."""
+    torch.testing.assert_close(ours, theirs, equal_nan=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("values", _SPECIALS)
+@pytest.mark.parametrize("shape,channels_last", [((2, 4, 3, 3), False), ((2, 4, 32, 32), False),
+                                                 ((2, 4, 3, 3), True), ((2, 4, 32, 32), True)])
+def test_group_norm_gradients_with_inf_or_nan_match_torch(backend, values, shape, channels_last):
+    """db = sum of dy does not depend on x: an infinity or a NaN in a group leaves it finite in
+    torch (dw and dx of that group are NaN). The kernels' sum of dy once started from
+    ``mean - mean``, NaN for an infinite mean."""
+    x = _with_specials(shape, values, channels_last)
+    ours, theirs = normlab.nn.GroupNorm(2, 4), nn.GroupNorm(2, 4)
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with normlab.use_backend(backend):
+        yo = ours(xo)
+    yt = theirs(xt)
+    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(3))
+    with normlab.use_backend(backend):
+        yo.backward(dy)
+    yt.backward(dy)
+    _assert_same_specials(yo, yt)
+    _assert_same_specials(xo.grad, xt.grad)
+    assert torch.isfinite(ours.bias.grad).all()
+    _assert_same_specials(ours.bias.grad, theirs.bias.grad)
+    _assert_same_specials(ours.weight.grad, theirs.weight.grad)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("values", _SPECIALS)
+@pytest.mark.parametrize("spatial", [(4, 4), (32, 32)])
+def test_instance_norm_running_stats_with_inf_or_nan_match_torch(backend, values, spatial):
+    """torch's per-instance mean is sum / count: +-inf for infinities of one sign, and the
+    running mean takes it (the shifted statistics alone would give NaN)."""
+    x = _with_specials((2, 3, *spatial), values)
+    ours = normlab.nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
+    theirs = nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with normlab.use_backend(backend):
+        yo = ours(xo)
+    yt = theirs(xt)
+    _assert_same_specials(ours.running_mean, theirs.running_mean)
+    _assert_same_specials(ours.running_var, theirs.running_var)
+    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(4))
+    with normlab.use_backend(backend):
+        yo.backward(dy)
+    yt.backward(dy)
+    _assert_same_specials(yo, yt)
+    _assert_same_specials(xo.grad, xt.grad)
+    _assert_same_specials(ours.bias.grad, theirs.bias.grad)
+    _assert_same_specials(ours.weight.grad, theirs.weight.grad)

@@ -235,6 +235,11 @@ def acc_zero(a):
     raise NotImplementedError("acc_zero is only callable from numba code")
 
 
+def zero_of(v):
+    """Zero in the float type of the number ``v`` (``v - v`` is NaN for an infinite or NaN ``v``)."""
+    raise NotImplementedError("zero_of is only callable from numba code")
+
+
 def acc_cast(a, v):
     """``v`` rounded to the accumulation dtype of ``a``'s elements.
 
@@ -319,6 +324,15 @@ def _acc_zero(a):
         return lambda a: np.float64(0.0)
     if a.dtype in (types.int16, types.uint16, types.float32):
         return lambda a: np.float32(0.0)
+    return None
+
+
+@overload(zero_of)
+def _zero_of(v):
+    if v == types.float64:
+        return lambda v: np.float64(0.0)
+    if v == types.float32:
+        return lambda v: np.float32(0.0)
     return None
 
 

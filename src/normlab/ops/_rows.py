@@ -4,13 +4,16 @@
 shifted two-pass statistics (``ops/_common.shifted_mean_var``) over one row:
 LayerNorm/RMSNorm rows, GroupNorm's NCHW group rows, BatchNorm's planes.
 :func:`grad_sums` is the backward's pair of sums over a slice of ``dy`` and
-``x``: GroupNorm's short channels, BatchNorm's planes.
+``x``: GroupNorm's short channels, BatchNorm's planes. :func:`inf_signs` and
+:func:`torch_mean` give a statistic torch's value where the shift made it NaN.
 """
 
 from __future__ import annotations
 
 
-from ._bf16 import acc_zero, load
+import numpy as np
+
+from ._bf16 import acc_zero, load, zero_of
 from ._jit import helper
 from ._simd import wide
 
@@ -48,8 +51,8 @@ def grad_sums(g, x, m):
     (reassociation of the two sums only: ``x - m`` is a two-operand difference inside a
     product)."""
     wide()
-    s1 = m - m
-    s2 = m - m
+    s1 = zero_of(m)  # not m - m: the sum of dy must not turn NaN with an infinite mean
+    s2 = zero_of(m)
     for t in range(g.shape[0]):
         v = load(g, t)
         s1 += v
@@ -78,3 +81,40 @@ def sqdev(a, n, m):
         e = a[j] - m
         s0 += e * e
     return s0 + s1
+
+
+# An infinity among a slice's values gives the shifted statistics a NaN mean (inf - inf),
+# where torch's mean, sum / count, is +-inf. Where it is visible (BatchNorm's and
+# InstanceNorm's running means), the kernels look at such a mean again: the values'
+# infinities and NaNs as a bit mask (:func:`inf_signs`, over the slices that make up the
+# statistic), then torch's mean from it (:func:`torch_mean`).
+HAS_NAN = 1
+HAS_POS_INF = 2
+HAS_NEG_INF = 4
+
+
+@helper
+def inf_signs(a):
+    """The NaNs and infinities among the values of the 1-D slice ``a``, as a mask of
+    ``HAS_NAN | HAS_POS_INF | HAS_NEG_INF``."""
+    mask = 0
+    for j in range(a.shape[0]):
+        v = load(a, j)
+        if np.isnan(v):
+            mask |= HAS_NAN
+        elif v == np.inf:
+            mask |= HAS_POS_INF
+        elif v == -np.inf:
+            mask |= HAS_NEG_INF
+    return mask
+
+
+@helper
+def torch_mean(m, mask):
+    """The mean ``m`` (NaN) as torch's ``sum / count`` gives it for values with ``mask``:
+    ``+-inf`` for infinities of one sign and no NaN, else ``m``."""
+    if mask == HAS_POS_INF:
+        return np.inf
+    if mask == HAS_NEG_INF:
+        return -np.inf
+    return m

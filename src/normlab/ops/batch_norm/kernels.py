@@ -28,7 +28,7 @@ from numba import prange
 from .._bf16 import acc_cast, load, store
 from .._jit import helper, kernel
 from .._ptr import at, params_at
-from .._rows import grad_sums, shift_row, sqdev
+from .._rows import grad_sums, inf_signs, shift_row, sqdev, torch_mean
 from .._simd import wide
 
 # Sums of finished float64 partials (and, below, of plane values) are split into
@@ -451,32 +451,17 @@ def _channel_sums(ty, tx, start, s_len, fold, period):
 
 @helper
 def _inf_mean(x, m, c, s_len, period):
-    """Channel ``c``'s mean ``m`` as torch's ``sum / count`` gives it where it is NaN.
-
-    The shifted statistics subtract one of the channel's values from the rest, so a
-    channel holding an infinity gives NaN (``inf - inf``) where torch's mean is
-    ``+-inf``; torch's running mean then holds the infinity. A NaN mean is looked at
-    again here (rare: only a channel with a NaN or an infinity gets one): ``+-inf``
-    when the channel holds infinities of one sign and no NaN, else NaN as before.
-    Channel ``c`` is columns ``f * period + c * s_len .. + s_len`` of every row of
-    the 2-D view, for each fold ``f``.
-    """
+    """Channel ``c``'s mean ``m``, or torch's where the shift made it NaN (``_rows.torch_mean``):
+    ``+-inf`` for a channel holding infinities of one sign and no NaN. Channel ``c`` is
+    columns ``f * period + c * s_len .. + s_len`` of every row of the 2-D view, for each
+    fold ``f``; they are read only when ``m`` is NaN."""
     if not np.isnan(m):
         return m
-    pos = False
-    neg = False
+    mask = 0
     for i in range(x.shape[0]):
         for lo in range(c * s_len, x.shape[1], period):
-            xr = x[i][lo : lo + s_len]
-            for j in range(s_len):
-                v = load(xr, j)
-                if np.isnan(v):
-                    return m
-                pos = pos or v == np.inf
-                neg = neg or v == -np.inf
-    if pos != neg:
-        return np.inf if pos else -np.inf
-    return m
+            mask |= inf_signs(x[i][lo : lo + s_len])
+    return torch_mean(m, mask)
 
 
 @helper

@@ -94,6 +94,7 @@ from .._bf16 import acc_cast, acc_zero, load, store
 from .._jit import helper, kernel
 from .._ptr import at, params_at
 from .._rows import grad_sums as _grad_sums
+from .._rows import inf_signs, torch_mean
 from .._rows import shift_row as _shift_row
 from .._rows import sqdev as _sqdev
 from .._simd import prefetch as _prefetch
@@ -257,6 +258,8 @@ def gn_fwd(x, w, b, y, mean, var, rstd, eps, n_groups, fixed, rows):
                 v = acc_cast(w, q / n_cols)
                 rs = acc_cast(w, 1.0) / np.sqrt(v + acc_cast(w, eps))
                 mean[r] = shift + md
+                if np.isnan(mean[r]):  # InstanceNorm's running mean takes torch's: ``_rows.torch_mean``
+                    mean[r] = torch_mean(mean[r], inf_signs(x_rows[r]))
                 var[r] = v
                 rstd[r] = rs
             for k in range(cg):  # y = (x - mean) * (rstd * w[c]) + b[c], channel by channel

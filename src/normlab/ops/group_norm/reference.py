@@ -81,6 +81,9 @@ def group_norm_stats(
         xc = x - mean  # (N, G, Cg, S), empty
     else:
         mean, var, xc = shifted_mean_var(x, dim=_GROUP_DIMS)  # (N, G, 1, 1) x2, (N, G, Cg, S)
+        # an infinity in a group makes the shifted mean NaN (inf - inf); torch's is sum / count
+        # (+-inf), and InstanceNorm's running mean takes it (the "cpu" kernels do the same)
+        mean = torch.where(mean.isnan(), x.mean(dim=_GROUP_DIMS, keepdim=True), mean)
     rstd = torch.rsqrt(var + eps)  # (N, G, 1, 1)
     return mean, var, rstd, xc
 
