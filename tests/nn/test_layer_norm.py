@@ -146,3 +146,29 @@ def test_module_errors_name_expected_and_given():
         normlab.nn.LayerNorm(6)(torch.randn(4, 6, dtype=torch.float64))
     with pytest.raises(NotImplementedError):
         normlab.nn.RMSNorm(6)(torch.ones(4, 6, dtype=torch.long))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(4, 6, 5, 3).contiguous(memory_format=torch.channels_last),
+    lambda: torch.randn(2, 4, 3, 5, 6).contiguous(memory_format=torch.channels_last_3d),
+    lambda: torch.randn(4, 6, 5, 3).permute(0, 2, 1, 3),
+    lambda: torch.randn(5, 8).t(),
+    lambda: torch.randn(1, 6, 1, 1).contiguous(memory_format=torch.channels_last),
+])
+def test_output_strides_match_torch(backend, make):
+    """torch's rms_norm gives its output the input's suggested memory format (channels_last for
+    a channels-last 4-D input), its layer_norm a contiguous one; normlab's modules do the same."""
+    x = make()
+    for k in range(1, x.dim()):
+        shape = tuple(x.shape[-k:])
+        pairs = [(normlab.nn.RMSNorm(shape), torch.nn.RMSNorm(shape, eps=1e-6)),
+                 (normlab.nn.LayerNorm(shape), torch.nn.LayerNorm(shape))]
+        for ours, theirs in pairs:
+            if isinstance(ours, normlab.nn.RMSNorm):
+                ours.eps = 1e-6
+            with normlab.use_backend(backend):
+                y = ours(x)
+            yt = theirs(x)
+            assert y.stride() == yt.stride(), (type(ours).__name__, shape, y.stride(), yt.stride())
+            torch.testing.assert_close(y, yt, rtol=1e-5, atol=1e-5)

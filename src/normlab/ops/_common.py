@@ -104,3 +104,32 @@ def affine_jvp(x_hat, dx_hat, w, wt, bt):
     if bt is not None:
         yt = bt.expand_as(x_hat) if yt is None else yt + bt
     return yt
+
+
+def _channels_last_like(shape, strides, order) -> bool:
+    """torch's ``is_channels_last_strides_2d/3d``: do the strides walk the dims in ``order``?
+
+    ``order`` lists the dims from fastest to slowest (``(1, 3, 2, 0)`` for
+    NHWC). Ambiguous cases (a channel stride of 0, size-1 dims with equal
+    strides) fall back to contiguous, as in torch.
+    """
+    if strides[1] == 0:
+        return False
+    lowest = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < lowest:
+            return False
+        if d == 0 and lowest == strides[1]:  # N111-like: call it contiguous
+            return False
+        lowest = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def output_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """``x.suggest_memory_format()``: the memory format torch gives the output of its CPU GroupNorm
+    and of ``rms_norm`` (channels_last for a channels-last 4-D ``x``, channels_last_3d for 5-D)."""
+    if x.dim() == 4 and _channels_last_like(x.shape, x.stride(), (1, 3, 2, 0)):
+        return torch.channels_last
+    if x.dim() == 5 and _channels_last_like(x.shape, x.stride(), (1, 4, 3, 2, 0)):
+        return torch.channels_last_3d
+    return torch.contiguous_format

@@ -57,7 +57,7 @@ import math
 import torch
 
 from .. import _transforms
-from .._common import affine_jvp, empty_output, shifted_mean_var, to_acc, x_hat_jvp
+from .._common import affine_jvp, empty_output, output_memory_format, shifted_mean_var, to_acc, x_hat_jvp
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -321,34 +321,6 @@ class InstanceNormEvalFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------
 # Layout helpers of the entry points (``op.py``: group_norm, instance_norm)
 # --------------------------------------------------------------------------
-
-
-def _channels_last_like(shape, strides, order) -> bool:
-    """torch's ``is_channels_last_strides_2d/3d``: do the strides walk the dims in ``order``?
-
-    ``order`` lists the dims from fastest to slowest (``(1, 3, 2, 0)`` for
-    NHWC). Ambiguous cases (a channel stride of 0, size-1 dims with equal
-    strides) fall back to contiguous, as in torch.
-    """
-    if strides[1] == 0:
-        return False
-    lowest = 0
-    for d in order:
-        if shape[d] == 0 or strides[d] < lowest:
-            return False
-        if d == 0 and lowest == strides[1]:  # N111-like: call it contiguous
-            return False
-        lowest = strides[d] * shape[d] if shape[d] > 1 else strides[d]
-    return True
-
-
-def output_memory_format(x: torch.Tensor) -> torch.memory_format:
-    """The memory format torch's CPU GroupNorm gives its output (``x.suggest_memory_format()``)."""
-    if x.dim() == 4 and _channels_last_like(x.shape, x.stride(), (1, 3, 2, 0)):
-        return torch.channels_last
-    if x.dim() == 5 and _channels_last_like(x.shape, x.stride(), (1, 4, 3, 2, 0)):
-        return torch.channels_last_3d
-    return torch.contiguous_format
 
 
 def _grouped(x: torch.Tensor, num_groups: int) -> torch.Tensor:

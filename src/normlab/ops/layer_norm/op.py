@@ -43,6 +43,7 @@ from .reference import (
     ref_layer_norm,
     ref_rms_norm,
     rms_eps,
+    rms_like,
     rms_norm_backward_ref,
     rms_norm_stats,
     rows,
@@ -409,7 +410,7 @@ def rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
     if 0 in normalized_shape:  # no value in a row
         return ref_rms_norm(x, normalized_shape, w, eps, offset, cast_x_hat)
     y, _ = _norm(rows(x, normalized_shape), None, flat(w), None, rms_eps(x, eps), False, offset, cast_x_hat)
-    return like(y, x)
+    return rms_like(y, x)
 
 
 def add_layer_norm(x, residual, normalized_shape, w, b, eps):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from .._common import acc_dtype, affine_jvp, empty_output, x_hat_jvp, shifted_mean_var, to_acc
+from .._common import acc_dtype, affine_jvp, empty_output, output_memory_format, shifted_mean_var, to_acc, x_hat_jvp
 
 # --------------------------------------------------------------------------
 # Reference forward: the formula in plain torch ops, in the accumulation dtype
@@ -326,6 +326,13 @@ def like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t if t.shape == x.shape else t.reshape(x.shape)
 
 
+def rms_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` in ``x``'s shape and in the memory format torch's ``rms_norm`` gives its output:
+    ``x``'s suggested one (channels_last for a channels-last 4-D ``x``, channels_last_3d for
+    5-D; a copy then), contiguous otherwise. (torch's LayerNorm output is always contiguous.)"""
+    return like(t, x).contiguous(memory_format=output_memory_format(x))
+
+
 def rms_eps(x: torch.Tensor, eps: float | None) -> float:
     """RMSNorm's ``eps``: ``None`` is the machine epsilon of the accumulation dtype, as in torch."""
     return torch.finfo(acc_dtype(x.dtype)).eps if eps is None else eps
@@ -336,7 +343,7 @@ def ref_layer_norm(x, normalized_shape, w, b, eps):
     if 0 in normalized_shape:  # no value in a row: torch's (empty) output
         return empty_output(x, w, b)
     y = _transforms.pick(LayerNormFunction).apply(rows(x, normalized_shape), flat(w), flat(b), eps)[0]
-    return like(y, x)
+    return like(y, x).contiguous()  # torch's layer_norm output is contiguous whatever x's strides
 
 
 def ref_rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
@@ -346,7 +353,7 @@ def ref_rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
         return empty_output(x, w)
     eps = rms_eps(x, eps)
     y = _transforms.pick(RMSNormFunction).apply(rows(x, normalized_shape), flat(w), eps, offset, cast_x_hat)[0]
-    return like(y, x)
+    return rms_like(y, x)
 
 
 def ref_add_layer_norm(x, residual, normalized_shape, w, b, eps):
