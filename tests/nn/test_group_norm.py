@@ -486,3 +486,28 @@ def test_instance_norm_running_stats_with_inf_or_nan_match_torch(backend, values
     _assert_same_specials(xo.grad, xt.grad)
     _assert_same_specials(ours.bias.grad, theirs.bias.grad)
     _assert_same_specials(ours.weight.grad, theirs.weight.grad)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(1, 6, 5, 3).contiguous(memory_format=torch.channels_last),
+    lambda: torch.randn(2, 6, 5, 3).contiguous(memory_format=torch.channels_last),
+    lambda: torch.randn(1, 6, 2, 5, 3).contiguous(memory_format=torch.channels_last_3d),
+    lambda: torch.randn(1, 6, 1, 3).contiguous(memory_format=torch.channels_last),
+    lambda: torch.randn(1, 6, 5, 3),
+    lambda: torch.randn(3, 6, 5, 4).permute(0, 1, 3, 2),
+])
+def test_group_norm_output_strides_match_torch(backend, make):
+    """The output has torch's strides, also in dims of size 1 (a batch of one image in
+    channels_last: torch gives dim 0 the stride C*H*W), in training and evaluation alike."""
+    x = make().requires_grad_()
+    ours, theirs = normlab.nn.GroupNorm(2, 6), nn.GroupNorm(2, 6)
+    with normlab.use_backend(backend):
+        y = ours(x)
+    yt = theirs(x)
+    assert y.stride() == yt.stride()
+    torch.testing.assert_close(y, yt, rtol=1e-5, atol=1e-5)
+    g = torch.randn(yt.shape)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gxt,) = torch.autograd.grad(yt, x, g)
+    torch.testing.assert_close(gx, gxt, rtol=1e-4, atol=1e-4)

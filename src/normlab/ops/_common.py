@@ -133,3 +133,27 @@ def output_memory_format(x: torch.Tensor) -> torch.memory_format:
     if x.dim() == 5 and _channels_last_like(x.shape, x.stride(), (1, 4, 3, 2, 0)):
         return torch.channels_last_3d
     return torch.contiguous_format
+
+
+def in_memory_format(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    """``t.contiguous(memory_format=fmt)`` with torch's own strides for every dim, as an output
+    that torch allocated in ``fmt`` has them. A dim of size 1 can carry any stride, and a
+    reshape picks one of its own (a (1, C, H, W) channels-last output came out with stride C
+    for dim 0 where torch gives C*H*W); the memory is the same, so a view fixes it."""
+    t = t.contiguous(memory_format=fmt)
+    if 1 not in t.shape or t.numel() == 0:
+        return t
+    shape = t.shape
+    if fmt == torch.channels_last:
+        c, h, w = shape[1], shape[2], shape[3]
+        strides = (c * h * w, 1, w * c, c)
+    elif fmt == torch.channels_last_3d:
+        c, d, h, w = shape[1], shape[2], shape[3], shape[4]
+        strides = (c * d * h * w, 1, h * w * c, w * c, c)
+    else:
+        strides, acc = [], 1
+        for size in reversed(shape):
+            strides.append(acc)
+            acc *= max(size, 1)
+        strides = tuple(reversed(strides))
+    return t if t.stride() == strides else t.as_strided(shape, strides)

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from .. import _register, _transforms
-from .._common import acc_dtype, to_acc
+from .._common import acc_dtype, in_memory_format, to_acc
 from .launch import _backward, _forward, _is_nhwc, _kernel_input, _update_running
 from .reference import (
     _grouped,
@@ -386,7 +386,7 @@ def group_norm(x, num_groups, w, b, eps):
         y = _Transform.apply(x3, w, b, num_groups, eps, None, None)[0]
     else:
         y, _, _, _ = group_norm_fwd(x3, w, b, num_groups, eps)
-    return y.reshape(x.shape).contiguous(memory_format=fmt)  # a view (NHWC stays channels_last)
+    return in_memory_format(y.reshape(x.shape), fmt)  # a view (NHWC stays channels_last)
 
 
 def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps):

@@ -57,7 +57,15 @@ import math
 import torch
 
 from .. import _transforms
-from .._common import affine_jvp, empty_output, output_memory_format, shifted_mean_var, to_acc, x_hat_jvp
+from .._common import (
+    affine_jvp,
+    empty_output,
+    in_memory_format,
+    output_memory_format,
+    shifted_mean_var,
+    to_acc,
+    x_hat_jvp,
+)
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -359,7 +367,7 @@ def ref_group_norm(x, num_groups, w, b, eps):
     )
     # The grouped view may keep x's strides (a view, not a copy), and elementwise
     # ops keep them too: settle the layout torch gives, once, at the end.
-    return y.reshape(x.shape).contiguous(memory_format=fmt)
+    return in_memory_format(y.reshape(x.shape), fmt)
 
 
 def ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
