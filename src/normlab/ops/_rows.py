@@ -45,6 +45,28 @@ def shift_row(x, r, d, shift):
 
 
 @helper(sums=True)
+def shift_row64(x, r, d, shift):
+    """:func:`shift_row` with the sum taken exactly, in float64: ``d[j] = x[r, j] - shift``
+    stored as before, and ``sum_j (x[r, j] - shift)`` without the rounding of the float32
+    differences and of a float32 sum of thousands of them (BatchNorm's plane statistics).
+
+    Half-precision values minus a shift are exact in float32, so ``d`` is summed in float64;
+    a float32 difference rounds, so float32 rows are summed from ``x`` (``sum x - n * shift``,
+    each float32 value exact in float64). float64 rows as :func:`shift_row`."""
+    wide()
+    for j in range(d.shape[0]):
+        d[j] = load(x, (r, j)) - shift
+    s = 0.0
+    if x.itemsize == 4:
+        for j in range(d.shape[0]):
+            s += np.float64(load(x, (r, j)))
+        return s - d.shape[0] * np.float64(shift)
+    for j in range(d.shape[0]):
+        s += np.float64(d[j])
+    return s
+
+
+@helper(sums=True)
 def grad_sums(g, x, m):
     """``(sum dy, sum dy * (x - m))`` over 1-D slices ``g`` of ``dy`` and ``x`` of ``x``, in the
     accumulation dtype (``m``'s), straight from the tensors, split into SIMD lanes
