@@ -438,6 +438,23 @@ def _assert_same_specials(ours, theirs):
     torch.testing.assert_close(ours, theirs, equal_nan=True, rtol=1e-4, atol=1e-4)
 
 
+def _assert_forward_backward_match(ours, theirs, x, backend, seed):
+    """One forward and backward of each module (ours on ``backend``) with the same ``dy``;
+    outputs, ``dx``, ``dw`` and ``db`` compared with :func:`_assert_same_specials`."""
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with normlab.use_backend(backend):
+        yo = ours(xo)
+    yt = theirs(xt)
+    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(seed))
+    with normlab.use_backend(backend):
+        yo.backward(dy)
+    yt.backward(dy)
+    _assert_same_specials(yo, yt)
+    _assert_same_specials(xo.grad, xt.grad)
+    _assert_same_specials(ours.bias.grad, theirs.bias.grad)
+    _assert_same_specials(ours.weight.grad, theirs.weight.grad)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 @pytest.mark.parametrize("values", _SPECIALS)
 @pytest.mark.parametrize("shape,channels_last", [((2, 4, 3, 3), False), ((2, 4, 32, 32), False),
@@ -448,19 +465,8 @@ def test_group_norm_gradients_with_inf_or_nan_match_torch(backend, values, shape
     ``mean - mean``, NaN for an infinite mean."""
     x = _with_specials(shape, values, channels_last)
     ours, theirs = normlab.nn.GroupNorm(2, 4), nn.GroupNorm(2, 4)
-    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with normlab.use_backend(backend):
-        yo = ours(xo)
-    yt = theirs(xt)
-    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(3))
-    with normlab.use_backend(backend):
-        yo.backward(dy)
-    yt.backward(dy)
-    _assert_same_specials(yo, yt)
-    _assert_same_specials(xo.grad, xt.grad)
+    _assert_forward_backward_match(ours, theirs, x, backend, seed=3)
     assert torch.isfinite(ours.bias.grad).all()
-    _assert_same_specials(ours.bias.grad, theirs.bias.grad)
-    _assert_same_specials(ours.weight.grad, theirs.weight.grad)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
@@ -472,20 +478,9 @@ def test_instance_norm_running_stats_with_inf_or_nan_match_torch(backend, values
     x = _with_specials((2, 3, *spatial), values)
     ours = normlab.nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
     theirs = nn.InstanceNorm2d(3, affine=True, track_running_stats=True)
-    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with normlab.use_backend(backend):
-        yo = ours(xo)
-    yt = theirs(xt)
+    _assert_forward_backward_match(ours, theirs, x, backend, seed=4)
     _assert_same_specials(ours.running_mean, theirs.running_mean)
     _assert_same_specials(ours.running_var, theirs.running_var)
-    dy = torch.randn(yt.shape, generator=torch.Generator().manual_seed(4))
-    with normlab.use_backend(backend):
-        yo.backward(dy)
-    yt.backward(dy)
-    _assert_same_specials(yo, yt)
-    _assert_same_specials(xo.grad, xt.grad)
-    _assert_same_specials(ours.bias.grad, theirs.bias.grad)
-    _assert_same_specials(ours.weight.grad, theirs.weight.grad)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
