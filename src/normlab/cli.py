@@ -54,6 +54,11 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
         "ddp": Leaf("normlab.experiments.ddp", "SyncBatchNorm vs per-rank BatchNorm vs one process, DistributedDataParallel on CPU (gloo)"),
     }),
     "report": Leaf("normlab.experiments.report", "the stored experiment runs as Markdown + HTML with plots, and a CSV"),
+    "figures": Leaf("normlab.figures", "the documentation's five pictures, each from a live computation, as PNGs in --out"),
+    "docs": Group("the documentation site (MkDocs; needs the docs extra)", {
+        "build": Leaf("normlab.figures.docs_build", "build the site with mkdocs build --strict into site/"),
+        "serve": Leaf("normlab.figures.docs_serve", "serve the site locally, rebuilt on changes"),
+    }),
 }
 
 
