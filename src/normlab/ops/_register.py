@@ -142,12 +142,14 @@ def transform(
 # --------------------------------------------------------------------------
 
 
-def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None) -> None:
+def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None,
+              available: Callable[[], bool] = _launch.available) -> None:
     """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
-    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when numba is installed (checked
-    without importing it). Both take the arguments ``normlab.functional`` has checked."""
+    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when ``available()`` (the C++ extension:
+    ``extension.available``; numba for the kernels not yet ported). Both take the arguments
+    ``normlab.functional`` has checked."""
     _backend.register_op(op, "ref", ref)
-    if cpu is not None and _launch.available():
+    if cpu is not None and available():
         _backend.register_backend("cpu", _launch.serves_cpu)
         _backend.register_op(op, "cpu", cpu)
 

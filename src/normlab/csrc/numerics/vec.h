@@ -1,0 +1,96 @@
+// Explicit SIMD: vectors of the accumulation type with loads and stores from every storage type.
+//
+// Written with GCC/Clang vector extensions, so the same source is compiled to AVX-512, AVX2 or
+// SSE registers by the flags of the build (setup.py picks one level for the whole extension and
+// records it; normlab refuses to load on a CPU without it). Every sum that crosses lanes is
+// written out (hsum): the order of additions is fixed by this source, not by the compiler, and
+// the build never allows reassociation or contraction (-ffp-contract=off, no -ffast-math), so
+// a kernel gives the same bits whatever the thread count.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "half.h"
+
+#if defined(__AVX512F__)
+#define NORMLAB_VEC_BYTES 64
+#elif defined(__AVX2__)
+#define NORMLAB_VEC_BYTES 32
+#else
+#define NORMLAB_VEC_BYTES 16
+#endif
+
+namespace normlab {
+
+template <class T> struct vec_of { typedef T type __attribute__((vector_size(NORMLAB_VEC_BYTES))); };
+template <class T> using vec = typename vec_of<T>::type;       // a register of T
+template <class T> constexpr int64_t lanes = NORMLAB_VEC_BYTES / sizeof(T);
+
+// The vector a storage type S loads into: lanes<acc_t<S>> values of its accumulation type.
+template <class S> using vacc = vec<acc_t<S>>;
+template <class S> constexpr int64_t vlanes = lanes<acc_t<S>>;
+
+template <class T> inline vec<T> vset1(T v) { return vec<T>{} + v; }
+template <class T> inline vec<T> vzero() { return vec<T>{}; }
+
+namespace detail {
+typedef uint16_t u16v __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
+typedef uint32_t u32v __attribute__((vector_size(NORMLAB_VEC_BYTES)));
+typedef int32_t i32v __attribute__((vector_size(NORMLAB_VEC_BYTES)));
+typedef _Float16 h16v __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
+}  // namespace detail
+
+// vload(p): vlanes<S> values from p (no alignment needed), in the accumulation type.
+inline vec<float> vload(const float* p) { vec<float> v; std::memcpy(&v, p, sizeof v); return v; }
+inline vec<double> vload(const double* p) { vec<double> v; std::memcpy(&v, p, sizeof v); return v; }
+inline vec<float> vload(const bf16* p) {
+  detail::u16v h; std::memcpy(&h, p, sizeof h);
+  detail::u32v u = __builtin_convertvector(h, detail::u32v) << 16;
+  vec<float> v; std::memcpy(&v, &u, sizeof v); return v;
+}
+inline vec<float> vload(const f16* p) {
+  detail::h16v h; std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, vec<float>);
+}
+
+// vstore(p, v): v rounded once to storage S (nearest even; NaN stays NaN), stored at p.
+inline void vstore(float* p, vec<float> v) { std::memcpy(p, &v, sizeof v); }
+inline void vstore(double* p, vec<double> v) { std::memcpy(p, &v, sizeof v); }
+inline void vstore(bf16* p, vec<float> v) {
+  detail::u32v u; std::memcpy(&u, &v, sizeof u);
+  detail::u32v r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  detail::i32v nan = v != v;                                 // -1 where NaN
+  r = (detail::u32v)((detail::i32v)r & ~nan) | ((detail::u32v)nan & 0x7FC0u);
+  detail::u16v h = __builtin_convertvector(r, detail::u16v);
+  std::memcpy(p, &h, sizeof h);
+}
+inline void vstore(f16* p, vec<float> v) {
+  detail::h16v h = __builtin_convertvector(v, detail::h16v);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero.
+template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
+  S buf[vlanes<S>];
+  std::memset(buf, 0, sizeof buf);
+  std::memcpy(buf, p, n * sizeof(S));
+  return vload(buf);
+}
+template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
+  S buf[vlanes<S>];
+  vstore(buf, v);
+  std::memcpy(p, buf, n * sizeof(S));
+}
+
+// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise), the same bits on any run.
+template <class T> inline T hsum(vec<T> v) {
+  constexpr int64_t n = lanes<T>;
+  T a[n];
+  std::memcpy(a, &v, sizeof a);
+  for (int64_t w = n / 2; w >= 1; w /= 2)
+    for (int64_t i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
+  return a[0];
+}
+
+}  // namespace normlab
