@@ -59,7 +59,7 @@ def draw(data: dict, path) -> object:
     ax.set_xticks(range(len(data["lrs"])), [f"{lr:g}" for lr in data["lrs"]])
     ax.set_yticks(range(len(data["norms"])), [data["labels"][n] for n in data["norms"]])
     ax.set_xlabel("learning rate (full-batch SGD, no unit)")
-    ax.set_ylabel("norm before each Tanh")
+    ax.set_ylabel("norm before each Tanh (layer class)")
     seeds = data["seeds"]
     ax.set_title(f"mean ± std over {len(seeds)} seeds ({seeds[0]}..{seeds[-1]}), {data['epochs']} epochs",
                  fontsize=10)
