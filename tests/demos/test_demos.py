@@ -276,7 +276,7 @@ def test_cli_passes_options_to_run(capsys, monkeypatch):
     seen = {}
     monkeypatch.setattr(shapes, "run", lambda **kw: seen.update(kw) or {"ok": True})
     assert main(["demo", "shapes", "--seed", "3", "--sample", "0", "--json"]) == 0
-    assert seen == {"seed": 3, "sample": 0}
+    assert seen == {"seed": 3, "sample": 0, "lang": "en"}
     assert json.loads(capsys.readouterr().out) == {"ok": True}
 
 
