@@ -291,12 +291,8 @@ def torch_threads(n: int):
 
 def run_tasks(store, experiment: str, tasks: list[tuple[Callable, dict, int]], *, workers: int = 1,
               threads: int = 1, executor: str = "local", ray_address: str | None = None,
-              label: str = "runs", warm: Callable[[], None] | None = None) -> dict:
+              label: str = "runs") -> dict:
     """Run ``tasks`` and store each record as its task finishes (this process writes alone).
-
-    ``warm``: run here before a pool of forked workers starts, so that the kernels the
-    tasks need are loaded (or, in a fresh install, compiled) once, in this process, and
-    every forked worker inherits them instead of compiling them again.
 
     A record is ``{"config", "seed", "epochs", "final", "wall_s"}``. Returns
     ``{"ran": runs stored now, "wall_s": seconds, "workers", "executor"}``.
@@ -312,10 +308,6 @@ def run_tasks(store, experiment: str, tasks: list[tuple[Callable, dict, int]], *
         bar.advance(task_id, len(records))
 
     # a pool is started before the progress bar, whose refresh thread a forked child must not inherit
-    forked = tasks and executor == "local" and workers > 1 and pool_context(threads).get_start_method() == "fork"
-    if forked and warm is not None:
-        with torch_threads(threads):
-            warm()
     pool = start_pool(workers, threads) if tasks and executor == "local" and workers > 1 else None
     try:
         with progress_bar() as bar:

@@ -127,13 +127,6 @@ def study_tasks(store: Store, norms, lrs, seeds: list[int], workers: int = 1) ->
     return tasks, skipped
 
 
-def _warm(norms) -> None:
-    """One epoch of a one-member batched model per norm: its kernels loaded (or compiled) here."""
-    X, y = moons()
-    for norm in norms:
-        train_batched(norm, [(0.1, CHAPTER_SEED)], X, y, epochs=1)
-
-
 def summarize(runs: list[dict], norms, lrs) -> list[dict]:
     """A cell per (norm, lr), every number from the stored runs."""
     cells = []
@@ -259,7 +252,7 @@ def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFA
                     label="chapter runs")
         chapter = chapter_rows(st)
         tasks, skipped = study_tasks(st, norms, lrs, seed_list, workers if executor == "local" else 1)
-        info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads, warm=lambda: _warm(norms),
+        info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
                            executor=executor, ray_address=ray_address)
         runs = st.runs(EXPERIMENT, [config(n, lr) for n in norms for lr in lrs])
         runs = [r for r in runs if r["seed"] in seed_list]
