@@ -8,6 +8,8 @@
   its generic mode) become MathML at build time with latex2mathml: no script, no font and
   no network needed to read them.
 - ``on_post_page``: the Indonesian pages (``id/``) say ``lang="id"``.
+- ``on_post_build``: ``id/sitemap.xml``, the Indonesian pages, which the theme's language
+  switch reads to stay on the same page (without it, every page logs a 404).
 """
 
 from __future__ import annotations
@@ -59,6 +61,21 @@ def _mathml(latex: str, display: str, page) -> str:
 def on_page_content(html_text, page, config, files, **kwargs):
     html_text = _BLOCK.sub(lambda m: f'<div class="math-block">{_mathml(m.group(1), "block", page)}</div>', html_text)
     return _INLINE.sub(lambda m: _mathml(m.group(1), "inline", page), html_text)
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    if page.file.src_uri.startswith("id/"):
+        _state.setdefault("id_pages", set()).add(page.url)
+    return markdown
+
+
+def on_post_build(config, **kwargs):
+    urls = sorted(_state.get("id_pages", ()))
+    body = "".join(f"  <url><loc>{html.escape((config.site_url or '/') + u)}</loc></url>\n" for u in urls)
+    path = Path(config.site_dir) / "id" / "sitemap.xml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n'
+                    f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n{body}</urlset>\n')
 
 
 def on_post_page(output, page, config, **kwargs):
