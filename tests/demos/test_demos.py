@@ -119,7 +119,8 @@ def test_layernorm_normlab_equals_torch_and_manual(ln_result):
     out = {k: torch.tensor(v) for k, v in ln_result["output"].items()}
     torch.testing.assert_close(out["normlab"], out["torch"], atol=1e-6, rtol=0)
     torch.testing.assert_close(out["normlab"], out["manual"], atol=1e-6, rtol=0)
-    assert ln_result["allclose_atol_1e-6"] == {"manual_vs_torch": True, "normlab_vs_torch": True}
+    assert ln_result["allclose_atol_1e-6"] == {"manual_vs_torch": True, "normlab_vs_torch": True,
+                                               "normlab_vs_manual": True}
     # the chapter's max |manual - torch.nn| is 2.384185791015625e-07 (prose: "2,4 x 10^-7"):
     # a float32 rounding difference, compared to two significant digits
     assert f"{ln_result['max_abs_diff']['manual_vs_torch']:.1e}" == f"{LN_MAX_DIFF:.1e}"

@@ -13,14 +13,19 @@ import argparse
 LANGS = ("en", "id")
 
 ID = {
+    "source: {chapter}": "sumber: {chapter}",
     # layernorm
-    "LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm  [{chapter}]":
-        "LayerNorm manual vs normlab.nn.LayerNorm vs torch.nn.LayerNorm  [{chapter}]",
+    "LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm":
+        "LayerNorm manual vs normlab.nn.LayerNorm vs torch.nn.LayerNorm",
     "x = randn(4, 6) * 3.0 + 5.0 with seed {seed} (4 samples x 6 features):":
         "x = randn(4, 6) * 3.0 + 5.0 dengan seed {seed} (4 sampel x 6 fitur):",
     "output (gamma * x_hat + beta):": "keluaran (gamma * x_hat + beta):",
     "x_hat (before the affine): per row mean 0 and std 1, column means anything:":
         "x_hat (sebelum gamma/beta): tiap baris rata-rata 0 dan simpangan baku 1, rata-rata kolom bebas:",
+    "  (row means: largest |mean| {tiny:.1e}, float32 rounding; the chapter prints\n"
+    "   them as -0.0: a tiny negative number rounded to 4 decimals keeps its sign)":
+        "  (rata-rata baris: |rata-rata| terbesar {tiny:.1e}, pembulatan float32; bab ini\n"
+        "   mencetaknya -0.0: bilangan negatif sangat kecil yang dibulatkan tetap bertanda)",
     "row mean": "rata-rata baris", "row std": "std baris", "column mean": "rata-rata kolom",
     "manual": "manual",
     "comparison": "perbandingan", "max abs difference": "selisih mutlak maksimum",
@@ -33,8 +38,8 @@ ID = {
         "pembanding: BatchNorm1d(6) dalam mode train, sampel yang sama di dua batch:",
     "one zero mate": "satu teman nol", "3 random mates": "3 teman acak",
     # batchnorm
-    "BatchNorm1d: batch statistics, running statistics, train vs eval  [{chapter}]":
-        "BatchNorm1d: statistik batch, statistik berjalan, train vs eval  [{chapter}]",
+    "BatchNorm1d: batch statistics, running statistics, train vs eval":
+        "BatchNorm1d: statistik batch, statistik berjalan, train vs eval",
     "1. anatomy of BatchNorm1d(3), freshly built:": "1. anatomi BatchNorm1d(3) yang baru dibuat:",
     "2. train mode on x1 = [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]: each column gets mean 0, variance 1":
         "2. mode train pada x1 = [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]: tiap kolom menjadi "
@@ -59,8 +64,8 @@ ID = {
     "running_mean": "running_mean", "running_var": "running_var",
     "(x - mu) / sqrt(var + eps)": "(x - mu) / sqrt(var + eps)", "manual g * x_hat + b": "manual g * x_hat + b",
     # shapes
-    "LayerNorm(d_model) on [batch, seq_len, d_model] = [{b}, {t}, {d}]  [{chapter}]":
-        "LayerNorm(d_model) pada [batch, seq_len, d_model] = [{b}, {t}, {d}]  [{chapter}]",
+    "LayerNorm(d_model) on [batch, seq_len, d_model] = [{b}, {t}, {d}]":
+        "LayerNorm(d_model) pada [batch, seq_len, d_model] = [{b}, {t}, {d}]",
     "x = randn({b}, {t}, {d}) with seed {seed}; LayerNorm({d}, eps=1e-5)":
         "x = randn({b}, {t}, {d}) dengan seed {seed}; LayerNorm({d}, eps=1e-5)",
     "Input shape": "Bentuk input", "Output shape": "Bentuk output",

@@ -1,6 +1,6 @@
 """``normlab demo batchnorm``: the BatchNorm chapter's ``batchnorm_train_eval.py``, live.
 
-Source: seeds/001_11e0a8c571f1839d.txt (BatchNorm chapter). Four parts, each
+Source: the BatchNorm chapter (``normlab.demos.SOURCES``). Four parts, each
 run with ``normlab.nn.BatchNorm1d`` and ``torch.nn.BatchNorm1d`` side by side:
 
 1. anatomy of ``BatchNorm1d(3)``: gamma (``weight``), beta (``bias``), ``eps``,
@@ -22,9 +22,10 @@ import torch
 
 from .. import nn as nl
 from ._lang import add_lang_argument, check_lang, say
+from . import source_label
 from ._report import fmt, table
 
-CHAPTER = "seeds/001_11e0a8c571f1839d.txt (batchnorm_train_eval.py)"
+CHAPTER = source_label("batchnorm", "batchnorm_train_eval.py")
 IMPLS = ("normlab", "torch")
 LABEL = {"normlab": "normlab", "torch": "torch.nn"}
 
@@ -146,7 +147,8 @@ def render(r: dict) -> str:
             rows.append([t(label) if j == 0 else "", LABEL[impl], str(v) if nd is None else fmt(v, nd)])
         return rows
 
-    out = [t("BatchNorm1d: batch statistics, running statistics, train vs eval  [{chapter}]", chapter=r["chapter"]), ""]
+    out = [t("BatchNorm1d: batch statistics, running statistics, train vs eval"),
+           t("source: {chapter}", chapter=r["chapter"]), ""]
 
     out.append(t("1. anatomy of BatchNorm1d(3), freshly built:"))
     rows = []

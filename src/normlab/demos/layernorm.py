@@ -1,6 +1,6 @@
 """``normlab demo layernorm``: the LayerNorm chapter's ``layernorm_manual.py``, live.
 
-Source: seeds/000_846f934512a29b05.txt (LayerNorm chapter). With
+Source: the LayerNorm chapter (``normlab.demos.SOURCES``). With
 ``torch.manual_seed(42)``, ``x = torch.randn(4, 6) * 3.0 + 5.0`` is normalised
 per row by hand (mean and biased variance over the 6 features, gamma/beta
 applied) and by ``normlab.nn.LayerNorm`` and ``torch.nn.LayerNorm`` with the
@@ -20,9 +20,10 @@ import torch
 
 from .. import nn as nl
 from ._lang import add_lang_argument, check_lang, say
+from . import source_label
 from ._report import fmt, max_abs_diff, table
 
-CHAPTER = "seeds/000_846f934512a29b05.txt (layernorm_manual.py)"
+CHAPTER = source_label("layernorm", "layernorm_manual.py")
 SEED = 42
 GAMMA = [1.0, 2.0, 0.5, 1.0, 1.0, 1.0]
 BETA = [0.0, 0.0, 0.0, -2.0, 0.0, 0.0]
@@ -118,6 +119,7 @@ def run(seed: int = SEED, lang: str = "en") -> dict:
         "allclose_atol_1e-6": {
             "manual_vs_torch": torch.allclose(y["manual"], y["torch"], atol=1e-6),
             "normlab_vs_torch": torch.allclose(y["normlab"], y["torch"], atol=1e-6),
+            "normlab_vs_manual": torch.allclose(y["normlab"], y["manual"], atol=1e-6),
         },
         "batch_independence": independence,
         "batchnorm_train_contrast": contrast,
@@ -132,7 +134,8 @@ def render(r: dict) -> str:
         return say(lang, text, **fields)
 
     out = [
-        t("LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm  [{chapter}]", chapter=r["chapter"]),
+        t("LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm"),
+        t("source: {chapter}", chapter=r["chapter"]),
         "",
         t("x = randn(4, 6) * 3.0 + 5.0 with seed {seed} (4 samples x 6 features):", seed=r["seed"]),
         *("    " + fmt(row, 2) for row in r["x"]),
@@ -150,15 +153,20 @@ def render(r: dict) -> str:
     for key, label, nd in (("row_mean", "row mean", 4), ("row_std", "row std", 4),
                            ("col_mean", "column mean", 3)):
         for j, impl in enumerate(("manual", *IMPLS)):
-            rows.append([t(label) if j == 0 else "", LABEL[impl], fmt(r["x_hat_stats"][impl][key], nd)])
+            # + 0.0 after rounding: a tiny negative mean prints as 0.0, not -0.0
+            vals = [round(v, nd) + 0.0 for v in r["x_hat_stats"][impl][key]]
+            rows.append([t(label) if j == 0 else "", LABEL[impl], fmt(vals, nd)])
     out.append(table(rows))
+    tiny = max(abs(v) for impl in ("manual", *IMPLS) for v in r["x_hat_stats"][impl]["row_mean"])
+    out.append(t("  (row means: largest |mean| {tiny:.1e}, float32 rounding; the chapter prints\n"
+                 "   them as -0.0: a tiny negative number rounded to 4 decimals keeps its sign)", tiny=tiny))
     d, ok = r["max_abs_diff"], r["allclose_atol_1e-6"]
     out += [
         "",
         table([
             [t("manual vs torch.nn"), str(ok["manual_vs_torch"]), repr(d["manual_vs_torch"])],
             [t("normlab vs torch.nn"), str(ok["normlab_vs_torch"]), repr(d["normlab_vs_torch"])],
-            [t("normlab vs manual"), "", repr(d["normlab_vs_manual"])],
+            [t("normlab vs manual"), str(ok["normlab_vs_manual"]), repr(d["normlab_vs_manual"])],
         ], header=[t("comparison"), "allclose(atol=1e-6)", t("max abs difference")]),
         "",
         t("the third sample alone vs inside a batch with 3 random mates (randn(3, 6) * 10.0):"),

@@ -1,6 +1,6 @@
 """``normlab demo shapes``: ``LayerNorm(d_model)`` on a ``[batch, seq_len, d_model]`` tensor.
 
-Source: seeds/003_cf50894ab39a8080.txt (LayerNorm answer): ``x = torch.randn(32, 10, 512)``
+Source: the LayerNorm answer (``normlab.demos.SOURCES``): ``x = torch.randn(32, 10, 512)``
 through ``LayerNorm(512, eps=1e-5)``; the shapes of the input, the output, gamma
 (``weight``) and beta (``bias``), which are ``[d_model]``. Added here: every
 ``(sample, position)`` row of the output has mean 0 and std 1, one sample gives
@@ -17,9 +17,10 @@ import torch
 
 from .. import nn as nl
 from ._lang import add_lang_argument, check_lang, say
+from . import source_label
 from ._report import max_abs_diff, table
 
-CHAPTER = "seeds/003_cf50894ab39a8080.txt (nn.LayerNorm(d_model) on [32, 10, 512])"
+CHAPTER = source_label("answer", "nn.LayerNorm(d_model)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +96,8 @@ def render(r: dict) -> str:
     rows.append([tr("  max abs difference"), repr(r["normlab"]["batch1_vs_full_batch_max_abs_diff"]),
                  repr(r["torch"]["batch1_vs_full_batch_max_abs_diff"])])
     return "\n".join([
-        tr("LayerNorm(d_model) on [batch, seq_len, d_model] = [{b}, {t}, {d}]  [{chapter}]", b=b, t=t, d=d,
-           chapter=r["chapter"]),
+        tr("LayerNorm(d_model) on [batch, seq_len, d_model] = [{b}, {t}, {d}]", b=b, t=t, d=d),
+        tr("source: {chapter}", chapter=r["chapter"]),
         tr("x = randn({b}, {t}, {d}) with seed {seed}; LayerNorm({d}, eps=1e-5)", b=b, t=t, d=d, seed=r["seed"]),
         "",
         table(rows, header=["", "normlab.nn.LayerNorm", "torch.nn.LayerNorm"]),
