@@ -4,8 +4,12 @@ Exact drop-ins for torch.nn's normalization layers, with the math written
 plainly and the gradients derived by hand.
 
 >>> import torch, normlab
->>> ln = normlab.nn.LayerNorm(6)
->>> y = ln(torch.randn(4, 6))
+>>> ln = normlab.nn.LayerNorm(6)              # torch.nn.LayerNorm's arguments and state_dict
+>>> ln(torch.randn(4, 6)).shape
+torch.Size([4, 6])
+>>> model = normlab.convert(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)))
+>>> type(model[1]) is normlab.nn.BatchNorm1d
+True
 """
 
 from . import functional, nn
