@@ -16,7 +16,6 @@ from . import functional, nn
 from ._backend import available_backends, backend_for, get_backend, set_backend, use_backend
 from .nn.convert import convert, register_conversion, revert
 from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
-from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -31,7 +30,6 @@ __all__ = [
     "recalibrate_batch_norm",
     "fold",
     "inspect",
-    "warmup",
     "set_backend",
     "use_backend",
     "get_backend",
