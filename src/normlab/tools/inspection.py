@@ -397,5 +397,8 @@ def inspect(model: nn.Module, example_input, *, show: bool = True) -> InspectRep
         from rich.console import Console
 
         console = Console()
-        (console if console.is_terminal else Console(width=180)).print(report)  # a log is not 80 wide
+        if console.is_terminal:
+            console.print(report)
+        else:                   # a pipe or a log: $COLUMNS or 80 columns, a block per layer if narrow
+            print(str(report))
     return report
