@@ -20,7 +20,12 @@ import normlab.functional as NF
 from normlab import _backend
 from normlab.ops import _launch
 from normlab.ops.layer_norm import launch as ln_launch
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import (
+    Step,
+    assert_within_rounding,
+    check_compiled_against_eager,
+    rel_err,
+)
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -364,15 +369,28 @@ def test_layer_norm_bfloat16_within_2x_rounding_error_at_65536_x_512():
 # ----------------------------------------------------------------------------
 
 
+class _AddLayerNorm(torch.nn.Module):
+    """``NF.add_layer_norm`` as a module: ``(LayerNorm(a + b), a + b)``."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.5 * torch.randn(n))
+        self.bias = torch.nn.Parameter(0.5 * torch.randn(n))
+
+    def forward(self, a, b):
+        return NF.add_layer_norm(a, b, self.weight.shape, self.weight, self.bias)
+
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
+        self.add_ln = _AddLayerNorm(8)
         self.ln = normlab.nn.LayerNorm(8)
         self.rms = normlab.nn.RMSNorm(8)
 
     def forward(self, x):
-        y, h = NF.add_layer_norm(self.lin(x), x, (8,), self.ln.weight, self.ln.bias)
+        y, h = self.add_ln(self.lin(x), x)
         return self.rms(self.ln(y) + h)
 
 
@@ -413,9 +431,15 @@ def test_torch_compile_fullgraph_uses_the_custom_ops():
 
 
 def test_torch_compile_inductor_matches_eager():
-    eager, compiled = _eager_and_compiled("inductor")
-    for a, c in zip(eager, compiled):
-        assert torch.allclose(a, c, atol=1e-5)
+    """Each normlab op the compiled graph calls gives the bits an eager call gives on the same
+    inputs; every result, eager and compiled, is within K u M of a float64 run (tests/oracle.py):
+    inductor's linear and elementwise code differs from CPU to CPU, and the gradients in front
+    of a LayerNorm are differences of larger terms."""
+    torch.manual_seed(0)
+    m = _Block()
+    check_compiled_against_eager(m, torch.randn(3, 5, 8), [Step()], "inductor", {
+        "normlab.add_layer_norm_fwd.default", "normlab.layer_norm_fwd.default",
+        "normlab.rms_norm_fwd.default", "normlab.layer_norm_bwd.default", "normlab.rms_norm_bwd.default"})
 
 
 def test_forward_saves_only_x_and_w():
