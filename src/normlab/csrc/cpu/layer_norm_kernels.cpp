@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
@@ -114,7 +115,27 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
   }
 }
 
+// A half-precision weight or bias in float32, for calls of many rows: each row would
+// otherwise convert it again (the same values: the conversion is exact).
+template <class W> std::vector<float> widened(const void* p, int64_t n) {
+  std::vector<float> out(p == nullptr ? 0 : n);
+  const W* q = static_cast<const W*>(p);
+  for (int64_t j = 0; j < int64_t(out.size()); ++j) out[j] = to_float(q[j]);
+  return out;
+}
+constexpr int64_t kWidenRows = 8;  // rows from which the widened weight pays
+
 template <class S, class W> void fwd(const FwdArgs& a) {
+  if constexpr (sizeof(W) == 2) {
+    if (a.n_rows >= kWidenRows) {
+      std::vector<float> w = widened<W>(a.w, a.n_w * a.n_cols), b = widened<W>(a.b, a.n_b * a.n_cols);
+      FwdArgs f = a;
+      f.w = a.w == nullptr ? nullptr : w.data();
+      f.b = a.b == nullptr ? nullptr : b.data();
+      for_rows(f.n_rows, f.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, float>(f, lo, hi); });
+      return;
+    }
+  }
   for_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, W>(a, lo, hi); });
 }
 
@@ -211,7 +232,21 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
 
 // dw / db over fixed chunks of rows (each weight row's rows cut into chunks of their own),
 // the chunks' partials merged in chunk order in float64: the same bits for any thread count.
+template <class S, class W> void bwd_t(const BwdArgs& a);
+
 template <class S, class W> void bwd(const BwdArgs& a) {
+  if constexpr (sizeof(W) == 2) {
+    if (a.n_rows >= kWidenRows && a.w != nullptr) {
+      std::vector<float> w = widened<W>(a.w, a.n_w * a.n_cols);
+      BwdArgs f = a;
+      f.w = w.data();
+      return bwd_t<S, float>(f);
+    }
+  }
+  bwd_t<S, W>(a);
+}
+
+template <class S, class W> void bwd_t(const BwdArgs& a) {
   using A = acc_t<S>;
   const int64_t n = a.n_cols, n_w = a.n_w > 0 ? a.n_w : 1;
   A* dw = static_cast<A*>(a.dw);
