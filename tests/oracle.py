@@ -134,6 +134,9 @@ def record_custom_ops(namespace: str = "normlab", only: tuple[str, ...] | None =
                 op = getattr(packet, overload)
 
                 def kernel(keyset, *args, _op=op, **kwargs):
+                    if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args):
+                        # the shapes pass of a compile (an op's Meta kernel), not a call to replay
+                        return _op.redispatch(keyset.remove(torch._C.DispatchKey.BackendSelect), *args, **kwargs)
                     call = OpCall(_op, _clone(args), _clone(kwargs))
                     # on to the keys below this one (a bare CPU key set corrupts the heap here)
                     out = _op.redispatch(keyset.remove(torch._C.DispatchKey.BackendSelect), *args, **kwargs)

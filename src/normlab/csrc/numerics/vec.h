@@ -83,14 +83,23 @@ template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
   std::memcpy(p, buf, n * sizeof(S));
 }
 
-// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise), the same bits on any run.
-template <class T> inline T hsum(vec<T> v) {
-  constexpr int64_t n = lanes<T>;
-  T a[n];
-  std::memcpy(a, &v, sizeof a);
-  for (int64_t w = n / 2; w >= 1; w /= 2)
-    for (int64_t i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
-  return a[0];
+// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise: lane i + lane i + w for
+// w = lanes / 2, ..., 1), the same bits on any run. Written as half-width vector adds, so it
+// compiles to a few shuffles and adds (a loop over an array compiled to stores and scalar adds).
+namespace detail {
+template <class T, int64_t N> struct vec_n { typedef T type __attribute__((vector_size(N * sizeof(T)))); };
+template <class T, int64_t N> inline T hsum_n(typename vec_n<T, N>::type v) {
+  if constexpr (N == 2) {
+    return v[0] + v[1];
+  } else {
+    typename vec_n<T, N / 2>::type lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return hsum_n<T, N / 2>(lo + hi);
+  }
 }
+}  // namespace detail
+
+template <class T> inline T hsum(vec<T> v) { return detail::hsum_n<T, lanes<T>>(v); }
 
 }  // namespace normlab
