@@ -27,7 +27,11 @@ from ._checks import (check_eps, check_input, check_param, cpu_params_fit, norma
 from .ops import batch_norm as _bn  # noqa: F401
 from .ops import group_norm as _gn  # noqa: F401
 from .ops import layer_norm as _ln  # noqa: F401
+from .ops import extension as _extension
 from .ops._common import acc_dtype
+
+_C = _extension.load()
+_eager_cpu = _backend.eager_cpu
 
 __all__ = [
     "layer_norm",
@@ -114,6 +118,13 @@ def layer_norm(
     >>> NF.layer_norm(torch.tensor([[1.0, 2.0, 3.0]]), 3)
     tensor([[-1.2247,  0.0000,  1.2247]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        try:
+            y = _C.layer_norm_fast(input, normalized_shape, weight, bias, eps)
+        except TypeError:  # an argument of a type it does not take: the checks below say what
+            y = None
+        if y is not None:
+            return y
     fn = "layer_norm"
     shape = normalized_shape
     if not _rows_fit(input, shape, eps, weight, bias):
@@ -169,6 +180,13 @@ def rms_norm(
     >>> torch.equal(NF.rms_norm(x, (8,), w, 1e-6, casting="llama"), w * x_hat)
     True
     """
+    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+        try:
+            y = _C.rms_norm_fast(input, normalized_shape, weight, eps)
+        except TypeError:
+            y = None
+        if y is not None:
+            return y
     fn = "rms_norm"
     shape = normalized_shape
     cast_x_hat, offset = rms_variant(fn, casting, offset, weight)

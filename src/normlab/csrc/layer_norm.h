@@ -20,7 +20,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> row_norm(
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, std::optional<double> eps,
     bool center, double offset, bool cast_x_hat, bool stats);
 
+// normlab.functional.layer_norm / rms_norm (torch's defaults: casting "torch", offset 0) for
+// arguments that its checks accept without a word (a CPU tensor of a served dtype, its trailing
+// dims normalized_shape, parameters of exactly that shape, eps finite and >= 0): y. Anything
+// else: None, and Python runs its checks (which raise with the message) and its backend choice.
+std::optional<at::Tensor> layer_norm_fast(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                          const std::optional<at::Tensor>& weight,
+                                          const std::optional<at::Tensor>& bias, double eps);
+std::optional<at::Tensor> rms_norm_fast(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                        const std::optional<at::Tensor>& weight, std::optional<double> eps);
+
 inline void bind_layer_norm(pybind11::module_& m) {
+  m.def("layer_norm_fast", &layer_norm_fast, "LayerNorm of arguments the checks accept, else None");
+  m.def("rms_norm_fast", &rms_norm_fast, "RMSNorm (torch's casting) of arguments the checks accept, else None");
   m.def("row_norm", &row_norm, "LayerNorm / RMSNorm (and the fused residual add) -> (y, h, mean, rstd)",
         pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("residual"), pybind11::arg("weight"),
         pybind11::arg("bias"), pybind11::arg("eps"), pybind11::arg("center"), pybind11::arg("offset"),

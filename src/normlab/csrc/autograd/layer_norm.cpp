@@ -1,18 +1,23 @@
 // Autograd of the layer_norm family's forward ops, and the fast eager entry (layer_norm.h).
 //
-// RowNormFn: one torch::autograd::Function for LayerNorm / RMSNorm and their fused adds. Its
-// forward redispatches below autograd to the forward op (the CPU or Meta kernel); its backward
-// calls the backward op, or, when the backward is itself differentiated (create_graph=True:
-// grad mode on inside it), the reference backward (ops/layer_norm/reference.py) in
-// differentiable ATen ops with the statistics recomputed from x, so that double backward works.
-// Saved: x (h for the fused add), the weight, and the (n_rows,) statistics -- never y or x_hat.
+// RowNormBackward: one hand-built autograd node for LayerNorm / RMSNorm and their fused adds. The
+// forward runs the forward op below autograd (the CPU or Meta kernel) and attaches the node; its
+// backward calls the backward op, or, when the backward is itself differentiated
+// (create_graph=True: grad mode on inside it), the reference backward
+// (ops/layer_norm/reference.py) in differentiable ATen ops with the statistics recomputed from
+// x, so that double backward works. Saved: x (h for the fused add), the weight, and the
+// (n_rows,) statistics -- never y or x_hat.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cfloat>
+#include <cmath>
 
 namespace normlab {
 namespace {
@@ -104,112 +109,132 @@ std::tuple<Tensor, Tensor, Tensor> reference_grads(const Tensor& dy, const Tenso
   return {dx, dw, db};
 }
 
-struct RowNormFn : public torch::autograd::Function<RowNormFn> {
-  // outputs in the op's order: y, (h), (mean), rstd
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& res, const OptTensor& w,
-                               const OptTensor& b, at::IntArrayRef shape, double eps, bool center, double offset,
-                               bool cast_x_hat) {
-    Tensor y, h, mean, rstd;
-    {
-      at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(y, h, mean, rstd) = forward_op(x, res, shape, w, b, eps, center, offset, cast_x_hat);
-    }
-    const bool has_res = res.has_value(), has_w = w.has_value() && w->defined(), has_b = b.has_value() && b->defined();
-    ctx->save_for_backward({has_res ? h : x, has_w ? *w : Tensor(), mean, rstd});
-    ctx->saved_data["shape"] = shape.vec();
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["offset"] = offset;
-    ctx->saved_data["flags"] = int64_t(center) | int64_t(cast_x_hat) << 1 | int64_t(has_res) << 2 |
-                               int64_t(has_w) << 3 | int64_t(has_b) << 4;
-    if (has_b) {
-      ctx->saved_data["b_dtype"] = int64_t(b->scalar_type());
-      ctx->saved_data["b_shape"] = b->sizes().vec();
-    }
-    ctx->set_materialize_grads(false);
-    variable_list out{y};
-    if (has_res) out.push_back(h);
-    if (center) {
-      ctx->mark_non_differentiable({mean, rstd});
-      out.push_back(mean);
-    } else {
-      ctx->mark_non_differentiable({rstd});
-    }
-    out.push_back(rstd);
-    return out;
+// The backward node of every row-norm forward: the grads of y (and of h for the fused add) in,
+// the grads of (x, residual, weight, bias) out, one per edge (an absent input has an empty
+// edge). Built by hand, as torch's generated autograd code builds its nodes: the saved values
+// are fields, not the IValue dict and variable bookkeeping of torch::autograd::Function, which
+// cost several microseconds a call -- most of a small LayerNorm's time.
+struct RowNormBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable x_, w_, mean_, rstd_;  // x: h for the fused add
+  std::vector<int64_t> shape_, b_shape_;
+  double eps_ = 0, offset_ = 0;
+  bool center_ = true, cast_x_hat_ = false, has_res_ = false, has_w_ = false, has_b_ = false;
+  at::ScalarType b_dtype_ = at::kFloat;
+
+  std::string name() const override { return "RowNormBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    w_.reset_data();
+    mean_.reset_data();
+    rstd_.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const int64_t flags = ctx->saved_data["flags"].toInt();
-    const bool center = flags & 1, cast_x_hat = flags & 2, has_res = flags & 4, has_w = flags & 8, has_b = flags & 16;
-    auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-    const Tensor dy = grads[0], dh = has_res ? grads[1] : Tensor();
-    // the input edges: x, residual, weight, bias -- those present, in that order
-    const size_t iw = 1 + has_res, ib = iw + has_w;
-    const bool need_x = ctx->needs_input_grad(0) || (has_res && ctx->needs_input_grad(1));
-    const bool need_w = has_w && ctx->needs_input_grad(iw);
-    const bool need_b = center && has_b && ctx->needs_input_grad(ib);
-    variable_list out(9);
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Tensor dy = grads[0], dh = has_res_ ? grads[1] : Tensor();
+    const bool need_x = should_compute_output(0) || (has_res_ && should_compute_output(1));
+    const bool need_w = has_w_ && should_compute_output(2);
+    const bool need_b = center_ && has_b_ && should_compute_output(3);
+    variable_list out(4);
     if (!dy.defined()) {  // only h reached the loss
-      out[0] = dh;
-      if (has_res) out[1] = dh;
+      if (should_compute_output(0)) out[0] = dh;
+      if (has_res_ && should_compute_output(1)) out[1] = dh;
       return out;
     }
-    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
-    const double eps = ctx->saved_data["eps"].toDouble(), offset = ctx->saved_data["offset"].toDouble();
+    const Tensor x = x_.unpack(getptr()), w = has_w_ ? w_.unpack() : Tensor();
     Tensor dx, dw, db;
     if (at::GradMode::is_enabled()) {  // create_graph=True: a backward that is itself differentiable
       int64_t n_cols = 1;
-      for (int64_t s : shape) n_cols *= s;
-      std::tie(dx, dw, db) = reference_grads(dy, x, w, n_cols, eps, center, offset, cast_x_hat, need_x, need_w, need_b);
+      for (int64_t s : shape_) n_cols *= s;
+      std::tie(dx, dw, db) = reference_grads(dy, x, w, n_cols, eps_, center_, offset_, cast_x_hat_, need_x,
+                                             need_w, need_b);
       if (dh.defined() && dx.defined()) dx = dx + dh;
     } else {
       at::AutoDispatchBelowADInplaceOrView guard;
-      const OptTensor wo = has_w ? OptTensor(w) : std::nullopt, dho = dh.defined() ? OptTensor(dh) : std::nullopt;
-      if (center) {
-        std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, shape, wo, mean, rstd, dho, need_w || need_b);
+      const OptTensor wo = has_w_ ? OptTensor(w) : std::nullopt, dho = dh.defined() ? OptTensor(dh) : std::nullopt;
+      if (center_) {
+        std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, shape_, wo, mean_.unpack(), rstd_.unpack(), dho,
+                                                        need_w || need_b);
       } else {
-        std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, shape, wo, rstd, dho, need_w, offset, cast_x_hat);
+        std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, shape_, wo, rstd_.unpack(), dho, need_w, offset_,
+                                                  cast_x_hat_);
       }
     }
-    out[0] = dx;
-    if (has_res) out[1] = dx;  // h = x + residual: both get h's whole gradient
+    if (should_compute_output(0)) out[0] = dx;
+    if (has_res_ && should_compute_output(1)) out[1] = dx;  // h = x + residual: both get h's whole gradient
     if (need_w) out[2] = dw.scalar_type() == w.scalar_type() ? dw : dw.to(w.scalar_type());
     if (need_b) {
-      auto bt = static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt());
-      db = db.reshape(ctx->saved_data["b_shape"].toIntVector());
-      out[3] = db.scalar_type() == bt ? db : db.to(bt);
+      db = db.reshape(b_shape_);
+      out[3] = db.scalar_type() == b_dtype_ ? db : db.to(b_dtype_);
     }
     return out;
   }
 };
 
+// The forward with autograd: the forward op below autograd, then, when grad mode is on and an
+// input requires grad, a RowNormBackward node on y (and h); the statistics are outputs without
+// a gradient. Returns (y, h, mean, rstd), h / mean undefined where the op has none.
+std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm_recorded(const Tensor& x, const OptTensor& res,
+                                                             at::IntArrayRef shape, const OptTensor& w,
+                                                             const OptTensor& b, double eps, bool center,
+                                                             double offset, bool cast_x_hat) {
+  Tensor y, h, mean, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(y, h, mean, rstd) = forward_op(x, res, shape, w, b, eps, center, offset, cast_x_hat);
+  }
+  if (!torch::autograd::compute_requires_grad(x, res, w, b)) return {y, h, mean, rstd};
+  auto node = c10::make_intrusive<RowNormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, res, w, b));
+  const bool has_res = res.has_value() && res->defined();
+  node->has_res_ = has_res;
+  node->has_w_ = w.has_value() && w->defined();
+  node->has_b_ = b.has_value() && b->defined();
+  node->center_ = center;
+  node->cast_x_hat_ = cast_x_hat;
+  node->eps_ = eps;
+  node->offset_ = offset;
+  node->shape_ = shape.vec();
+  if (node->has_b_) {
+    node->b_dtype_ = b->scalar_type();
+    node->b_shape_ = b->sizes().vec();
+  }
+  torch::autograd::set_history(y, node);
+  if (has_res) torch::autograd::set_history(h, node);
+  node->x_ = torch::autograd::SavedVariable(has_res ? h : x, /*is_output=*/has_res);
+  if (node->has_w_) node->w_ = torch::autograd::SavedVariable(*w, false);
+  if (center) node->mean_ = torch::autograd::SavedVariable(mean, false);
+  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+  return {y, h, mean, rstd};
+}
+
 // ---- the Autograd kernels of the forward ops ----
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_ad(const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
                                                      const OptTensor& b, double eps) {
-  auto o = RowNormFn::apply(x, OptTensor(), w, b, shape, eps, true, 0.0, false);
-  return {o[0], o[1], o[2]};
+  auto [y, h, mean, rstd] = row_norm_recorded(x, std::nullopt, shape, w, b, eps, true, 0.0, false);
+  return {y, mean, rstd};
 }
 
 std::tuple<Tensor, Tensor> rms_norm_fwd_ad(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, double eps,
                                            double offset, bool cast_x_hat) {
-  auto o = RowNormFn::apply(x, OptTensor(), w, OptTensor(), shape, eps, false, offset, cast_x_hat);
-  return {o[0], o[1]};
+  auto [y, h, mean, rstd] = row_norm_recorded(x, std::nullopt, shape, w, std::nullopt, eps, false, offset, cast_x_hat);
+  return {y, rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd_ad(const Tensor& x, const Tensor& res,
                                                                  at::IntArrayRef shape, const OptTensor& w,
                                                                  const OptTensor& b, double eps) {
-  auto o = RowNormFn::apply(x, OptTensor(res), w, b, shape, eps, true, 0.0, false);
-  return {o[0], o[1], o[2], o[3]};
+  return row_norm_recorded(x, OptTensor(res), shape, w, b, eps, true, 0.0, false);
 }
 
 std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd_ad(const Tensor& x, const Tensor& res, at::IntArrayRef shape,
                                                        const OptTensor& w, double eps, double offset,
                                                        bool cast_x_hat) {
-  auto o = RowNormFn::apply(x, OptTensor(res), w, OptTensor(), shape, eps, false, offset, cast_x_hat);
-  return {o[0], o[1], o[2]};
+  auto [y, h, mean, rstd] = row_norm_recorded(x, OptTensor(res), shape, w, std::nullopt, eps, false, offset, cast_x_hat);
+  return {y, h, rstd};
 }
 
 bool wants_grad(const OptTensor& t) { return t.has_value() && t->defined() && t->requires_grad(); }
@@ -223,11 +248,51 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm(const Tensor& x, at::IntArra
   const OptTensor bias = center ? b : std::nullopt;
   const bool record = at::GradMode::is_enabled() &&
                       (x.requires_grad() || wants_grad(res) || wants_grad(w) || wants_grad(bias));
-  if (record) return forward_op(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
+  if (record) return row_norm_recorded(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
   at::AutoDispatchBelowADInplaceOrView guard;  // nothing to record: straight to the kernel
   if (stats) return forward_op(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
   auto [y, h] = row_norm_infer_op().call(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
   return {y, h, Tensor(), Tensor()};
+}
+
+namespace {
+
+// Whether (x, normalized_shape, w, b) are arguments normlab.functional's checks accept without a
+// word, and the kernels serve: x a strided CPU tensor of a served dtype whose trailing dims are
+// normalized_shape (no empty row), each parameter None or a strided CPU tensor of exactly
+// normalized_shape in x's dtype (or float32 beside half precision, where `half_params`).
+bool fits_fast(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b, bool half_params) {
+  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided) return false;
+  const auto st = x.scalar_type();
+  const bool half = st == at::kBFloat16 || st == at::kHalf;
+  if (!(half || st == at::kFloat || st == at::kDouble)) return false;
+  const int64_t k = int64_t(shape.size()), d = x.dim();
+  if (k == 0 || k > d) return false;
+  for (int64_t i = 0; i < k; ++i)
+    if (shape[i] <= 0 || x.size(d - k + i) != shape[i]) return false;
+  for (const OptTensor* p : {&w, &b}) {
+    if (!p->has_value() || !(*p)->defined()) continue;
+    const Tensor& t = **p;
+    if (!t.device().is_cpu() || t.layout() != at::kStrided || t.sizes() != shape) return false;
+    if (!(t.scalar_type() == st || (half && half_params && t.scalar_type() == at::kFloat))) return false;
+  }
+  return true;
+}
+
+bool plain_eps(double eps) { return std::isfinite(eps) && eps >= 0; }
+
+}  // namespace
+
+std::optional<Tensor> layer_norm_fast(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
+                                      double eps) {
+  if (!plain_eps(eps) || !fits_fast(x, shape, w, b, true)) return std::nullopt;
+  return std::get<0>(row_norm(x, shape, std::nullopt, w, b, eps, true, 0.0, false, false));
+}
+
+std::optional<Tensor> rms_norm_fast(const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
+                                    std::optional<double> eps) {
+  if ((eps.has_value() && !plain_eps(*eps)) || !fits_fast(x, shape, w, std::nullopt, false)) return std::nullopt;
+  return std::get<0>(row_norm(x, shape, std::nullopt, w, std::nullopt, eps, false, 0.0, false, false));
 }
 
 }  // namespace normlab
