@@ -68,10 +68,9 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
   for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0, gi = r0 % g; r < r1; ++r, gi = gi + 1 == g ? 0 : gi + 1) {
       const S* xr = x + r * ncols;
       S* yr = y + r * ncols;
-      const int64_t gi = r % g;
       A shift, md, rs;
       if (fixed) {  // running statistics: y = (x - mean) * (rstd * w) + b
         shift = mean[gi];
@@ -117,8 +116,7 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   std::vector<A> pw(n * c), pb(n * c);  // (N, C): sums of dy * x_hat, of dy
   for_rows(nrows, 2 * ncols, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r / g, gi = r % g;
+    for (int64_t r = r0, i = r0 / g, gi = r0 % g; r < r1; ++r, i += (gi + 1 == g), gi = gi + 1 == g ? 0 : gi + 1) {
       const A m = fixed ? mean[gi] : mean[r];
       const A rs = fixed ? rstd[gi] : rstd[r];
       const S* dyr = dy + r * ncols;

@@ -38,6 +38,10 @@ template <class A> inline void group_sums(const A* a, int64_t g, int64_t cg, A* 
   }
 }
 
+// Samples per row of the backward's dw/db partials: a run's terms are added in float32 (half types,
+// float32) in sample order, the rows then in float64 -- short float32 chains.
+constexpr int64_t kRun = 16;
+
 }  // namespace
 
 int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c) {
@@ -124,8 +128,9 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 //   dx = dy * (rstd * w[c]) - (x - mean) * t3 - t2,  t2 = rstd * mean_grp(g),
 //   t3 = rstd^3 * mean_grp(g * (x - mean)),  g = dy * w[c];
 // from the per-channel sums sdy[c] = sum_s dy, sdx[c] = sum_s dy * (x - mean), which also make
-// dw/db: each chunk of samples (nhwc_samples_per_chunk: fixed by the shape) adds its samples' terms
-// in order into its own (C,) partials; the (chunks, C) partials are merged in chunk order in float64.
+// dw/db: each run of kRun samples adds its samples' terms in order into its own (C,) partials; the
+// (runs, C) partials are merged in run order in float64. A task takes whole runs (about
+// nhwc_samples_per_chunk samples), so the bits do not depend on the number of threads.
 // S == 1: the sums over s are single values and each group's Cg channels are contiguous, so a
 // group's sums run as one vector loop over its channels.
 template <class S>
@@ -134,17 +139,17 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const int64_t cg = c / g, m_grp = cg * ns;
-  const int64_t spc = nhwc_samples_per_chunk(n, ns, c), nch = n_chunks(n, spc);
-  std::vector<A> pw(nch * c), pb(nch * c);  // per chunk: sums of dy * x_hat, of dy
-  for_chunks(n, spc, 2 * ns * c, [&](int64_t ch, int64_t i0, int64_t i1) {
-    A* tw = pw.data() + ch * c;
-    A* tb = pb.data() + ch * c;
-    std::fill(tw, tw + c, A(0));
-    std::fill(tb, tb + c, A(0));
+  // dw/db partials: one row per kRun samples (a task's chunk is whole runs), merged in float64
+  const int64_t spc = (nhwc_samples_per_chunk(n, ns, c) + kRun - 1) / kRun * kRun;
+  const int64_t nrun = n_chunks(n, kRun);
+  std::vector<A> pw(nrun * c, A(0)), pb(nrun * c, A(0));  // per run: sums of dy * x_hat, of dy
+  for_chunks(n, spc, 2 * ns * c, [&](int64_t, int64_t i0, int64_t i1) {
     std::vector<A> buf(7 * c + 2 * g);
     A *mc = buf.data(), *rsc = mc + c, *ac = rsc + c, *sdy = ac + c, *sdx = sdy + c, *t2 = sdx + c, *t3 = t2 + c;
     A *gp = t3 + c, *gq = gp + g;
     for (int64_t i = i0; i < i1; ++i) {
+      A* tw = pw.data() + (i / kRun) * c;
+      A* tb = pb.data() + (i / kRun) * c;
       const S* xi = x + i * ns * c;
       const S* dyi = dy + i * ns * c;
       S* dxi = dx == nullptr ? nullptr : dx + i * ns * c;
@@ -247,7 +252,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       }
     }
   });
-  merge_partials(pw.data(), pb.data(), nch, c, dw, db);
+  merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
 }
 
 #define NORMLAB_GN_NHWC(S)                                                                                      \
