@@ -145,13 +145,16 @@ void setup(AutogradContext* ctx, const Tensor& x, const OptTensor& w, const OptT
   ctx->set_materialize_grads(false);
 }
 
-// GroupNorm: (x, w, b, num_groups, eps) -> (y, mean, var, rstd); the statistics are not differentiable.
-struct GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
+// GroupNorm: (x, w, b, num_groups, eps) -> (y, mean, var, rstd) with kStats, else y alone (fewer
+// outputs to wrap: the group_norm op's); the statistics are not differentiable.
+template <bool kStats>
+struct GroupNormFunction : public torch::autograd::Function<GroupNormFunction<kStats>> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& w, const OptTensor& b,
                                int64_t g, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, mean, var, rstd] = op_fwd().call(x, w, b, g, eps);
     setup(ctx, x, w, b, mean, rstd, g, eps);
+    if (!kStats) return {y};
     ctx->mark_non_differentiable({mean, var, rstd});
     return {y, mean, var, rstd};
   }
@@ -183,7 +186,7 @@ struct InstanceNormEvalFunction : public torch::autograd::Function<InstanceNormE
 };
 
 Tensor group_norm_autograd(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b, double eps) {
-  if (records(x, w, b)) return GroupNormFunction::apply(x, w, b, g, eps)[0];
+  if (records(x, w, b)) return GroupNormFunction<false>::apply(x, w, b, g, eps)[0];
   at::AutoDispatchBelowADInplaceOrView guard;
   return op_group_norm().call(x, g, w, b, eps);
 }
@@ -191,7 +194,7 @@ Tensor group_norm_autograd(const Tensor& x, int64_t g, const OptTensor& w, const
 std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd_autograd(const Tensor& x, const OptTensor& w,
                                                                    const OptTensor& b, int64_t g, double eps) {
   if (records(x, w, b)) {
-    auto out = GroupNormFunction::apply(x, w, b, g, eps);
+    auto out = GroupNormFunction<true>::apply(x, w, b, g, eps);
     return {out[0], out[1], out[2], out[3]};
   }
   at::AutoDispatchBelowADInplaceOrView guard;

@@ -3,6 +3,7 @@
 // And InstanceNorm's running-statistics update. Layouts and conventions: group_norm_kernels.h.
 #include "cpu/group_norm_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -49,6 +50,22 @@ template <class S> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S>
   for (; j < n; ++j) dx[j] = from_acc<S>(to_acc(dy[j]) * a);
 }
 
+// shifted_sum / shifted_sqdev of a row shorter than a vector: their vector loops do not run, so
+// their sum is 0 + the scalar tail in order -- the same additions, without the empty lane sums.
+template <class S> inline acc_t<S> small_shifted_sum(const S* x, int64_t n, acc_t<S> shift) {
+  acc_t<S> s = acc_t<S>(0);
+  for (int64_t j = 0; j < n; ++j) s += to_acc(x[j]) - shift;
+  return s;
+}
+template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, acc_t<S> shift, acc_t<S> m) {
+  acc_t<S> s = acc_t<S>(0);
+  for (int64_t j = 0; j < n; ++j) {
+    acc_t<S> e = (to_acc(x[j]) - shift) - m;
+    s += e * e;
+  }
+  return s;
+}
+
 template <class R> inline void store_double(R* p, double v) {
   if constexpr (std::is_same_v<R, double>) *p = v;
   else *p = from_acc<R>(float(v));  // rounded to float first, then (half types) to R
@@ -67,34 +84,56 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   using A = acc_t<S>;
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
+  // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,
+  // division, squared deviations, square root) are independent, so they overlap in the CPU.
+  constexpr int64_t kBlock = 8;
   for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0, gi = r0 % g; r < r1; ++r, gi = gi + 1 == g ? 0 : gi + 1) {
-      const S* xr = x + r * ncols;
-      S* yr = y + r * ncols;
-      A shift, md, rs;
+    A shift[kBlock], md[kBlock], rs[kBlock];
+    const int64_t block = ncols <= 256 ? kBlock : 1;  // long rows: one at a time, each pass from L1
+    for (int64_t rb = r0; rb < r1; rb += block) {
+      const int64_t nb = std::min(block, r1 - rb);
+      const S* xb = x + rb * ncols;
       if (fixed) {  // running statistics: y = (x - mean) * (rstd * w) + b
-        shift = mean[gi];
-        md = A(0);
-        rs = rstd[gi];
+        for (int64_t k = 0; k < nb; ++k) {
+          const int64_t gi = (rb + k) % g;
+          shift[k] = mean[gi];
+          md[k] = A(0);
+          rs[k] = rstd[gi];
+        }
       } else {
-        shift = to_acc(xr[0]);
-        md = over_count(shifted_sum(xr, ncols, shift), ncols);
-        A v = over_count(shifted_sqdev(xr, ncols, shift, md), ncols);
-        rs = A(1) / std::sqrt(v + aeps);
-        if (mean != nullptr) {
-          A m = shift + md;
-          if (m != m) m = torch_mean(m, inf_mask(xr, 1, 0, ncols));  // InstanceNorm's running mean reads it
-          mean[r] = m;
-          var[r] = v;
-          rstd[r] = rs;
+        for (int64_t k = 0; k < nb; ++k) {
+          shift[k] = to_acc(xb[k * ncols]);
+          md[k] = ncols < vlanes<S> ? small_shifted_sum(xb + k * ncols, ncols, shift[k])
+                                    : shifted_sum(xb + k * ncols, ncols, shift[k]);
+        }
+        for (int64_t k = 0; k < nb; ++k) md[k] = over_count(md[k], ncols);
+        for (int64_t k = 0; k < nb; ++k)
+          rs[k] = ncols < vlanes<S> ? small_shifted_sqdev(xb + k * ncols, ncols, shift[k], md[k])
+                                    : shifted_sqdev(xb + k * ncols, ncols, shift[k], md[k]);
+        for (int64_t k = 0; k < nb; ++k) {
+          const A v = over_count(rs[k], ncols);
+          rs[k] = A(1) / std::sqrt(v + aeps);
+          if (mean != nullptr) {
+            A m = shift[k] + md[k];
+            if (m != m) m = torch_mean(m, inf_mask(xb + k * ncols, 1, 0, ncols));  // InstanceNorm's running mean
+            mean[rb + k] = m;
+            var[rb + k] = v;
+            rstd[rb + k] = rs[k];
+          }
         }
       }
-      const A* wg = w + gi * cg;
-      const A* bg = b + gi * cg;
-      if (ns == 1) {
-        affine_channels(xr, yr, cg, shift, md, rs, wg, bg);
-      } else {
-        for (int64_t k = 0; k < cg; ++k) affine_run(xr + k * ns, yr + k * ns, ns, shift, md, rs * wg[k], bg[k]);
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t gi = (rb + k) % g;
+        const S* xr = xb + k * ncols;
+        S* yr = y + (rb + k) * ncols;
+        const A* wg = w + gi * cg;
+        const A* bg = b + gi * cg;
+        if (ns == 1) {
+          affine_channels(xr, yr, cg, shift[k], md[k], rs[k], wg, bg);
+        } else {
+          for (int64_t j = 0; j < cg; ++j)
+            affine_run(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+        }
       }
     }
   });

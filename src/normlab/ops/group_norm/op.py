@@ -29,6 +29,7 @@ torch ops, so double backward works.
 import math
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from .. import _register, _transforms, extension
 from .._common import acc_dtype, in_memory_format, to_acc
@@ -47,6 +48,8 @@ from .reference import (
 
 _C = extension.load()
 _ops = torch.ops.normlab
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
 
 
 def _kernel_input(x, fmt):
@@ -200,9 +203,9 @@ def group_norm(x, num_groups, w, b, eps):
     input takes the reference path."""
     if x.numel() == 0:
         return ref_group_norm(x, num_groups, w, b, eps)
-    path = _register.route(x, w, b)
-    if path >= _register.EAGER:
+    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
         return _C.group_norm(x, num_groups, w, b, eps)
+    path = _register.route(x, w, b)
     if path == _register.COMPILE:
         return _ops.group_norm(x, num_groups, w, b, eps)
     fmt = output_memory_format(x)
@@ -216,9 +219,9 @@ def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum,
     empty input takes the reference path. The output is contiguous."""
     if x.numel() == 0:
         return ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
-    path = _register.route(x, w, b)
-    if path >= _register.EAGER:
+    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
         return _C.instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
+    path = _register.route(x, w, b)
     n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
     if path == _register.COMPILE:
         x = x.contiguous()  # torch's instance_norm output is contiguous
