@@ -10,13 +10,13 @@
   ``"cpu"``.
 
 Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm`` and ``layer_norm2d`` (``launch_2d.py``: LayerNorm2d's NCHW kernels,
-``kernels_2d.py``) in the backend table (``"cpu"`` when numba is installed,
-checked without importing numba).
+``add_rms_norm`` and ``layer_norm2d`` (``op_2d.py``: LayerNorm2d on the C++ extension,
+both layouts) in the backend table (``"cpu"`` for the row norms when numba is installed,
+checked without importing numba; for ``layer_norm2d`` when the extension is built).
 """
 
-from .. import _register
-from . import launch_2d, op
+from .. import _register, extension
+from . import op, op_2d
 from .reference import (
     LayerNormFunction,
     RMSNormFunction,
@@ -52,4 +52,4 @@ _register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm)
 _register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm)
 _register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm)
 _register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm)
-_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=launch_2d.layer_norm2d)
+_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=op_2d.layer_norm2d, available=extension.available)
