@@ -16,7 +16,7 @@ import numbers
 import torch
 
 from . import _backend
-from ._checks import check_eps, check_input
+from ._checks import check_eps, check_input, cpu_params_fit, plain_eps
 from .functional import (
     _check_channels_input,
     _check_momentum,
@@ -61,10 +61,16 @@ def layer_norm2d(
     True
     """
     fn = "layer_norm2d"
-    check_input(fn, input)
-    _check_channels_input(fn, input)
-    _check_per_channel(fn, input, weight=weight, bias=bias)
-    check_eps(fn, eps)
+    if not (  # the fast test first: a few attribute reads, then the checks that raise
+        isinstance(input, torch.Tensor)
+        and input.dim() >= 2
+        and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and plain_eps(eps)
+    ):
+        check_input(fn, input)
+        _check_channels_input(fn, input)
+        _check_per_channel(fn, input, weight=weight, bias=bias)
+        check_eps(fn, eps)
     return _backend.implementation(input, "layer_norm2d")(input, weight, bias, float(eps))
 
 
