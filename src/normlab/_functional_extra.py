@@ -2,8 +2,8 @@
 GhostBatchNorm (re-exported there; kept apart so that each file stays readable).
 
 Each checks its arguments first, with the same checks and messages as the
-rest of ``normlab.functional``, then runs on the family's kernels: LayerNorm's
-row kernel (channels_last) or its NCHW kernels (``ops/layer_norm/launch_2d.py``) for
+rest of ``normlab.functional``, then runs on the family's kernels: the C++ op
+``torch.ops.normlab.layer_norm2d`` (``ops/layer_norm/op_2d.py``, both layouts) for
 ``layer_norm2d``, BatchNorm's for the other two (their math:
 ``ops/batch_norm/renorm.py``, ``ops/batch_norm/ghost.py``).
 """
@@ -47,12 +47,12 @@ def layer_norm2d(
         y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias
 
     mean and biased variance over the ``C`` values of one position; ``weight``, ``bias``: (C,).
-    A ``channels_last`` input is already ``(N * H * W, C)`` rows in memory: LayerNorm's row
-    kernel runs on it without a copy, and the output is ``channels_last`` too. A contiguous
-    (NCHW) input runs on kernels of its own (``ops/layer_norm/kernels_2d.py``: the ``C``
-    planes streamed with the pixels as the vectorised dim), also without a copy, and the
-    output is contiguous; under torch.func transforms (and on the ``"ref"`` backend) it is
-    copied to rows first, and the output copied back to NCHW.
+    A ``channels_last`` input is already ``(N * H * W, C)`` rows in memory: a row kernel
+    runs on it without a copy, and the output is ``channels_last`` too. A contiguous
+    (NCHW) input runs on kernels of its own (``csrc/cpu/layer_norm2d_kernels.cpp``: the
+    ``C`` planes streamed with the pixels as the vectorised dim), also without a copy, and
+    the output is contiguous; under torch.func transforms (and on the ``"ref"`` backend) it
+    is copied to rows first (LayerNorm's row path), and the output copied back to NCHW.
 
     >>> import torch, normlab.functional as NF
     >>> x = torch.randn(2, 3, 4, 5)

@@ -16,7 +16,7 @@ using at::Tensor;
 
 // Outputs of at least this many bytes are advised onto transparent huge pages: a fresh large
 // buffer is otherwise faulted in 4 KiB at a time as the kernel first writes it (allocating and
-// writing 64 MB: 28-41 ms against 9-15 ms advised, docs/notes). Only a hint: no value changes.
+// writing 64 MB: 28-41 ms against 9-15 ms advised, docs/performance.md). Only a hint: no value changes.
 constexpr int64_t kHugeBytes = int64_t(1) << 22;
 constexpr uintptr_t kPage = 4096;
 

@@ -1,5 +1,6 @@
-// LayerNorm2d's kernels (layer_norm2d_kernels.h): docs/derivations/layer_norm.md, "Statistics"
-// (the shifted two passes) and "Backward" (the three terms of dx, the sums of dw and db).
+// LayerNorm2d's kernels (layer_norm2d_kernels.h): docs/derivations/layer_norm.md, "LayerNorm" (the
+// forward and the three terms of dx), "LayerNorm2d: the same rows, in channels-last memory" and
+// "Numerics" (the shifted two passes, sums in float32 / float64).
 //
 // Per pixel p of sample n, over its C channels c (NCHW: the planes x[n, c, :]; rows: x[p, :]):
 //
@@ -38,7 +39,7 @@ namespace normlab::ln2d {
 // few cache lines leave the hardware prefetcher no time to start) while the block stays within
 // kMaxBytes; at least kMinBlock pixels, a multiple of kVecPixels; halved (not below kMinBlock)
 // while there are fewer than kMinTasks tasks. (Measured on the Numba kernels this replaces:
-// docs/notes.)
+// docs/performance.md.)
 namespace {
 constexpr int64_t kBlockBytes = 256 << 10;
 constexpr int64_t kRunBytes = 1 << 10;
@@ -295,31 +296,48 @@ void fwd_rows_impl(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   constexpr int64_t L = vlanes<S>;
   const A an = A(n_cols), aeps = A(eps), one = A(1);
   const int64_t nfull = n_cols / L * L, tail = n_cols - nfull;
+  // Rows longer than this are read from memory once into a scratch row of d = x - shift in
+  // acc_t<S> (L1/L2), which the other passes read; shorter ones are read again (from L1), which
+  // costs less than storing and reloading them -- and in half precision converts them again,
+  // hence the shorter limit (the Numba kernels' SHORT_COLS / SHORT_COLS_HALF, measured there).
+  // Both give the same bits: the passes see the same differences x - shift.
+  const bool scratch = n_cols > (sizeof(S) >= 4 ? 2048 : 512);
   for_rows(n_rows, n_cols, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const S* xr = x + r * n_cols;
-      S* yr = y + r * n_cols;
-      const A shift = to_acc(xr[0]);
-      const A md = shifted_sum(xr, n_cols, shift) / an;  // mean of d = x - shift
-      const A var = shifted_sqdev(xr, n_cols, shift, md) / an;  // biased
+    std::unique_ptr<A[]> d(scratch ? new A[n_cols] : nullptr);  // (n_cols,) x - shift
+    // the row's statistics and output from src, whose values less sshift are the row's d
+    auto normalize = [&](const auto* src, A sshift, int64_t r, S* yr) {
+      const A md = shifted_sum(src, n_cols, sshift) / an;  // mean of d = x - shift
+      const A var = shifted_sqdev(src, n_cols, sshift, md) / an;  // biased
       const A r_ = one / std::sqrt(var + aeps);
       if (mean != nullptr) {
-        mean[r] = shift + md;
+        mean[r] = (scratch ? to_acc(x[r * n_cols]) : sshift) + md;
         rstd[r] = r_;
       }
-      const V vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(r_);
+      const V vs = vset1<A>(sshift), vm = vset1<A>(md), vr = vset1<A>(r_);
       for (int64_t j = 0; j < nfull; j += L) {
-        V o = ((vload(xr + j) - vs) - vm) * vr;
+        V o = ((vload(src + j) - vs) - vm) * vr;
         if constexpr (HasW) o = o * vload(w + j);
         if constexpr (HasB) o = o + vload(b + j);
         vstore(yr + j, o);
       }
       if (tail) {
-        V o = ((vload_n(xr + nfull, tail) - vs) - vm) * vr;
+        V o = ((vload_n(src + nfull, tail) - vs) - vm) * vr;
         if constexpr (HasW) o = o * vload_n(w + nfull, tail);
         if constexpr (HasB) o = o + vload_n(b + nfull, tail);
         vstore_n(yr + nfull, o, tail);
       }
+    };
+    for (int64_t r = r0; r < r1; ++r) {
+      const S* xr = x + r * n_cols;
+      const A shift = to_acc(xr[0]);
+      if (!scratch) {
+        normalize(xr, shift, r, y + r * n_cols);
+        continue;
+      }
+      const V vs = vset1<A>(shift);
+      for (int64_t j = 0; j < nfull; j += L) vstore(d.get() + j, vload(xr + j) - vs);
+      for (int64_t j = nfull; j < n_cols; ++j) d[j] = to_acc(xr[j]) - shift;
+      normalize(static_cast<const A*>(d.get()), A(0), r, y + r * n_cols);  // d - 0 is d
     }
   });
 }

@@ -1,5 +1,5 @@
 // LayerNorm2d's kernels on raw pointers: LayerNorm over the C channels of every pixel of an
-// (N, C, *) tensor, in both memory layouts -- docs/derivations/layer_norm.md.
+// (N, C, *) tensor, in both memory layouts -- docs/derivations/layer_norm.md, "LayerNorm2d".
 //
 // - NCHW (contiguous): a pixel's channels lie S = H * W values apart, so the kernels stream the
 //   C planes of a block of pixels with the pixels as the vector lanes (fwd_nchw, bwd_nchw).
