@@ -32,6 +32,10 @@
 #include "numerics/moments.h"
 #include "numerics/vec.h"
 
+#if NORMLAB_VEC_BYTES == 64
+#include <immintrin.h>
+#endif
+
 namespace normlab::ln2d {
 
 // A task covers a block of pixels of one sample, all C channels: about kBlockBytes, so the
@@ -75,12 +79,40 @@ int64_t chunk_rows(int64_t n_rows, int64_t n_cols) {
 
 namespace {
 
-// k <= vlanes<S> values at p: a whole vector, or the first k lanes (the rest zero).
+// k <= vlanes<S> values at p: a whole vector, or the first k lanes (the rest zero). With AVX-512,
+// the partial vectors (a block's last run of every plane) are masked loads and stores: the
+// generic vload_n / vstore_n go through a buffer and a memcpy call, per plane.
+#if NORMLAB_VEC_BYTES == 64
+template <class T> inline T bits_as(const auto& v) { T t; std::memcpy(&t, &v, sizeof t); return t; }
+inline __mmask16 mask16(int64_t k) { return __mmask16((1u << k) - 1); }
+inline vec<float> load_part(const float* p, int64_t k) { return bits_as<vec<float>>(_mm512_maskz_loadu_ps(mask16(k), p)); }
+inline vec<double> load_part(const double* p, int64_t k) {
+  return bits_as<vec<double>>(_mm512_maskz_loadu_pd(__mmask8((1u << k) - 1), p));
+}
+inline vec<float> load_part(const bf16* p, int64_t k) {
+  return bits_as<vec<float>>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask16(k), p)), 16));
+}
+inline vec<float> load_part(const f16* p, int64_t k) {
+  return bits_as<vec<float>>(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(k), p)));
+}
+inline void store_part(float* p, vec<float> v, int64_t k) { _mm512_mask_storeu_ps(p, mask16(k), bits_as<__m512>(v)); }
+inline void store_part(double* p, vec<double> v, int64_t k) {
+  _mm512_mask_storeu_pd(p, __mmask8((1u << k) - 1), bits_as<__m512d>(v));
+}
+template <class H> inline void store_part(H* p, vec<float> v, int64_t k) {  // bf16, f16: rounded as vstore
+  H buf[16];
+  vstore(buf, v);
+  _mm256_mask_storeu_epi16(p, mask16(k), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf)));
+}
+#else
+template <class S> inline vacc<S> load_part(const S* p, int64_t k) { return vload_n(p, k); }
+template <class S> inline void store_part(S* p, vacc<S> v, int64_t k) { vstore_n(p, v, k); }
+#endif
 template <class S> inline vacc<S> load_k(const S* p, int64_t k) {
-  return k == vlanes<S> ? vload(p) : vload_n(p, k);
+  return k == vlanes<S> ? vload(p) : load_part(p, k);
 }
 template <class S> inline void store_k(S* p, vacc<S> v, int64_t k) {
-  if (k == vlanes<S>) vstore(p, v); else vstore_n(p, v, k);
+  if (k == vlanes<S>) vstore(p, v); else store_part(p, v, k);
 }
 
 // Hints: the cache lines of bytes [p, p + n) for reading / writing. They change no result.
@@ -321,10 +353,10 @@ void fwd_rows_impl(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
         vstore(yr + j, o);
       }
       if (tail) {
-        V o = ((vload_n(src + nfull, tail) - vs) - vm) * vr;
-        if constexpr (HasW) o = o * vload_n(w + nfull, tail);
-        if constexpr (HasB) o = o + vload_n(b + nfull, tail);
-        vstore_n(yr + nfull, o, tail);
+        V o = ((load_part(src + nfull, tail) - vs) - vm) * vr;
+        if constexpr (HasW) o = o * load_part(w + nfull, tail);
+        if constexpr (HasB) o = o + load_part(b + nfull, tail);
+        store_part(yr + nfull, o, tail);
       }
     };
     for (int64_t r = r0; r < r1; ++r) {
@@ -415,14 +447,14 @@ void bwd_rows_impl(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* m
         }
       }
       if (tail) {
-        V xh = (vload_n(xr + nfull, tail) - vm) * vr;
-        V dyv = vload_n(dyr + nfull, tail);
+        V xh = (load_part(xr + nfull, tail) - vm) * vr;
+        V dyv = load_part(dyr + nfull, tail);
         V g = dyv;
-        if constexpr (HasW) g = g * vload_n(w + nfull, tail);
-        vstore_n(dxr + nfull, vr * ((g - mg) - xh * mgx), tail);
+        if constexpr (HasW) g = g * load_part(w + nfull, tail);
+        store_part(dxr + nfull, vr * ((g - mg) - xh * mgx), tail);
         if (need_wb) {
-          vstore_n(pw + nfull, vload_n(pw + nfull, tail) + dyv * xh, tail);
-          vstore_n(pb + nfull, vload_n(pb + nfull, tail) + dyv, tail);
+          store_part(pw + nfull, load_part(pw + nfull, tail) + dyv * xh, tail);
+          store_part(pb + nfull, load_part(pb + nfull, tail) + dyv, tail);
         }
       }
     }

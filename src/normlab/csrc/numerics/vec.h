@@ -13,6 +13,10 @@
 
 #include "half.h"
 
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #if defined(__AVX512F__)
 #define NORMLAB_VEC_BYTES 64
 #elif defined(__AVX2__)
@@ -44,14 +48,30 @@ typedef _Float16 h16v __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
 // vload(p): vlanes<S> values from p (no alignment needed), in the accumulation type.
 inline vec<float> vload(const float* p) { vec<float> v; std::memcpy(&v, p, sizeof v); return v; }
 inline vec<double> vload(const double* p) { vec<double> v; std::memcpy(&v, p, sizeof v); return v; }
+// (The half-precision loads and the float16 store are written with the instructions themselves
+// where the build has them: GCC compiles the generic forms to a split zero-extension for bfloat16
+// and to one scalar conversion per lane for float16 without AVX512-FP16. Same values.)
 inline vec<float> vload(const bf16* p) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  vec<float> v; std::memcpy(&v, &u, sizeof v); return v;
+#else
   detail::u16v h; std::memcpy(&h, p, sizeof h);
   detail::u32v u = __builtin_convertvector(h, detail::u32v) << 16;
   vec<float> v; std::memcpy(&v, &u, sizeof v); return v;
+#endif
 }
 inline vec<float> vload(const f16* p) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  vec<float> v; std::memcpy(&v, &f, sizeof v); return v;
+#elif NORMLAB_VEC_BYTES == 32 && defined(__F16C__)
+  __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  vec<float> v; std::memcpy(&v, &f, sizeof v); return v;
+#else
   detail::h16v h; std::memcpy(&h, p, sizeof h);
   return __builtin_convertvector(h, vec<float>);
+#endif
 }
 
 // vstore(p, v): v rounded once to storage S (nearest even; NaN stays NaN), stored at p.
@@ -66,8 +86,16 @@ inline void vstore(bf16* p, vec<float> v) {
   std::memcpy(p, &h, sizeof h);
 }
 inline void vstore(f16* p, vec<float> v) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512 f; std::memcpy(&f, &v, sizeof f);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif NORMLAB_VEC_BYTES == 32 && defined(__F16C__)
+  __m256 f; std::memcpy(&f, &v, sizeof f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   detail::h16v h = __builtin_convertvector(v, detail::h16v);
   std::memcpy(p, &h, sizeof h);
+#endif
 }
 
 // Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero.
