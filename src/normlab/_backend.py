@@ -95,7 +95,18 @@ def available_backends() -> list[str]:
     return ["auto", *_BACKENDS]
 
 
+# Backends normlab knows but this install may lack, and what brings each one.
+_MISSING = {
+    "cpu": "the C++ extension normlab._C, which this install lacks (installed with "
+           "NORMLAB_NO_EXTENSION=1, or without a C++ compiler); reinstall with "
+           "`pip install --no-build-isolation --force-reinstall --no-deps .` from normlab's source, "
+           "or use 'auto' (takes 'ref')",
+}
+
+
 def _validate(name: str) -> str:
+    if isinstance(name, str) and name in _MISSING and name not in _BACKENDS:
+        raise ValueError(f"normlab: backend {name!r} needs {_MISSING[name]}")
     if not isinstance(name, str) or (name != "auto" and name not in _BACKENDS):
         raise ValueError(
             f"normlab: unknown backend {name!r}; expected one of {available_backends()}"

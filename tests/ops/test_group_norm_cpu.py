@@ -17,7 +17,12 @@ import normlab
 import normlab.functional as NF
 from normlab import _backend
 from normlab.ops.group_norm import launch as gn_launch
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import (
+    Step,
+    assert_within_rounding,
+    check_compiled_against_eager,
+    rel_err,
+)
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -513,6 +518,16 @@ class _Net(torch.nn.Module):
         return self.inorm_eval(self.inorm(h).relu()) * 2
 
 
+def _net_and_input(layout=torch.contiguous_format):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 5).contiguous(memory_format=layout)
+    torch.manual_seed(0)
+    m = _Net()
+    m.inorm_eval.running_mean.uniform_(-1, 1)
+    m.inorm_eval.running_var.uniform_(0.5, 2)
+    return m, x
+
+
 def _eager_and_compiled(backend, layout=torch.contiguous_format):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 5).contiguous(memory_format=layout)
@@ -566,9 +581,17 @@ def test_torch_compile_aot_eager_channels_last(layout):
 
 
 def test_torch_compile_inductor_matches_eager():
-    eager, compiled = _eager_and_compiled("inductor")
-    for a, c in zip(eager, compiled):
-        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+    """Compiling changes nothing normlab computes; inductor's own code (the conv, the relu and
+    scaling, their fusions) is held to its rounding: each normlab op the compiled graph calls
+    gives the bits an eager call gives on the same inputs, and every result, eager and compiled,
+    is within K u M of a float64 run (tests/oracle.py). Not a fixed tolerance: conv.bias.grad
+    and gn.weight.grad are differences of much larger terms (a bias before a GroupNorm has a
+    gradient that is zero up to rounding), and inductor's code differs from CPU to CPU."""
+    m, x = _net_and_input()
+    check_compiled_against_eager(m, x, [Step(), Step()], "inductor", {
+        "normlab.group_norm_fwd.default", "normlab.group_norm_bwd.default",
+        "normlab.instance_norm_update_stats.default",
+        "normlab.instance_norm_eval_fwd.default", "normlab.instance_norm_eval_bwd.default"})
 
 
 def test_forward_saves_only_x_w_mean_rstd():

@@ -1,12 +1,14 @@
 // The layer_norm2d family's CPU kernels: argument checks, outputs allocated in the layout the
 // kernels write (csrc/layer_norm2d_layout.h: contiguous for NCHW input, the input's own strides
-// for channels-last input), then the raw-pointer kernels of cpu/layer_norm2d_kernels.cpp.
+// for channels-last input), then the raw-pointer kernels: cpu/layer_norm2d_kernels.cpp for NCHW
+// planes, LayerNorm's row kernels (cpu/layer_norm_kernels.h) for channels-last rows.
 #include <sys/mman.h>
 #include <torch/library.h>
 
 #include <cstdint>
 
 #include "cpu/layer_norm2d_kernels.h"
+#include "cpu/layer_norm_kernels.h"
 #include "layer_norm2d_layout.h"
 
 namespace normlab::ln2d {
@@ -68,6 +70,17 @@ template <class F> void by_dtype(at::ScalarType t, const F& f) {
   }
 }
 
+ln::Dtype ln_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return ln::Dtype::f64;
+    case at::kBFloat16: return ln::Dtype::bf16;
+    case at::kHalf: return ln::Dtype::f16;
+    default: return ln::Dtype::f32;
+  }
+}
+
+void* raw(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
 template <class T> T* ptr(const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
 
 struct Shape {
@@ -105,15 +118,27 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const std::optional<
   }
   const Tensor wa = as_acc(w, acc), ba = as_acc(b, acc);
   const bool far = x.numel() * x.element_size() >= kFarBytes;
+  if (plan.layout == Layout::kRows) {  // the pixels as rows of C values: LayerNorm's row kernel
+    ln::FwdArgs a{};
+    a.x = xd.data_ptr();
+    a.w = raw(wa);
+    a.b = raw(ba);
+    a.y = y.data_ptr();
+    a.mean = raw(mean);
+    a.rstd = raw(rstd);
+    a.n_rows = sh.n * sh.s;
+    a.n_cols = sh.c;
+    a.n_w = a.n_b = 1;
+    a.eps = eps;
+    a.center = true;
+    ln::norm_fwd(ln_dtype(x.scalar_type()), ln_dtype(acc), a);
+    return {y, mean, rstd};
+  }
   by_dtype(x.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    if (plan.layout == Layout::kNchw)
-      fwd_nchw<S>(ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(ba), ptr<S>(y), ptr<A>(mean), ptr<A>(rstd), sh.n,
-                  sh.c, sh.s, eps, far);
-    else
-      fwd_rows<S>(ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(ba), ptr<S>(y), ptr<A>(mean), ptr<A>(rstd),
-                  sh.n * sh.s, sh.c, eps);
+    fwd_nchw<S>(ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(ba), ptr<S>(y), ptr<A>(mean), ptr<A>(rstd), sh.n, sh.c,
+                sh.s, eps, far);
   });
   return {y, mean, rstd};
 }
@@ -159,17 +184,28 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm2d_backward_cpu(const Tensor& dy, c
   const Tensor wa = as_acc(w, acc);
   const Tensor m = mean.contiguous(), r = rstd.contiguous();
   const bool far = x.numel() * x.element_size() >= kFarBytes;
+  if (plan.layout == Layout::kRows) {  // LayerNorm's row kernel
+    ln::BwdArgs a{};
+    a.dy = dyd.data_ptr();
+    a.x = xd.data_ptr();
+    a.w = raw(wa);
+    a.mean = m.data_ptr();
+    a.rstd = r.data_ptr();
+    a.dx = dx.data_ptr();
+    a.dw = need_wb ? dw.data_ptr() : nullptr;
+    a.db = need_wb ? db.data_ptr() : nullptr;
+    a.n_rows = sh.n * sh.s;
+    a.n_cols = sh.c;
+    a.n_w = 1;
+    a.center = true;
+    ln::norm_bwd(ln_dtype(x.scalar_type()), ln_dtype(acc), a);
+    return {dx, dw, db};
+  }
   by_dtype(x.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    A* pdw = need_wb ? ptr<A>(dw) : nullptr;
-    A* pdb = need_wb ? ptr<A>(db) : nullptr;
-    if (plan.layout == Layout::kNchw)
-      bwd_nchw<S>(ptr<const S>(dyd), ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(m), ptr<const A>(r), ptr<S>(dx),
-                  pdw, pdb, sh.n, sh.c, sh.s, far);
-    else
-      bwd_rows<S>(ptr<const S>(dyd), ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(m), ptr<const A>(r), ptr<S>(dx),
-                  pdw, pdb, sh.n * sh.s, sh.c);
+    bwd_nchw<S>(ptr<const S>(dyd), ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(m), ptr<const A>(r), ptr<S>(dx),
+                need_wb ? ptr<A>(dw) : nullptr, need_wb ? ptr<A>(db) : nullptr, sh.n, sh.c, sh.s, far);
   });
   return {dx, dw, db};
 }

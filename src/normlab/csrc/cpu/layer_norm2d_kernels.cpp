@@ -2,7 +2,7 @@
 // forward and the three terms of dx), "LayerNorm2d: the same rows, in channels-last memory" and
 // "Numerics" (the shifted two passes, sums in float32 / float64).
 //
-// Per pixel p of sample n, over its C channels c (NCHW: the planes x[n, c, :]; rows: x[p, :]):
+// Per pixel p of sample n, over its C channels c (the planes x[n, c, :]):
 //
 //   d     = x - x[c = 0]                       shifted by the pixel's first channel
 //   mean  = x[c = 0] + mean_c(d)
@@ -18,8 +18,8 @@
 // NCHW: each pixel's sums run over c in order, one pixel per vector lane: no lane ever adds
 // to another, so y, mean, rstd and dx do not depend on the block, the vector width or the
 // threads. dw/db: one partial per task (block) and channel, merged in task order in float64;
-// the blocks depend on the shape only. Rows: each row's sums in vectors then hsum (a fixed
-// order); dw/db through fixed chunks of rows (for_chunks), merged in chunk order in float64.
+// the blocks depend on the shape only. (Channels-last rows run on LayerNorm's row kernels,
+// cpu/layer_norm_kernels.cpp.)
 #include "cpu/layer_norm2d_kernels.h"
 
 #include <algorithm>
@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "numerics/chunks.h"
-#include "numerics/moments.h"
 #include "numerics/vec.h"
 
 #if NORMLAB_VEC_BYTES == 64
@@ -54,12 +53,6 @@ constexpr int64_t kMinTasks = 16;
 // The first pass asks for the runs of the plane kAhead planes on (far tensors only).
 constexpr int64_t kAhead = 4;
 constexpr int64_t kLineBytes = 64;
-// bwd_rows' chunks: at least kChunkValues values and kMinChunkRows rows, enlarged up to
-// kMaxChunkRows while at least kMinChunks chunks remain.
-constexpr int64_t kChunkValues = 65536;
-constexpr int64_t kMinChunkRows = 16;
-constexpr int64_t kMaxChunkRows = 256;
-constexpr int64_t kMinChunks = 32;
 }  // namespace
 
 int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize) {
@@ -71,11 +64,6 @@ int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize) {
   return std::max<int64_t>(1, std::min(blk, ns));
 }
 
-int64_t chunk_rows(int64_t n_rows, int64_t n_cols) {
-  int64_t rows = std::max(kMinChunkRows, (kChunkValues + std::max<int64_t>(n_cols, 1) - 1) / std::max<int64_t>(n_cols, 1));
-  rows = std::max<int64_t>(1, std::min(rows, n_rows));
-  return std::max(rows, std::min(kMaxChunkRows, n_rows / kMinChunks));
-}
 
 namespace {
 
@@ -310,187 +298,11 @@ void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   }
 }
 
-// ------------------------------------------------------------------------------------------------
-// Rows (channels_last) forward
-//
-// x       (n_rows, n_cols)  input, storage S, contiguous (a pixel's C channels per row)
-// w, b    (n_cols,)         weight, bias in acc_t<S>; nullptr for ones / zeros
-// y       (n_rows, n_cols)  out, storage S
-// mean    (n_rows,)         out: row means (nullptr: not written)
-// rstd    (n_rows,)         out: 1 / sqrt(var + eps) (nullptr with mean)
-// ------------------------------------------------------------------------------------------------
-namespace {
-template <class S, bool HasW, bool HasB>
-void fwd_rows_impl(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* rstd,
-                   int64_t n_rows, int64_t n_cols, double eps) {
-  using A = acc_t<S>;
-  using V = vec<A>;
-  constexpr int64_t L = vlanes<S>;
-  const A an = A(n_cols), aeps = A(eps), one = A(1);
-  const int64_t nfull = n_cols / L * L, tail = n_cols - nfull;
-  // Rows longer than this are read from memory once into a scratch row of d = x - shift in
-  // acc_t<S> (L1/L2), which the other passes read; shorter ones are read again (from L1), which
-  // costs less than storing and reloading them -- and in half precision converts them again,
-  // hence the shorter limit (the Numba kernels' SHORT_COLS / SHORT_COLS_HALF, measured there).
-  // Both give the same bits: the passes see the same differences x - shift.
-  const bool scratch = n_cols > (sizeof(S) >= 4 ? 2048 : 512);
-  for_rows(n_rows, n_cols, [&](int64_t r0, int64_t r1) {
-    std::unique_ptr<A[]> d(scratch ? new A[n_cols] : nullptr);  // (n_cols,) x - shift
-    // the row's statistics and output from src, whose values less sshift are the row's d
-    auto normalize = [&](const auto* src, A sshift, int64_t r, S* yr) {
-      const A md = shifted_sum(src, n_cols, sshift) / an;  // mean of d = x - shift
-      const A var = shifted_sqdev(src, n_cols, sshift, md) / an;  // biased
-      const A r_ = one / std::sqrt(var + aeps);
-      if (mean != nullptr) {
-        mean[r] = (scratch ? to_acc(x[r * n_cols]) : sshift) + md;
-        rstd[r] = r_;
-      }
-      const V vs = vset1<A>(sshift), vm = vset1<A>(md), vr = vset1<A>(r_);
-      for (int64_t j = 0; j < nfull; j += L) {
-        V o = ((vload(src + j) - vs) - vm) * vr;
-        if constexpr (HasW) o = o * vload(w + j);
-        if constexpr (HasB) o = o + vload(b + j);
-        vstore(yr + j, o);
-      }
-      if (tail) {
-        V o = ((load_part(src + nfull, tail) - vs) - vm) * vr;
-        if constexpr (HasW) o = o * load_part(w + nfull, tail);
-        if constexpr (HasB) o = o + load_part(b + nfull, tail);
-        store_part(yr + nfull, o, tail);
-      }
-    };
-    for (int64_t r = r0; r < r1; ++r) {
-      const S* xr = x + r * n_cols;
-      const A shift = to_acc(xr[0]);
-      if (!scratch) {
-        normalize(xr, shift, r, y + r * n_cols);
-        continue;
-      }
-      const V vs = vset1<A>(shift);
-      for (int64_t j = 0; j < nfull; j += L) vstore(d.get() + j, vload(xr + j) - vs);
-      for (int64_t j = nfull; j < n_cols; ++j) d[j] = to_acc(xr[j]) - shift;
-      normalize(static_cast<const A*>(d.get()), A(0), r, y + r * n_cols);  // d - 0 is d
-    }
-  });
-}
-}  // namespace
-
-template <class S>
-void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* rstd,
-              int64_t n_rows, int64_t n_cols, double eps) {
-  if (w && b) fwd_rows_impl<S, true, true>(x, w, b, y, mean, rstd, n_rows, n_cols, eps);
-  else if (w) fwd_rows_impl<S, true, false>(x, w, b, y, mean, rstd, n_rows, n_cols, eps);
-  else if (b) fwd_rows_impl<S, false, true>(x, w, b, y, mean, rstd, n_rows, n_cols, eps);
-  else fwd_rows_impl<S, false, false>(x, w, b, y, mean, rstd, n_rows, n_cols, eps);
-}
-
-// ------------------------------------------------------------------------------------------------
-// Rows (channels_last) backward
-//
-// dy      (n_rows, n_cols)  gradient of y, storage S, contiguous
-// x       (n_rows, n_cols)  the forward's input
-// w       (n_cols,)         weight, acc_t<S>; nullptr for ones
-// mean    (n_rows,)         the forward's row means
-// rstd    (n_rows,)         the forward's 1 / sqrt(var + eps)
-// dx      (n_rows, n_cols)  out: gradient of x, storage S
-// dw, db  (n_cols,)         out: sums over rows of dy * x_hat and dy (nullptr: not needed)
-// ------------------------------------------------------------------------------------------------
-namespace {
-template <class S, bool HasW>
-void bwd_rows_impl(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-                   acc_t<S>* dw, acc_t<S>* db, int64_t n_rows, int64_t n_cols) {
-  using A = acc_t<S>;
-  using V = vec<A>;
-  constexpr int64_t L = vlanes<S>;
-  const A an = A(n_cols);
-  const int64_t nfull = n_cols / L * L, tail = n_cols - nfull;
-  const bool need_wb = dw != nullptr;
-  const int64_t rows = chunk_rows(n_rows, n_cols), nch = n_chunks(n_rows, rows);
-  std::vector<A> dw_part(need_wb ? nch * n_cols : 0);  // (chunks, n_cols) partial sums of dy * x_hat
-  std::vector<A> db_part(need_wb ? nch * n_cols : 0);  // (chunks, n_cols) partial sums of dy
-  for_chunks(n_rows, rows, n_cols, [&](int64_t ch, int64_t lo, int64_t hi) {
-    A* pw = need_wb ? dw_part.data() + ch * n_cols : nullptr;
-    A* pb = need_wb ? db_part.data() + ch * n_cols : nullptr;
-    for (int64_t r = lo; r < hi; ++r) {
-      const S* xr = x + r * n_cols;
-      const S* dyr = dy + r * n_cols;
-      S* dxr = dx + r * n_cols;
-      const A m = mean[r], rs = rstd[r];
-      const V vm = vset1<A>(m), vr = vset1<A>(rs);
-      V s1 = vzero<A>(), s2 = vzero<A>();  // sums of g and g * x_hat
-      for (int64_t j = 0; j < nfull; j += L) {
-        V xh = (vload(xr + j) - vm) * vr;
-        V g = vload(dyr + j);
-        if constexpr (HasW) g = g * vload(w + j);
-        s1 += g;
-        s2 += g * xh;
-      }
-      A sum_g = hsum<A>(s1), sum_gx = hsum<A>(s2);
-      for (int64_t j = nfull; j < n_cols; ++j) {
-        A xh = (to_acc(xr[j]) - m) * rs;
-        A g = to_acc(dyr[j]);
-        if constexpr (HasW) g = g * w[j];
-        sum_g += g;
-        sum_gx += g * xh;
-      }
-      const V mg = vset1<A>(sum_g / an);    // term 2
-      const V mgx = vset1<A>(sum_gx / an);  // term 3's factor
-      for (int64_t j = 0; j < nfull; j += L) {
-        V xh = (vload(xr + j) - vm) * vr;
-        V dyv = vload(dyr + j);
-        V g = dyv;
-        if constexpr (HasW) g = g * vload(w + j);
-        vstore(dxr + j, vr * ((g - mg) - xh * mgx));
-        if (need_wb) {
-          vstore(pw + j, vload(pw + j) + dyv * xh);
-          vstore(pb + j, vload(pb + j) + dyv);
-        }
-      }
-      if (tail) {
-        V xh = (load_part(xr + nfull, tail) - vm) * vr;
-        V dyv = load_part(dyr + nfull, tail);
-        V g = dyv;
-        if constexpr (HasW) g = g * load_part(w + nfull, tail);
-        store_part(dxr + nfull, vr * ((g - mg) - xh * mgx), tail);
-        if (need_wb) {
-          store_part(pw + nfull, load_part(pw + nfull, tail) + dyv * xh, tail);
-          store_part(pb + nfull, load_part(pb + nfull, tail) + dyv, tail);
-        }
-      }
-    }
-  });
-  if (need_wb) {  // merge the partials in chunk order, in float64
-    for_rows(n_cols, nch, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        double sw = 0, sb = 0;
-        for (int64_t c = 0; c < nch; ++c) {
-          sw += double(dw_part[c * n_cols + j]);
-          sb += double(db_part[c * n_cols + j]);
-        }
-        dw[j] = A(sw);
-        db[j] = A(sb);
-      }
-    });
-  }
-}
-}  // namespace
-
-template <class S>
-void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n_rows, int64_t n_cols) {
-  if (w) bwd_rows_impl<S, true>(dy, x, w, mean, rstd, dx, dw, db, n_rows, n_cols);
-  else bwd_rows_impl<S, false>(dy, x, w, mean, rstd, dx, dw, db, n_rows, n_cols);
-}
-
 #define NORMLAB_LN2D_INSTANTIATE(S)                                                                          \
   template void fwd_nchw<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, int64_t,  \
                             int64_t, int64_t, double, bool);                                                 \
   template void bwd_nchw<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,      \
                             acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, bool);                          \
-  template void fwd_rows<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, int64_t,  \
-                            int64_t, double);                                                                \
-  template void bwd_rows<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,      \
-                            acc_t<S>*, acc_t<S>*, int64_t, int64_t);
 
 NORMLAB_LN2D_INSTANTIATE(float)
 NORMLAB_LN2D_INSTANTIATE(double)

@@ -3,7 +3,8 @@
 //
 // - NCHW (contiguous): a pixel's channels lie S = H * W values apart, so the kernels stream the
 //   C planes of a block of pixels with the pixels as the vector lanes (fwd_nchw, bwd_nchw).
-// - channels_last: the pixels are rows of C contiguous values (fwd_rows, bwd_rows).
+// - channels_last: the pixels are rows of C contiguous values, which LayerNorm's row kernels
+//   normalise (cpu/layer_norm_kernels.h).
 //
 // Storage S is float, double, bf16 or f16; weights, statistics and sums are in acc_t<S>
 // (float64 for double, float32 otherwise). No torch headers here but ATen/Parallel.h (chunks.h).
@@ -20,9 +21,6 @@ namespace normlab::ln2d {
 // depend on the number of threads).
 int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);
 
-// Rows per chunk of bwd_rows' dw/db partials: from the shape only.
-int64_t chunk_rows(int64_t n_rows, int64_t n_cols);
-
 // A tensor of at least this many bytes is read with prefetches (it streams from memory).
 constexpr int64_t kFarBytes = int64_t(8) << 20;
 
@@ -34,11 +32,4 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 template <class S>
 void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
               acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t nc, int64_t ns, bool far);
-template <class S>
-void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* rstd,
-              int64_t n_rows, int64_t n_cols, double eps);
-template <class S>
-void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n_rows, int64_t n_cols);
-
 }  // namespace normlab::ln2d

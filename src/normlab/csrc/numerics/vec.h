@@ -111,28 +111,23 @@ template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
   std::memcpy(p, buf, n * sizeof(S));
 }
 
+// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise: lane i + lane i + w for
+// w = lanes / 2, ..., 1), the same bits on any run. Written as half-width vector adds, so it
+// compiles to a few shuffles and adds (a loop over an array compiled to stores and scalar adds).
 namespace detail {
-// The lanes of a Bytes-wide vector summed as a fixed tree: the upper half added to the lower
-// half (lane i + lane i + n/2), then the same on the half-width vector, down to two lanes.
-template <class T, int Bytes> struct HalfSum {
-  typedef T V __attribute__((vector_size(Bytes)));
-  typedef T H __attribute__((vector_size(Bytes / 2)));
-  static T run(V v) {
-    H lo, hi;
-    std::memcpy(&lo, &v, Bytes / 2);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + Bytes / 2, Bytes / 2);
-    if constexpr (Bytes / 2 == int(sizeof(T))) {
-      return lo[0] + hi[0];
-    } else {
-      return HalfSum<T, Bytes / 2>::run(lo + hi);
-    }
+template <class T, int64_t N> struct vec_n { typedef T type __attribute__((vector_size(N * sizeof(T)))); };
+template <class T, int64_t N> inline T hsum_n(typename vec_n<T, N>::type v) {
+  if constexpr (N == 2) {
+    return v[0] + v[1];
+  } else {
+    typename vec_n<T, N / 2>::type lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return hsum_n<T, N / 2>(lo + hi);
   }
-};
+}
 }  // namespace detail
 
-// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise: a[i] + a[i + n/2], then
-// the same on the halves), the same bits on any run. Written on half-width vectors so that it
-// compiles to a few extracts and adds (a loop over an array compiled to stores and reloads).
-template <class T> inline T hsum(vec<T> v) { return detail::HalfSum<T, NORMLAB_VEC_BYTES>::run(v); }
+template <class T> inline T hsum(vec<T> v) { return detail::hsum_n<T, lanes<T>>(v); }
 
 }  // namespace normlab
