@@ -2,8 +2,8 @@
 GhostBatchNorm (re-exported there; kept apart so that each file stays readable).
 
 Each checks its arguments first, with the same checks and messages as the
-rest of ``normlab.functional``, then runs on the family's kernels: LayerNorm's
-row kernel (channels_last) or its NCHW kernels (``ops/layer_norm/launch_2d.py``) for
+rest of ``normlab.functional``, then runs on the family's kernels: the C++ op
+``torch.ops.normlab.layer_norm2d`` (``ops/layer_norm/op_2d.py``, both layouts) for
 ``layer_norm2d``, BatchNorm's for the other two (their math:
 ``ops/batch_norm/renorm.py``, ``ops/batch_norm/ghost.py``).
 """
@@ -16,7 +16,7 @@ import numbers
 import torch
 
 from . import _backend
-from ._checks import check_eps, check_input
+from ._checks import check_eps, check_input, cpu_params_fit, plain_eps
 from .functional import (
     _check_channels_input,
     _check_momentum,
@@ -62,10 +62,16 @@ def layer_norm2d(
     True
     """
     fn = "layer_norm2d"
-    check_input(fn, input)
-    _check_channels_input(fn, input)
-    _check_per_channel(fn, input, weight=weight, bias=bias)
-    check_eps(fn, eps)
+    if not (  # the fast test first: a few attribute reads, then the checks that raise
+        isinstance(input, torch.Tensor)
+        and input.dim() >= 2
+        and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and plain_eps(eps)
+    ):
+        check_input(fn, input)
+        _check_channels_input(fn, input)
+        _check_per_channel(fn, input, weight=weight, bias=bias)
+        check_eps(fn, eps)
     return _backend.implementation(input, "layer_norm2d")(input, weight, bias, float(eps))
 
 

@@ -1,8 +1,9 @@
-"""LayerNorm2d's NCHW kernels (``ops/layer_norm/kernels_2d.py``): contiguous inputs, no copy.
+"""LayerNorm2d's C++ kernels (``csrc/cpu/layer_norm2d_kernels.cpp``): contiguous (NCHW) inputs
+on the plane kernels, channels_last on the row kernels, no copy of either.
 
 Oracles: torch's permute -> layer_norm -> permute in float64 (and torch's own rounding in
 the half dtypes, ``tests/oracle.assert_within_rounding``), gradcheck, and the kernels
-against themselves for the bits (1 vs 2 threads, serial twin vs parallel version).
+against themselves for the bits (1 vs 2 threads; a pixel's values whatever its block).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _launch
-from normlab.ops.layer_norm import launch_2d
+from normlab.ops import extension
 from tests.oracle import assert_within_rounding, rel_err
 
-pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="the C++ extension is not built")
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -85,68 +85,67 @@ def test_constant_pixel_gives_the_bias_exactly():
     assert torch.equal(y, b.view(1, 5, 1, 1).expand_as(y))
 
 
-def test_contiguous_input_reaches_the_kernel_without_a_copy(monkeypatch):
-    x, w, b, _ = _data((2, 6, 4, 5), torch.float32)
-    seen = []
-    real = launch_2d._forward2d
+_COPIES = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::to", "aten::_to_copy")
 
-    def spy(x2, *args):
-        seen.append(x2.data_ptr())
-        return real(x2, *args)
 
-    monkeypatch.setattr(launch_2d, "_forward2d", spy)
+def _copies(fn):
+    """The copying aten ops that ``fn()`` ran (the profiler sees those called from C++ too)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name in _COPIES]
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_input_reaches_the_kernel_without_a_copy(fmt):
+    x, w, b, dy = _data((2, 6, 4, 5), torch.float32)
+    x, dy = x.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
+    xs = x.clone().requires_grad_()
     with normlab.use_backend("cpu"):
-        y = NF.layer_norm2d(x, w, b)
-    assert seen == [x.data_ptr()] and y.is_contiguous()
+        assert _copies(lambda: NF.layer_norm2d(x, w, b)) == []
+        y = NF.layer_norm2d(xs, w, b)
+    assert y.is_contiguous(memory_format=fmt)
+    assert _copies(lambda: y.backward(dy)) == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_same_bits_at_1_and_2_threads_and_in_the_serial_twin(dtype):
-    x, w, b, dy = _data((4, 48, 40, 40), dtype)  # 307200 values: the parallel version at 2 threads
-    assert x.numel() >= _launch.SERIAL_ELEMS
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_same_bits_at_1_and_2_threads(dtype, fmt):
+    x, w, b, dy = _data((4, 48, 40, 40), dtype)  # 307200 values: several tasks at 2 threads
+    x, dy = x.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = _run(x, w, b, dy)
         torch.set_num_threads(2)
         two = _run(x, w, b, dy)
-        with _launch.forced_version(False):
-            serial = _run(x, w, b, dy)
-        with _launch.forced_version(True):
-            parallel = _run(x, w, b, dy)
     finally:
         torch.set_num_threads(threads)
-    for got in (two, serial, parallel):
-        for a, r in zip(got, one):
-            assert torch.equal(a, r)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_prefetches_change_no_bit(monkeypatch, dtype):
-    """Large tensors are read with prefetches (``launch_2d.FAR_BYTES``): the same outputs and
-    gradients, bit for bit, with them forced on as with them off, including a last block and
-    the last ``AHEAD`` planes (nothing ahead to ask for)."""
-    x, w, b, dy = _data((3, 40, 33, 31), dtype)
-    monkeypatch.setattr(launch_2d, "FAR_BYTES", 1 << 62)
-    near = _run(x, w, b, dy)
-    monkeypatch.setattr(launch_2d, "FAR_BYTES", 0)
-    seen = []
-    real = launch_2d._far
-    monkeypatch.setattr(launch_2d, "_far", lambda t: seen.append(real(t)) or real(t))
-    far = _run(x, w, b, dy)
-    assert seen == [True, True]  # the forward and the backward asked for them
-    for a, r in zip(far, near):
+    for a, r in zip(two, one):
         assert torch.equal(a, r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_pixel_gets_the_same_bits_whatever_its_block_and_prefetches(dtype):
+    """Each pixel's sums run over its channels in order, one pixel per vector lane: y and dx of a
+    sample are the same bits alone (small: other blocks, no prefetches) as in a batch of 8 MB or
+    more (read with prefetches, other blocks), including a last block and a partial vector."""
+    x, w, b, dy = _data((14, 40, 97, 41), dtype)  # 8.9 MB of float32
+    if x.numel() * x.element_size() < (8 << 20):  # bfloat16: twice the samples
+        x, dy = torch.cat([x, x]), torch.cat([dy, dy])
+    big = _run(x, w, b, dy)
+    one = _run(x[1:2], w, b, dy[1:2])
+    assert torch.equal(big[0][1:2], one[0]) and torch.equal(big[1][1:2], one[1])
+
+
 def test_block_size_depends_on_the_shape_and_dtype_only():
-    assert launch_2d.block_size(8, 96, 3136, 4) == 672  # about 256 KiB a task, a multiple of 16 pixels
-    assert launch_2d.block_size(8, 96, 3136, 2) == 1360  # the same bytes in bfloat16: twice the pixels
-    assert launch_2d.block_size(16, 768, 1369, 4) == 256  # runs of 1 KiB a plane (256 KiB would be 80 pixels)
-    assert launch_2d.block_size(8, 3000, 1024, 4) == 80  # ...but a block of at most 1 MiB
-    assert launch_2d.block_size(8, 20000, 1024, 4) == 64  # at least 64 pixels
-    assert launch_2d.block_size(8, 64, 10, 4) == 10  # never more than the pixels there are
-    assert launch_2d.block_size(8, 64, 1024, 4) == 512  # halved until 16 tasks: 8 samples x 2 blocks
+    block_size = normlab._C._layer_norm2d_block_size
+    assert block_size(8, 96, 3136, 4) == 672  # about 256 KiB a task, a multiple of 16 pixels
+    assert block_size(8, 96, 3136, 2) == 1360  # the same bytes in bfloat16: twice the pixels
+    assert block_size(16, 768, 1369, 4) == 256  # runs of 1 KiB a plane (256 KiB would be 80 pixels)
+    assert block_size(8, 3000, 1024, 4) == 80  # ...but a block of at most 1 MiB
+    assert block_size(8, 20000, 1024, 4) == 64  # at least 64 pixels
+    assert block_size(8, 64, 10, 4) == 10  # never more than the pixels there are
+    assert block_size(8, 64, 1024, 4) == 512  # halved until 16 tasks: 8 samples x 2 blocks
 
 
 def test_gradcheck_and_double_backward():

@@ -5,10 +5,23 @@
 
 #include <torch/extension.h>
 
+#include <optional>
+
 namespace normlab {
 
+// normlab::layer_norm2d through a cached dispatcher handle (Autograd kernel, then CPU).
+at::Tensor layer_norm2d_call(const at::Tensor& x, const std::optional<at::Tensor>& w,
+                             const std::optional<at::Tensor>& b, double eps);
+
+namespace ln2d {
+int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);
+}
+
 inline void bind_layer_norm2d(pybind11::module_& m) {
-  (void)m;  // m.def("name", &function, "what it computes"); one line per entry point
+  m.def("layer_norm2d", &layer_norm2d_call,
+        "LayerNorm over dim 1 of an (N, C, *) tensor at every pixel: layer_norm2d(x, weight, bias, eps) -> y");
+  m.def("_layer_norm2d_block_size", &ln2d::block_size,
+        "pixels per NCHW task for (N, C, S pixels, itemsize): from the shape and dtype only");
 }
 
 }  // namespace normlab

@@ -48,6 +48,9 @@ typedef _Float16 h16v __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
 // vload(p): vlanes<S> values from p (no alignment needed), in the accumulation type.
 inline vec<float> vload(const float* p) { vec<float> v; std::memcpy(&v, p, sizeof v); return v; }
 inline vec<double> vload(const double* p) { vec<double> v; std::memcpy(&v, p, sizeof v); return v; }
+// (The half-precision loads and the float16 store are written with the instructions themselves
+// where the build has them: GCC compiles the generic forms to a split zero-extension for bfloat16
+// and to one scalar conversion per lane for float16 without AVX512-FP16. Same values.)
 inline vec<float> vload(const bf16* p) {
 #if NORMLAB_VEC_BYTES == 64  // one widening load (GCC splits the generic one into halves)
   __m512i u = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);

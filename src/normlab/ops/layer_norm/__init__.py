@@ -8,13 +8,12 @@
   (vmap and forward-mode rules) that calls them.
 
 Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm`` and ``layer_norm2d`` (``launch_2d.py``: LayerNorm2d's NCHW kernels,
-``kernels_2d.py``) in the backend table (``"cpu"`` where the C++ extension is installed;
-``layer_norm2d`` still on its Numba kernels).
+``add_rms_norm`` and ``layer_norm2d`` (``op_2d.py``: LayerNorm2d's C++ ops, both layouts)
+in the backend table (``"cpu"`` where the C++ extension is installed).
 """
 
 from .. import _register, extension
-from . import launch_2d, op
+from . import op, op_2d
 from .reference import (
     LayerNormFunction,
     RMSNormFunction,
@@ -50,4 +49,4 @@ _register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm, availab
 _register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm, available=extension.available)
 _register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm, available=extension.available)
 _register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm, available=extension.available)
-_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=launch_2d.layer_norm2d)
+_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=op_2d.layer_norm2d, available=extension.available)
