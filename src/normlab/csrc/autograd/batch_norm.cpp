@@ -135,8 +135,17 @@ void save(AutogradContext* ctx, const at::Tensor& x, const OptT& w, const OptT& 
           double eps) {
   ctx->save_for_backward({x, defined(w) ? *w : at::Tensor(), stats});
   ctx->saved_data["eps"] = eps;
+  ctx->saved_data["has_w"] = defined(w);
   ctx->saved_data["b_dtype"] = defined(b) ? int64_t(b->scalar_type()) : int64_t(-1);
   ctx->set_materialize_grads(false);
+}
+
+// Whether x, w, b need gradients: the edges are the defined tensor inputs only (x, then the
+// `first` - 1 other tensors before w, then w and b where given).
+std::tuple<bool, bool, bool> needs(AutogradContext* ctx, size_t first) {
+  const bool has_w = ctx->saved_data["has_w"].toBool(), has_b = ctx->saved_data["b_dtype"].toInt() >= 0;
+  return {ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(first),
+          has_b && ctx->needs_input_grad(first + (has_w ? 1 : 0))};
 }
 
 struct TrainFn : public torch::autograd::Function<TrainFn> {
@@ -148,7 +157,8 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
     return {y, stats};
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto r = grads(ctx, g[0], true, ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2));
+    auto [nx, nw, nb] = needs(ctx, 1);
+    auto r = grads(ctx, g[0], true, nx, nw, nb);
     return {r[0], r[1], r[2], at::Tensor()};
   }
 };
@@ -164,7 +174,8 @@ struct EvalFn : public torch::autograd::Function<EvalFn> {
     return {y};
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto r = grads(ctx, g[0], false, ctx->needs_input_grad(0), ctx->needs_input_grad(3), ctx->needs_input_grad(4));
+    auto [nx, nw, nb] = needs(ctx, 3);
+    auto r = grads(ctx, g[0], false, nx, nw, nb);
     return {r[0], at::Tensor(), at::Tensor(), r[1], r[2], at::Tensor()};
   }
 };
