@@ -559,17 +559,21 @@ void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int6
 template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_t<S> m, acc_t<S>* o1, acc_t<S>* o2) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  vec<A> a0 = vzero<A>(), a1 = vzero<A>(), b0 = vzero<A>(), b1 = vzero<A>(), vm = vset1<A>(m);
+  vec<A> a[4], q[4], vm = vset1<A>(m);  // four chains each: the adds overlap, and short partial sums
+  for (int i = 0; i < 4; ++i) a[i] = q[i] = vzero<A>();
   int64_t j = 0;
-  for (; j + 2 * L <= k; j += 2 * L) {
-    vec<A> g0 = vload(g + j), g1 = vload(g + j + L);
-    a0 += g0;
-    a1 += g1;
-    b0 += g0 * (vload(x + j) - vm);
-    b1 += g1 * (vload(x + j + L) - vm);
+  for (; j + 4 * L <= k; j += 4 * L)
+    for (int i = 0; i < 4; ++i) {
+      vec<A> gi = vload(g + j + i * L);
+      a[i] += gi;
+      q[i] += gi * (vload(x + j + i * L) - vm);
+    }
+  for (int i = 0; j + L <= k; j += L, ++i) {
+    vec<A> gi = vload(g + j);
+    a[i] += gi;
+    q[i] += gi * (vload(x + j) - vm);
   }
-  if (j + L <= k) { vec<A> g0 = vload(g + j); a0 += g0; b0 += g0 * (vload(x + j) - vm); j += L; }
-  A s1 = hsum<A>(a0 + a1), s2 = hsum<A>(b0 + b1);
+  A s1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3])), s2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
   for (; j < k; ++j) { A v = to_acc(g[j]); s1 += v; s2 += v * (to_acc(x[j]) - m); }
   *o1 = s1;
   *o2 = s2;
