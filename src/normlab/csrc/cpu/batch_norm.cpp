@@ -121,10 +121,9 @@ at::Tensor eval_fwd_cpu(const at::Tensor& x_in, const at::Tensor& rm, const at::
   at::Tensor x = x_in.contiguous(fmt);
   at::Tensor y = empty_output(x, fmt);
   if (x.numel() == 0) return y;
-  double small[3 * 64];
-  std::vector<double> big;
-  double* stats = small;
-  if (c > 64) { big.resize(3 * c); stats = big.data(); }
+  thread_local std::vector<double> buf;  // the running statistics as float64, and rstd: not returned
+  if (int64_t(buf.size()) < 3 * c) buf.resize(3 * c);
+  double* stats = buf.data();
   forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), chan(rm), chan(rv), stats,
           view_of(x, fmt), eps, false);
   return y;

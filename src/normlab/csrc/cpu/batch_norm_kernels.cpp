@@ -88,7 +88,32 @@ double* scratch(int64_t n) {
   return buf.data();
 }
 
+// This thread's scratch arrays for per-channel and per-column constants (slot: which one; kept
+// between calls, uninitialised: no allocation or zeroing on a small call).
+template <class T> T* buffer(int slot, int64_t n) {
+  thread_local std::vector<T> bufs[8];
+  std::vector<T>& b = bufs[slot];
+  if (int64_t(b.size()) < n) b.resize(n);
+  return b.data();
+}
+
 template <class A> inline A acc_cast(double v) { return A(v); }
+
+// out[c - c0] = t[c] as float64 for c in [c0, c1) (absent: `absent`), rounded through the
+// accumulation dtype A first (as the kernels' weight and bias: torch's mixed-precision rule).
+template <class A> void load_chan(const Chan& t, double* out, int64_t c0, int64_t c1, double absent) {
+  const int64_t n = c1 - c0;
+  if (!t.p) { for (int64_t i = 0; i < n; ++i) out[i] = absent; return; }
+  if (t.dt == Dt::f32 && t.stride == 1) {
+    const float* p = static_cast<const float*>(t.p) + c0;
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(p[i]));
+  } else if (t.dt == Dt::f64 && t.stride == 1) {
+    const double* p = static_cast<const double*>(t.p) + c0;
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(p[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(t.at(c0 + i)));
+  }
+}
 
 // Tasks: phase 0, (row group g, column block) of `rows` rows by `cw` columns; phase 1, whole
 // rows, about phase1_values values each.
@@ -360,29 +385,38 @@ inline void channel_sums(const double* ty, const double* tx, int64_t start, int6
   *sx = b;
 }
 
-// Per-channel constants of the normalisation, channel c: rstd = 1 / sqrt(var + eps);
-// y = ((x - hi) - lo) * a + b = (x - hi) * a + b2 with hi = the mean rounded to the
-// accumulation dtype, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once).
+// Per-channel constants of the normalisation, channels [c0, c1): rstd = 1 / sqrt(var + eps);
+// y = ((x - hi) - lo) * a + b = (x - hi) * a + b2 with hi = the mean rounded to the accumulation
+// dtype, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once).
 template <class A> struct Affine {
-  std::vector<A> hi, a, b2;
-  explicit Affine(int64_t c) : hi(c), a(c), b2(c) {}
-  void set(int64_t c, double mean, double var, double eps, const Chan& w, const Chan& b, double* rstd) {
-    const double rs = 1.0 / std::sqrt(var + eps);
-    rstd[c] = rs;
-    const A h = acc_cast<A>(mean);
-    const double f = rs * (w.p ? double(acc_cast<A>(w.at(c))) : 1.0);
-    const double bc = b.p ? double(acc_cast<A>(b.at(c))) : 0.0;
-    hi[c] = h;
-    a[c] = acc_cast<A>(f);
-    b2[c] = acc_cast<A>(bc - (mean - double(h)) * f);
+  A *hi, *a, *b2;
+  explicit Affine(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), b2(buffer<A>(2, c)) {}
+  void set(int64_t c0, int64_t c1, const double* mean, const double* var, double eps, const Chan& w, const Chan& b,
+           double* rstd) {
+    double wb[2 * 64];
+    for (int64_t s0 = c0; s0 < c1; s0 += 64) {  // blocks of 64 channels: w, b read once as float64
+      const int64_t s1 = std::min(c1, s0 + 64), n = s1 - s0;
+      load_chan<A>(w, wb, s0, s1, 1.0);
+      load_chan<A>(b, wb + 64, s0, s1, 0.0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t c = s0 + i;
+        const double rs = 1.0 / std::sqrt(var[c] + eps);
+        rstd[c] = rs;
+        const A h = acc_cast<A>(mean[c]);
+        const double f = rs * wb[i];
+        hi[c] = h;
+        a[c] = acc_cast<A>(f);
+        b2[c] = acc_cast<A>(wb[64 + i] - (mean[c] - double(h)) * f);
+      }
+    }
   }
 };
 
-// Per-column copies of per-channel values for S == 1 (column u of a folded row: channel u % C).
-template <class A> std::vector<A> tiled(const std::vector<A>& v, int64_t width) {
-  std::vector<A> e(width);
-  const int64_t c = int64_t(v.size());
-  for (int64_t u = 0; u < width; ++u) e[u] = v[u % c];
+// Per-column copies of per-channel values for S == 1 (column u of a folded row: channel u % C),
+// in scratch slot `slot`.
+template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, int slot) {
+  A* e = buffer<A>(slot, width);
+  for (int64_t u = 0; u < width; u += n_ch) std::copy(v, v + n_ch, e + u);
   return e;
 }
 
@@ -441,14 +475,11 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
           for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c)
             channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, period, n_rows, &mean[c], &var[c]);
         }
-        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
-          mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
-          k.set(c, mean[c], var[c], eps, w, b, rstd);
-        }
+        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
+        k.set(ch0, ch0 + sp.n / s_len, mean, var, eps, w, b, rstd);
         if (y) {
           const int64_t off = s_len == 1 ? sp.c0 : 0;
-          normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi.data() + off, k.a.data() + off,
-                    k.b2.data() + off);
+          normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off);
         }
       } else {
         task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, pmean + sp.g * width + sp.c0,
@@ -474,15 +505,14 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
       mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
     }
   } else {
-    for (int64_t c = 0; c < n_ch; ++c) { mean[c] = rm.at(c); var[c] = rv.at(c); }
+    load_chan<double>(rm, mean, 0, n_ch, 0.0);
+    load_chan<double>(rv, var, 0, n_ch, 1.0);
   }
-  for (int64_t c = 0; c < n_ch; ++c) k.set(c, mean[c], var[c], eps, w, b, rstd);
+  k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  std::vector<A> th, ta, tb;
-  const A *ph = k.hi.data(), *pa = k.a.data(), *pb = k.b2.data();
+  const A *ph = k.hi, *pa = k.a, *pb = k.b2;
   if (s_len == 1 && width != n_ch) {
-    th = tiled(k.hi, width); ta = tiled(k.a, width); tb = tiled(k.b2, width);
-    ph = th.data(); pa = ta.data(); pb = tb.data();
+    ph = tiled(k.hi, n_ch, width, 3); pa = tiled(k.a, n_ch, width, 4); pb = tiled(k.b2, n_ch, width, 5);
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
@@ -499,23 +529,30 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
 //          m1 = mean(dy) (term 2), m2 = rstd^2 * mean(dy * xc) (term 3), k2 = a * m2, k0 = a * m1 - k2 * lo
 //   eval:  dx = a * dy,  a = rstd * w (term 1)
 template <class A> struct GradConst {
-  std::vector<A> hi, a, k2, k0;
-  explicit GradConst(int64_t c) : hi(c), a(c), k2(c), k0(c) {}
-  void set(int64_t c, const Chan& w, const double* mean, const double* rstd, double sum_dy, double sum_dyxc,
-           double cnt, bool train) {
-    const double rs = rstd[c];
-    const A h = acc_cast<A>(mean[c]);
-    const double f = rs * (w.p ? double(acc_cast<A>(w.at(c))) : 1.0);
-    hi[c] = h;
-    a[c] = acc_cast<A>(f);
-    if (train) {
-      const double q2 = f * (rs * rs * sum_dyxc / cnt);
-      k2[c] = acc_cast<A>(q2);
-      k0[c] = acc_cast<A>(f * (sum_dy / cnt) - q2 * (mean[c] - double(h)));
-    } else {
-      k2[c] = 0;
-      k0[c] = 0;
+  A *hi, *a, *k2, *k0;
+  explicit GradConst(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), k2(buffer<A>(2, c)), k0(buffer<A>(3, c)) {}
+  // hi, a of every channel; k2 = k0 = 0 (eval)
+  void init(int64_t n_ch, const Chan& w, const double* mean, const double* rstd) {
+    double wb[64];
+    for (int64_t s0 = 0; s0 < n_ch; s0 += 64) {
+      const int64_t s1 = std::min(n_ch, s0 + 64);
+      load_chan<A>(w, wb, s0, s1, 1.0);
+      for (int64_t c = s0; c < s1; ++c) {
+        hi[c] = acc_cast<A>(mean[c]);
+        a[c] = acc_cast<A>(rstd[c] * wb[c - s0]);
+        k2[c] = 0;
+        k0[c] = 0;
+      }
     }
+  }
+  // train: k2, k0 of channel c from its sums
+  void set_train(int64_t c, const Chan& w, const double* mean, const double* rstd, double sum_dy, double sum_dyxc,
+                 double cnt) {
+    const double rs = rstd[c];
+    const double f = rs * (w.p ? double(acc_cast<A>(w.at(c))) : 1.0);
+    const double q2 = f * (rs * rs * sum_dyxc / cnt);
+    k2[c] = acc_cast<A>(q2);
+    k0[c] = acc_cast<A>(f * (sum_dy / cnt) - q2 * (mean[c] - double(hi[c])));
   }
 };
 
@@ -671,14 +708,14 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   const bool fused = need_dx && need_wb && !train;  // eval: dx in the same pass as the sums
   const double cnt = double(n_rows * g.fold * s_len);  // values per channel
   GradConst<A> k(n_ch);
-  for (int64_t c = 0; c < n_ch; ++c) k.set(c, w, mean, rstd, 0.0, 0.0, cnt, false);
+  k.init(n_ch, w, mean, rstd);
   const bool local = g.local && need_sums;
   const int64_t plane_min = constants().plane_min;
   auto finish = [&](int64_t c, double sy, double sx) {
     const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
     db[c] = sy;
     dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
-    k.set(c, w, mean, rstd, sy, sum_dyxc, cnt, train);
+    if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, cnt);
   };
   if (need_sums) {
     double* pdy = scratch(2 * n_rg * width);  // (G, W) per-task, per-column sums of dy
@@ -689,7 +726,7 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       double* tx = pdx + sp.g * width + sp.c0;
       const bool planes = s_len >= plane_min && sp.c0 % s_len == 0 && sp.n % s_len == 0;
       if (planes) {
-        task_grad_sums_planes(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, n_ch, k.hi.data(), k.a.data(), ty,
+        task_grad_sums_planes(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, n_ch, k.hi, k.a, ty,
                               tx, fused, local);
       } else {
         std::vector<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
@@ -712,8 +749,8 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
         }
         if (need_dx && !fused) {
           const int64_t off = s_len == 1 ? sp.c0 : 0;
-          grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a.data() + off, k.hi.data() + off,
-                 k.k2.data() + off, k.k0.data() + off, train);
+          grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off, k.k2 + off,
+                 k.k0 + off, train);
         }
       }
     });
@@ -729,11 +766,10 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
     }
   }
   if (!need_dx || fused) return;
-  std::vector<A> ta, th, t2, t0;
-  const A *pa = k.a.data(), *ph = k.hi.data(), *p2 = k.k2.data(), *p0 = k.k0.data();
+  const A *pa = k.a, *ph = k.hi, *p2 = k.k2, *p0 = k.k0;
   if (s_len == 1 && width != n_ch) {
-    ta = tiled(k.a, width); th = tiled(k.hi, width); t2 = tiled(k.k2, width); t0 = tiled(k.k0, width);
-    pa = ta.data(); ph = th.data(); p2 = t2.data(); p0 = t0.data();
+    pa = tiled(k.a, n_ch, width, 4); ph = tiled(k.hi, n_ch, width, 5);
+    p2 = tiled(k.k2, n_ch, width, 6); p0 = tiled(k.k0, n_ch, width, 7);
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
