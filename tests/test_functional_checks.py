@@ -84,7 +84,7 @@ def _eps(flaw, default=1e-5):
 
 
 ROW_FLAWS = [None, "x int", "x int, no params", "x meta", "x list", "x 0-d", "norm int", "norm list", "norm size", "norm empty",
-             "norm float", "norm bool", "norm wrong", "norm too long", "w low-precision float32",
+             "norm float", "norm bool", "norm negative", "norm wrong", "norm too long", "w low-precision float32",
              *(f"w {f}" for f in PARAM_FLAWS), *(f"b {f}" for f in PARAM_FLAWS),
              "residual dtype", "residual shape", "residual list", "residual meta", *EPS_FLAWS, *EPS_SLOW]
 
@@ -102,9 +102,11 @@ def test_row_norms_fast_checks_agree_with_full_checks(dtype, lead, last, flaw, o
     normalized = {
         "norm int": norm[-1], "norm list": list(norm), "norm size": torch.Size(norm), "norm empty": (),
         "norm float": tuple(float(d) for d in norm), "norm bool": (True,) * len(norm),
-        "norm wrong": (*norm[:-1], norm[-1] + 1), "norm too long": (7, *shape),
+        "norm negative": (*norm[:-1], -norm[-1]), "norm wrong": (*norm[:-1], norm[-1] + 1), "norm too long": (7, *shape),
     }.get(flaw, norm)
     pshape = tuple(int(d) for d in normalized) if isinstance(normalized, (tuple, list)) else (int(normalized),)
+    if flaw == "norm negative":
+        pshape = (1,)  # (w and b are None then)
     if flaw == "norm int":
         normalized, pshape = norm[-1], norm[-1:]
         shape = (*shape, norm[-1]) if len(norm) > 1 else shape
@@ -120,7 +122,7 @@ def test_row_norms_fast_checks_agree_with_full_checks(dtype, lead, last, flaw, o
         w = _param(pshape or (1,), dtype, flaw[2:] if flaw and flaw.startswith("w ") else None,
                    low_precision_float32=flaw == "w low-precision float32")
         b = _param(pshape or (1,), dtype, flaw[2:] if flaw and flaw.startswith("b ") else None)
-        if flaw in ("x int, no params", "norm empty"):
+        if flaw in ("x int, no params", "norm empty", "norm negative"):
             w = b = None
         r = {"residual dtype": lambda: _tensor(shape, torch.float64 if dtype != torch.float64 else torch.float32),
              "residual shape": lambda: _tensor((*shape, 1), dtype), "residual list": lambda: [0.0],
@@ -143,7 +145,8 @@ CHANNEL_FLAWS = [None, "x int", "x int, no params", "x meta", "x list", "x 1-d",
                  *(f"w {f}" for f in PARAM_FLAWS), *(f"b {f}" for f in PARAM_FLAWS),
                  *(f"rm {f}" for f in PARAM_FLAWS), *(f"rv {f}" for f in PARAM_FLAWS),
                  "rm none", "rv none", "both none", "momentum nan", "momentum none", "momentum str",
-                 "momentum bool", "momentum int", "momentum numpy", "one value per channel",
+                 "momentum bool", "momentum int", "momentum numpy", "momentum 2", "momentum -0.1", "momentum 0",
+                 "one value per channel",
                  *EPS_FLAWS, *EPS_SLOW]
 
 
@@ -170,7 +173,8 @@ def _channel_args(dtype, shape, flaw):
     if flaw in ("rv none", "both none"):
         rv = None
     momentum = {"momentum nan": math.nan, "momentum none": None, "momentum str": "0.1", "momentum bool": True,
-                "momentum int": 1, "momentum numpy": np.float32(0.5)}.get(flaw, 0.1)
+                "momentum int": 1, "momentum numpy": np.float32(0.5), "momentum 2": 2.0, "momentum -0.1": -0.1,
+                "momentum 0": 0.0}.get(flaw, 0.1)
     return x, rm, rv, p("w"), p("b"), momentum, _eps(flaw)
 
 
@@ -230,3 +234,62 @@ def test_the_common_call_takes_the_fast_path(op, monkeypatch):
     else:
         NF.group_norm(x, 3, w, w, 1e-5)
     assert calls == []
+
+
+# ----------------------------------------------------------------------------
+# what a user is told: the class (torch's for the same mistake) and the message
+# ----------------------------------------------------------------------------
+
+_X = torch.randn(2, 4, 3)
+_RM, _RV = torch.zeros(4), torch.ones(4)
+
+
+@pytest.mark.parametrize("call,exc,message,theirs", [
+    (lambda: NF.layer_norm(_X, (-3,)), RuntimeError,
+     r"^layer_norm: expected normalized_shape of sizes >= 0, got normalized_shape = \[-3\]$",
+     lambda: torch.nn.functional.layer_norm(_X, (-3,))),
+    (lambda: NF.layer_norm(_X, ()), RuntimeError,
+     r"^layer_norm: expected normalized_shape to have at least one dim, got normalized_shape = \[\]$",
+     lambda: torch.nn.functional.layer_norm(_X, ())),
+    (lambda: NF.rms_norm(_X, (2, -3)), RuntimeError, r"^rms_norm: expected normalized_shape of sizes >= 0", None),
+    (lambda: NF.batch_norm(_X, _RM, _RV, training=True, momentum=2.0), ValueError,
+     r"^batch_norm: expected momentum in \[0, 1\] \(the weight of the new batch statistic in the running ones\), "
+     r"got 2.0$", None),
+    (lambda: NF.batch_norm(_X, _RM, _RV, training=True, momentum=-0.1), ValueError,
+     r"^batch_norm: expected momentum in \[0, 1\].*got -0.1$", None),
+    (lambda: NF.instance_norm(_X, _RM, _RV, momentum=math.nan), ValueError,
+     r"^instance_norm: expected momentum in \[0, 1\].*got nan$", None),
+    (lambda: NF.batch_norm(_X, _RM, _RV, training=True, momentum="0.1"), TypeError,
+     r"^batch_norm: expected momentum to be a float in \[0, 1\], got '0.1'$",
+     lambda: torch.nn.functional.batch_norm(_X, _RM, _RV, training=True, momentum="0.1")),
+    (lambda: NF.group_norm(_X, 0), ValueError, r"^group_norm: expected num_groups to be a positive int, got 0$", None),
+    (lambda: NF.group_norm(_X, 3), RuntimeError,
+     r"^group_norm: expected the number of channels \(4, input.shape\[1\] of input shape \[2, 4, 3\]\) to be "
+     r"divisible by num_groups \(3\)$", lambda: torch.nn.functional.group_norm(_X, 3)),
+    (lambda: NF.ghost_batch_norm(_X, 2.5), TypeError,
+     r"^ghost_batch_norm: expected virtual_batch_size to be a positive int \(samples per virtual batch\), got 2.5$",
+     None),
+    (lambda: NF.ghost_batch_norm(_X, 0), ValueError,
+     r"^ghost_batch_norm: expected virtual_batch_size to be a positive int .*got 0$", None),
+    (lambda: NF.batch_renorm(_X, _RM, _RV, r_max="3"), TypeError, r"^batch_renorm: expected r_max to be a float, got '3'$",
+     None),
+    (lambda: NF.batch_renorm(_X, _RM, _RV, d_max=-1.0), ValueError, r"^batch_renorm: expected d_max >= 0 and finite, got -1.0",
+     None),
+])
+def test_functional_argument_errors(call, exc, message, theirs):
+    """Each mistake raises ``exc`` (torch's class, where torch catches it: ``theirs``) with the message."""
+    if theirs is not None:
+        with pytest.raises(exc):
+            theirs()
+    with pytest.raises(exc, match=message):
+        call()
+
+
+@pytest.mark.parametrize("momentum", [0, 0.0, 1, 1.0, np.float32(0.5)])
+def test_momentum_at_the_ends_of_its_range_matches_torch(momentum):
+    x = torch.randn(6, 4, 3)
+    rm, rv, rm_t, rv_t = torch.zeros(4), torch.ones(4), torch.zeros(4), torch.ones(4)
+    y = NF.batch_norm(x, rm, rv, training=True, momentum=momentum)
+    y_t = torch.nn.functional.batch_norm(x, rm_t, rv_t, training=True, momentum=float(momentum))
+    torch.testing.assert_close(y, y_t, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((rm, rv), (rm_t, rv_t), rtol=1e-6, atol=1e-6)

@@ -4,15 +4,18 @@ Exact drop-ins for torch.nn's normalization layers, with the math written
 plainly and the gradients derived by hand.
 
 >>> import torch, normlab
->>> ln = normlab.nn.LayerNorm(6)
->>> y = ln(torch.randn(4, 6))
+>>> ln = normlab.nn.LayerNorm(6)              # torch.nn.LayerNorm's arguments and state_dict
+>>> ln(torch.randn(4, 6)).shape
+torch.Size([4, 6])
+>>> model = normlab.convert(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)))
+>>> type(model[1]) is normlab.nn.BatchNorm1d
+True
 """
 
 from . import functional, nn
 from ._backend import available_backends, backend_for, get_backend, set_backend, use_backend
 from .nn.convert import convert, register_conversion, revert
 from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
-from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -27,7 +30,6 @@ __all__ = [
     "recalibrate_batch_norm",
     "fold",
     "inspect",
-    "warmup",
     "set_backend",
     "use_backend",
     "get_backend",

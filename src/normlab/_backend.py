@@ -37,6 +37,7 @@ import threading
 from typing import Callable, Iterator
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 # name -> predicate "can this backend serve this tensor?"; kept in priority order
 # (first registered = lowest priority, so "auto" walks the list backwards).
@@ -95,7 +96,18 @@ def available_backends() -> list[str]:
     return ["auto", *_BACKENDS]
 
 
+# Backends normlab knows but this install may lack, and what brings each one.
+_MISSING = {
+    "cpu": "the C++ extension normlab._C, which this install lacks (installed with "
+           "NORMLAB_NO_EXTENSION=1, or without a C++ compiler); reinstall with "
+           "`pip install --no-build-isolation --force-reinstall --no-deps .` from normlab's source, "
+           "or use 'auto' (takes 'ref')",
+}
+
+
 def _validate(name: str) -> str:
+    if isinstance(name, str) and name in _MISSING and name not in _BACKENDS:
+        raise ValueError(f"normlab: backend {name!r} needs {_MISSING[name]}")
     if not isinstance(name, str) or (name != "auto" and name not in _BACKENDS):
         raise ValueError(
             f"normlab: unknown backend {name!r}; expected one of {available_backends()}"
@@ -143,6 +155,22 @@ def _exporting() -> bool:
     # exporter): the reference math in aten ops, which every runtime an exported program goes
     # to can run; a kernel call is opaque there (and invisible to a trace)
     return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
+_is_exporting = torch.compiler.is_exporting
+_is_tracing = torch._C._is_tracing
+
+
+def eager_cpu() -> bool:
+    """Whether a plain eager call on a CPU tensor goes to ``"cpu"`` now: the choice is ``"auto"``
+    or ``"cpu"``, the backend is installed, and no transform, forward-mode AD, compile, export or
+    trace is running. ``normlab.functional``'s fast paths ask this before the C++ entry points
+    (which check the arguments themselves and decline what they do not serve)."""
+    choice = getattr(_state, "choice", None) or _global_choice or _ENV_CHOICE
+    return ((choice == "auto" or choice == "cpu") and "cpu" in _BACKENDS and not _functorch_active()
+            and _fwad._current_level < 0 and not _is_compiling() and not _is_exporting() and not _is_tracing())
 
 
 def resolve(x: torch.Tensor, op: str) -> str:

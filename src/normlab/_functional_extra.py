@@ -42,17 +42,18 @@ def layer_norm2d(
     bias: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """LayerNorm over the channel dim 1 of an ``(N, C, *)`` input, at every position::
+    """LayerNorm over the channel dim 1 of an ``(N, C, *)`` input, at every position:
+    ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``.
 
-        y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias
+    No torch twin: ``torch.nn.functional.layer_norm`` of ``x.permute(0, 2, 3, 1)`` over ``(C,)``,
+    permuted back -- without the copies. A ``channels_last`` input is already ``(N * H * W, C)``
+    rows in memory: LayerNorm's row kernel runs on it and the output is ``channels_last`` too; a
+    contiguous (NCHW) input runs on kernels of its own and gives a contiguous output.
 
-    mean and biased variance over the ``C`` values of one position; ``weight``, ``bias``: (C,).
-    A ``channels_last`` input is already ``(N * H * W, C)`` rows in memory: LayerNorm's row
-    kernel runs on it without a copy, and the output is ``channels_last`` too. A contiguous
-    (NCHW) input runs on kernels of its own (``ops/layer_norm/kernels_2d.py``: the ``C``
-    planes streamed with the pixels as the vectorised dim), also without a copy, and the
-    output is contiguous; under torch.func transforms (and on the ``"ref"`` backend) it is
-    copied to rows first, and the output copied back to NCHW.
+    Shapes: input ``(N, C, *)``, output the same; ``weight``, ``bias``: ``(C,)`` or None.
+
+    Numerics: mean and biased variance over the ``C`` values of one position, accumulated in
+    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once.
 
     >>> import torch, normlab.functional as NF
     >>> x = torch.randn(2, 3, 4, 5)
@@ -76,7 +77,9 @@ def layer_norm2d(
 def _check_limit(fn: str, name: str, value, least: float, why: str) -> None:
     if isinstance(value, torch.Tensor):  # a module's warm-up value, computed in a traced graph
         return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= least or math.isinf(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{fn}: expected {name} to be a float, got {value!r}")
+    if not value >= least or math.isinf(value):
         raise ValueError(f"{fn}: expected {name} >= {least:g} and finite, got {value!r}; {why}")
 
 
@@ -93,14 +96,27 @@ def batch_renorm(
     d_max: float = 5.0,
 ) -> torch.Tensor:
     """Batch Renormalization (Ioffe, 2017): BatchNorm whose training output is corrected towards
-    the running statistics, ``x_hat = (x - mu_B) / sigma_B * r + d`` with::
+    the running statistics, ``y = ((x - mean_B) / sigma_B * r + d) * weight + bias`` with::
 
-        r = clip(sigma_B / sigma, 1 / r_max, r_max),  d = clip((mu_B - mu) / sigma, -d_max, d_max)
+        r = clip(sigma_B / sigma, 1 / r_max, r_max),  d = clip((mean_B - mean) / sigma, -d_max, d_max)
 
-    ``sigma = sqrt(running_var + eps)``, ``mu = running_mean`` as they were before this batch;
-    ``r`` and ``d`` are constants for the backward. The running statistics are updated as
-    BatchNorm's (unbiased variance, weight ``momentum``); ``training=False`` is BatchNorm's
-    eval. ``r_max=1, d_max=0`` is BatchNorm exactly.
+    ``sigma = sqrt(running_var + eps)``, ``mean = running_mean`` as they were before this batch.
+
+    No torch twin: ``r_max=1, d_max=0`` is ``torch.nn.functional.batch_norm`` exactly, and
+    ``training=False`` is BatchNorm's eval. The running statistics are required.
+
+    Shapes: input ``(N, C, *)``, output the same; ``running_mean``, ``running_var``,
+    ``weight``, ``bias``: ``(C,)``.
+
+    Numerics: as :func:`batch_norm` (statistics in float32 for float16/bfloat16/float32 input,
+    float64 for float64; biased variance to normalise, unbiased into ``running_var`` with
+    weight ``momentum``); ``r`` and ``d`` are constants for the backward.
+
+    >>> import torch, normlab.functional as NF
+    >>> x, rm, rv = torch.randn(8, 3), torch.zeros(3), torch.ones(3)
+    >>> y = NF.batch_renorm(x, rm, rv, training=True, r_max=1.0, d_max=0.0)
+    >>> torch.allclose(y, torch.nn.functional.batch_norm(x, None, None, training=True), atol=1e-6)
+    True
     """
     fn = "batch_renorm"
     check_input(fn, input)
@@ -142,20 +158,34 @@ def ghost_batch_norm(
     eps: float = 1e-5,
     num_batches_tracked: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Ghost BatchNorm: in training, BatchNorm of each virtual batch of ``virtual_batch_size``
-    consecutive samples with its own statistics (the last one holds what is left, if fewer),
-    exactly as BatchNorm applied chunk by chunk, in one kernel call (``ops/batch_norm/ghost.py``).
+    """Ghost BatchNorm: in training, ``y = (x - mean_v) / sqrt(var_v + eps) * weight + bias`` with
+    the statistics of each virtual batch of ``virtual_batch_size`` consecutive samples (the
+    last one holds what is left, if fewer).
 
-    Running statistics (when given) take one update per virtual batch, in order, with weight
-    ``momentum``; ``momentum=None`` is the cumulative average, which needs
-    ``num_batches_tracked`` (the batches counted before this call; the caller adds the number
-    of virtual batches, ``ceil(N / virtual_batch_size)``). ``training=False`` is BatchNorm's eval.
+    No torch twin: exactly ``torch.nn.functional.batch_norm`` applied to
+    ``x.split(virtual_batch_size)`` one chunk after the other, in one kernel call;
+    ``training=False`` is BatchNorm's eval.
+
+    Shapes: input ``(N, C, *)``, output the same; per-channel tensors ``(C,)`` or None.
+
+    Numerics: as :func:`batch_norm`, per virtual batch. Running statistics (when given) take
+    one update per virtual batch, in order, with weight ``momentum`` (unbiased variance);
+    ``momentum=None`` is the cumulative average, which needs ``num_batches_tracked`` (the
+    batches counted before this call; the caller adds ``ceil(N / virtual_batch_size)``).
+
+    >>> import torch, normlab.functional as NF
+    >>> x = torch.randn(6, 3)
+    >>> chunks = [torch.nn.functional.batch_norm(c, None, None, training=True) for c in x.split(4)]
+    >>> torch.allclose(NF.ghost_batch_norm(x, 4), torch.cat(chunks), atol=1e-6)
+    True
     """
     fn = "ghost_batch_norm"
     check_input(fn, input)
     _check_channels_input(fn, input)
-    if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool) \
-            or virtual_batch_size < 1:
+    if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
+        raise TypeError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
+                        f"got {virtual_batch_size!r}")
+    if virtual_batch_size < 1:
         raise ValueError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
                          f"got {virtual_batch_size!r}")
     _check_running_pair(fn, running_mean, running_var)

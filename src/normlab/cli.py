@@ -42,7 +42,7 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     }),
     "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
     "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
-    "warmup": Leaf("normlab.warmup", "compile the cpu kernels ahead of their first use (a progress bar; cached on disk)"),
+    "warmup": Leaf("normlab.warmup", "nothing to compile (kept for old scripts): the cpu kernels are compiled at install"),
     "inspect": Leaf("normlab.tools.inspect_command", "table of a model's norm layers: statistics axes, measured batch dependence, running-stats health, pitfalls with fixes"),
     "experiment": Group("the chapters' experiments over many seeds, stored in SQLite (resumable)", {
         "stability": Leaf("normlab.experiments.stability",
@@ -63,22 +63,24 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
 
 
 def _add_leaf(subparsers, name: str, leaf: Leaf) -> None:
-    p = subparsers.add_parser(name, help=leaf.help, description=leaf.help)
+    # allow_abbrev=False everywhere: `--lr 2` must not start a study as `--lrs 2`
+    p = subparsers.add_parser(name, help=leaf.help, description=leaf.help, allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a report")
     module = importlib.import_module(leaf.module)
     if hasattr(module, "add_arguments"):
         module.add_arguments(p)
-    p.set_defaults(_module=module)
+    p.set_defaults(_module=module, _parser=p)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="normlab", description="normlab: normalization layers for PyTorch, checked against torch.nn.")
+        prog="normlab", description="normlab: normalization layers for PyTorch, checked against torch.nn.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"normlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, entry in COMMANDS.items():
         if isinstance(entry, Group):
-            group = sub.add_parser(name, help=entry.help, description=entry.help)
+            group = sub.add_parser(name, help=entry.help, description=entry.help, allow_abbrev=False)
             topics = group.add_subparsers(dest="topic", metavar="TOPIC", required=True)
             for topic, leaf in entry.topics.items():
                 _add_leaf(topics, topic, leaf)
@@ -89,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 on success)."""
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    args = vars(namespace)
+    if unknown:  # the subcommand's own usage, not the top-level one
+        args.get("_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.pop("_parser")
     module = args.pop("_module")
     as_json = args.pop("json")
     args.pop("command")

@@ -27,7 +27,11 @@ from ._checks import (check_eps, check_input, check_param, cpu_params_fit, norma
 from .ops import batch_norm as _bn  # noqa: F401
 from .ops import group_norm as _gn  # noqa: F401
 from .ops import layer_norm as _ln  # noqa: F401
+from .ops import extension as _extension
 from .ops._common import acc_dtype
+
+_C = _extension.load()
+_eager_cpu = _backend.eager_cpu
 
 __all__ = [
     "layer_norm",
@@ -48,6 +52,8 @@ def _check_normalized_shape(fn: str, x: torch.Tensor, shape: tuple[int, ...]) ->
         raise RuntimeError(
             f"{fn}: expected normalized_shape to have at least one dim, got normalized_shape = []"
         )
+    if any(d < 0 for d in shape):
+        raise RuntimeError(f"{fn}: expected normalized_shape of sizes >= 0, got normalized_shape = {list(shape)}")
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
         raise RuntimeError(
             f"{fn}: given normalized_shape={list(shape)}, expected input with shape "
@@ -95,11 +101,30 @@ def layer_norm(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """LayerNorm over the trailing ``normalized_shape`` dims: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+    """LayerNorm over the trailing ``normalized_shape`` dims: ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    Statistics per sample (biased variance), in float32 for float16/bfloat16/float32
-    input and float64 for float64 input; output in the input's dtype.
+    Twin: ``torch.nn.functional.layer_norm`` -- same signature; also takes an int
+    ``normalized_shape``; ``weight``/``bias`` must have exactly ``normalized_shape`` (nothing
+    broadcast), the input's dtype or float32 for float16/bfloat16 input.
+
+    Shapes: input ``(*, *normalized_shape)``, output the same; ``weight``, ``bias``:
+    ``normalized_shape`` or None.
+
+    Numerics: mean and biased variance per row, accumulated in float32 for
+    float16/bfloat16/float32 input and float64 for float64 (shifted two-pass); output cast
+    to the input's dtype once.
+
+    >>> import torch, normlab.functional as NF
+    >>> NF.layer_norm(torch.tensor([[1.0, 2.0, 3.0]]), 3)
+    tensor([[-1.2247,  0.0000,  1.2247]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        try:
+            y = _C.layer_norm_fast(input, normalized_shape, weight, bias, eps)
+        except TypeError:  # an argument of a type it does not take: the checks below say what
+            y = None
+        if y is not None:
+            return y
     fn = "layer_norm"
     shape = normalized_shape
     if not _rows_fit(input, shape, eps, weight, bias):
@@ -126,13 +151,17 @@ def rms_norm(
     casting: str = "torch",
     offset: float = 0.0,
 ) -> torch.Tensor:
-    """RMSNorm over the trailing ``normalized_shape`` dims: ``x / sqrt(mean(x^2) + eps) * weight``.
+    """RMSNorm over the trailing ``normalized_shape`` dims: ``y = x / sqrt(mean(x^2) + eps) * weight``.
 
-    ``eps=None`` uses the machine epsilon of the accumulation dtype
+    Twin: ``torch.nn.functional.rms_norm`` -- same signature and results (``casting="torch"``,
+    ``offset=0``). ``eps=None`` uses the machine epsilon of the accumulation dtype
     (``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 input).
 
-    The variants of the models that use RMSNorm (statistics always in float32 for
-    float16/bfloat16/float32 input, float64 for float64):
+    Shapes: input ``(*, *normalized_shape)``, output the same; ``weight``: ``normalized_shape`` or None.
+
+    Numerics: ``mean(x^2)`` accumulated in float32 for float16/bfloat16/float32 input and
+    float64 for float64. The variants of the models that use RMSNorm differ only in where the
+    result is rounded:
 
     - ``casting="torch"`` (default): ``(x_hat * w).to(dtype)``, torch's ``rms_norm``;
       with a weight of another float dtype, ``(x_hat.to(dtype) * w).to(dtype)`` as torch.
@@ -144,11 +173,20 @@ def rms_norm(
       sum taken in the accumulation dtype.
 
     >>> import torch, normlab.functional as NF
+    >>> NF.rms_norm(torch.tensor([[3.0, 4.0]]), (2,))
+    tensor([[0.8485, 1.1314]])
     >>> x, w = torch.randn(4, 8).bfloat16(), torch.randn(8).bfloat16()
     >>> x_hat = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
     >>> torch.equal(NF.rms_norm(x, (8,), w, 1e-6, casting="llama"), w * x_hat)
     True
     """
+    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+        try:
+            y = _C.rms_norm_fast(input, normalized_shape, weight, eps)
+        except TypeError:
+            y = None
+        if y is not None:
+            return y
     fn = "rms_norm"
     shape = normalized_shape
     cast_x_hat, offset = rms_variant(fn, casting, offset, weight)
@@ -213,16 +251,21 @@ def add_layer_norm(
     """Residual add then LayerNorm, fused: returns ``(y, h)`` with ``h = x + residual``
     and ``y = layer_norm(h, normalized_shape, weight, bias, eps)``.
 
-    The pre-norm transformer step ``h = x + residual; y = norm(h)`` in one pass
-    over memory on the ``"cpu"`` backend. ``h`` is rounded to the input dtype
-    before it is normalised, exactly as ``torch.add`` followed by the norm.
-    Gradients reach ``x`` and ``residual`` through both outputs.
+    No torch twin: ``torch.add`` then ``torch.nn.functional.layer_norm``, the pre-norm
+    transformer step, in one pass over memory on the ``"cpu"`` backend.
+
+    Shapes: ``x``, ``residual``: the same shape ``(*, *normalized_shape)``, dtype and device
+    (nothing broadcast); ``y`` and ``h`` as ``x``.
+
+    Numerics: ``h`` is rounded to the input dtype before it is normalised, exactly as
+    ``torch.add`` followed by the norm; then :func:`layer_norm`'s numerics. Gradients reach
+    ``x`` and ``residual`` through both outputs.
 
     >>> import torch, normlab.functional as NF
     >>> x, r = torch.randn(4, 6), torch.randn(4, 6)
     >>> y, h = NF.add_layer_norm(x, r, (6,))
-    >>> torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
-    True
+    >>> torch.equal(h, x + r), torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
+    (True, True)
     """
     fn = "add_layer_norm"
     shape = normalized_shape
@@ -248,9 +291,22 @@ def add_rms_norm(
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm, fused: returns ``(y, h)`` with ``h = x + residual``
-    and ``y = rms_norm(h, normalized_shape, weight, eps, casting=casting, offset=offset)``
-    (``h`` rounded to the input dtype first; ``eps=None``, ``casting`` and ``offset`` as in
-    :func:`rms_norm`).
+    and ``y = rms_norm(h, normalized_shape, weight, eps, casting=casting, offset=offset)``.
+
+    No torch twin: ``torch.add`` then ``torch.nn.functional.rms_norm``, in one pass over memory
+    on the ``"cpu"`` backend.
+
+    Shapes: ``x``, ``residual``: the same shape ``(*, *normalized_shape)``, dtype and device
+    (nothing broadcast); ``y`` and ``h`` as ``x``.
+
+    Numerics: ``h`` is rounded to the input dtype first; then :func:`rms_norm`'s numerics
+    (``eps=None``, ``casting`` and ``offset`` as there).
+
+    >>> import torch, normlab.functional as NF
+    >>> x, r = torch.randn(4, 6), torch.randn(4, 6)
+    >>> y, h = NF.add_rms_norm(x, r, (6,), eps=1e-6)
+    >>> torch.allclose(y, torch.nn.functional.rms_norm(x + r, (6,), eps=1e-6), atol=1e-6)
+    True
     """
     fn = "add_rms_norm"
     shape = normalized_shape
@@ -276,15 +332,18 @@ def add_rms_norm(
 
 
 def _plain_momentum(momentum) -> bool:
-    """Fast path of :func:`_check_momentum`: a Python float, not NaN."""
-    return type(momentum) is float and momentum == momentum  # noqa: PLR0124 (False for NaN only)
+    """Fast path of :func:`_check_momentum`: a Python float in [0, 1] (so not NaN)."""
+    return type(momentum) is float and 0.0 <= momentum <= 1.0
 
 
 def _check_momentum(fn: str, momentum) -> None:
     if _scalar_tensor(momentum):  # normlab.nn's momentum=None factor under torch.compile
         return
-    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or math.isnan(momentum):
-        raise TypeError(f"{fn}: expected momentum to be a float, got {momentum!r}")
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool):
+        raise TypeError(f"{fn}: expected momentum to be a float in [0, 1], got {momentum!r}")
+    if not 0 <= momentum <= 1:
+        raise ValueError(f"{fn}: expected momentum in [0, 1] (the weight of the new batch statistic in the "
+                         f"running ones), got {momentum!r}")
 
 
 def _scalar_tensor(v) -> bool:
@@ -338,16 +397,34 @@ def batch_norm(
     momentum: float = 0.1,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """BatchNorm over every dim but the channel dim 1 of an ``(N, C, *)`` input.
+    """BatchNorm over every dim but the channel dim 1 of an ``(N, C, *)`` input:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    ``training=True`` normalises with the batch's statistics (biased variance)
-    and, when running statistics are given, updates them in place::
+    Twin: ``torch.nn.functional.batch_norm`` -- same signature and results; ``momentum`` must
+    be in ``[0, 1]``, and per-channel tensors must have exactly ``(C,)``.
+
+    Shapes: input ``(N, C, *)``, output the same (in the input's memory format);
+    ``running_mean``, ``running_var``, ``weight``, ``bias``: ``(C,)`` or None.
+
+    Numerics: ``training=True`` normalises with the batch's mean and *biased* variance and,
+    when running statistics are given, updates them in place::
 
         running_mean = (1 - momentum) * running_mean + momentum * batch_mean
         running_var  = (1 - momentum) * running_var  + momentum * batch_var * n / (n - 1)
 
-    (the running variance takes the *unbiased* batch variance). ``training=False``
-    normalises with ``running_mean``/``running_var``.
+    (the running variance takes the *unbiased* batch variance; ``n = N * prod(*)``).
+    ``training=False`` normalises with ``running_mean``/``running_var``. Statistics are
+    accumulated in float32 for float16/bfloat16/float32 input and float64 for float64, over
+    fixed chunks merged in a fixed order (the same bits on any number of threads); the output
+    is cast once.
+
+    >>> import torch, normlab.functional as NF
+    >>> rm, rv = torch.zeros(2), torch.ones(2)
+    >>> NF.batch_norm(torch.tensor([[1.0, 10.0], [3.0, 30.0]]), rm, rv, training=True)
+    tensor([[-1.0000, -1.0000],
+            [ 1.0000,  1.0000]])
+    >>> rm, rv
+    (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
     fn = "batch_norm"
     if training and isinstance(eps, numbers.Real) and not eps > 0:
@@ -393,9 +470,23 @@ def group_norm(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """GroupNorm: the ``C`` channels of an ``(N, C, *)`` input split into ``num_groups``
-    groups, each group of each sample normalised with its own mean and biased variance;
-    then a per-channel affine ``weight``/``bias``."""
+    """GroupNorm: the ``C`` channels of an ``(N, C, *)`` input split into ``num_groups`` groups,
+    ``y = (x - mean_g) / sqrt(var_g + eps) * weight + bias`` with each group of each sample's
+    own statistics, then a per-channel affine.
+
+    Twin: ``torch.nn.functional.group_norm`` -- same signature and results; ``num_groups`` must
+    be a positive int dividing ``C`` (``ValueError``/``RuntimeError`` with what was given).
+
+    Shapes: input ``(N, C, *)``, output the same (in the input's memory format);
+    ``weight``, ``bias``: ``(C,)`` or None.
+
+    Numerics: mean and biased variance per (sample, group), accumulated in float32 for
+    float16/bfloat16/float32 input and float64 for float64; output cast once.
+
+    >>> import torch, normlab.functional as NF
+    >>> NF.group_norm(torch.tensor([[1.0, 3.0, 10.0, 30.0]]), 2)
+    tensor([[-1.0000,  1.0000, -1.0000,  1.0000]])
+    """
     fn = "group_norm"
     if not (
         isinstance(input, torch.Tensor)
@@ -437,9 +528,24 @@ def instance_norm(
     momentum: float = 0.1,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """InstanceNorm: each channel of each sample of an ``(N, C, *spatial)`` input normalised
-    over its spatial dims. With ``use_input_stats`` and running statistics given, these are
-    updated in place with the batch average of the per-instance statistics (unbiased variance)."""
+    """InstanceNorm: ``y = (x - mean) / sqrt(var + eps) * weight + bias``, each channel of each
+    sample of an ``(N, C, *spatial)`` input over its spatial dims.
+
+    Twin: ``torch.nn.functional.instance_norm`` -- same signature and results.
+
+    Shapes: input ``(N, C, *spatial)`` (at least 3 dims with ``use_input_stats``), output the
+    same; ``running_mean``, ``running_var``, ``weight``, ``bias``: ``(C,)`` or None.
+
+    Numerics: mean and biased variance per (sample, channel), accumulated in float32 for
+    float16/bfloat16/float32 input and float64 for float64; output cast once. With
+    ``use_input_stats`` and running statistics given, these are updated in place with weight
+    ``momentum`` (in ``[0, 1]``) towards the batch average of the per-instance means and
+    *unbiased* variances; ``use_input_stats=False`` normalises with the running statistics.
+
+    >>> import torch, normlab.functional as NF
+    >>> NF.instance_norm(torch.tensor([[[1.0, 2.0, 3.0]]]))
+    tensor([[[-1.2247,  0.0000,  1.2247]]])
+    """
     fn = "instance_norm"
     if not (
         isinstance(input, torch.Tensor)

@@ -119,7 +119,8 @@ def test_layernorm_normlab_equals_torch_and_manual(ln_result):
     out = {k: torch.tensor(v) for k, v in ln_result["output"].items()}
     torch.testing.assert_close(out["normlab"], out["torch"], atol=1e-6, rtol=0)
     torch.testing.assert_close(out["normlab"], out["manual"], atol=1e-6, rtol=0)
-    assert ln_result["allclose_atol_1e-6"] == {"manual_vs_torch": True, "normlab_vs_torch": True}
+    assert ln_result["allclose_atol_1e-6"] == {"manual_vs_torch": True, "normlab_vs_torch": True,
+                                               "normlab_vs_manual": True}
     # the chapter's max |manual - torch.nn| is 2.384185791015625e-07 (prose: "2,4 x 10^-7"):
     # a float32 rounding difference, compared to two significant digits
     assert f"{ln_result['max_abs_diff']['manual_vs_torch']:.1e}" == f"{LN_MAX_DIFF:.1e}"
@@ -276,7 +277,7 @@ def test_cli_passes_options_to_run(capsys, monkeypatch):
     seen = {}
     monkeypatch.setattr(shapes, "run", lambda **kw: seen.update(kw) or {"ok": True})
     assert main(["demo", "shapes", "--seed", "3", "--sample", "0", "--json"]) == 0
-    assert seen == {"seed": 3, "sample": 0}
+    assert seen == {"seed": 3, "sample": 0, "lang": "en"}
     assert json.loads(capsys.readouterr().out) == {"ok": True}
 
 

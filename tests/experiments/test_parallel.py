@@ -114,12 +114,11 @@ def _record_task(seed: int) -> list[dict]:
 
 
 @pytest.mark.skipif(C.cores() < 2, reason="needs 2 cores")
-def test_warm_runs_once_here_before_forked_workers_only(tmp_path):
-    calls = []
+def test_forked_workers_and_one_process_store_the_same_records(tmp_path):
     tasks = [(_record_task, {"seed": s}, 1) for s in range(4)]
-    with Store(tmp_path / "a.sqlite") as st:
-        C.run_tasks(st, "warm-test", tasks, workers=2, threads=1, warm=lambda: calls.append("forked"))
-    with Store(tmp_path / "b.sqlite") as st:
-        C.run_tasks(st, "warm-test", tasks, workers=1, threads=1, warm=lambda: calls.append("alone"))
-        assert len(st.runs("warm-test")) == 4
-    assert calls == ["forked"]
+    seeds = []
+    for name, workers in (("a", 2), ("b", 1)):
+        with Store(tmp_path / f"{name}.sqlite") as st:
+            C.run_tasks(st, "pool-test", tasks, workers=workers, threads=1)
+            seeds.append(sorted(r["seed"] for r in st.runs("pool-test")))
+    assert seeds == [[0, 1, 2, 3], [0, 1, 2, 3]]

@@ -69,7 +69,23 @@ def _stored(path, experiment):
 def _cell(values):
     m = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{m:.3f} ± {sd:.3f} (n={len(values)})"
+    return f"{m:.3f} ± {sd:.3f}, {min(values):.3f}..{max(values):.3f} (n={len(values)})"
+
+
+def _why(curve, f):
+    """The failure rule, written out again: NaN/inf, accuracy <= 0.5 + 2 sqrt(0.25/300), loss not down."""
+    import math
+    if not all(math.isfinite(v) for v in curve + [f["eval_loss"], f["eval_acc"]]):
+        return "non-finite"
+    if f["eval_acc"] <= 0.5 + 2 * math.sqrt(0.25 / 300):
+        return "chance"
+    return "loss" if curve[-1] >= curve[0] else None
+
+
+def _stored_curves(path, experiment):
+    con = sqlite3.connect(path)
+    rows = con.execute("SELECT config, seed, epochs, final FROM runs WHERE experiment = ?", (experiment,)).fetchall()
+    return [(json.loads(c), s, json.loads(e)["train_loss"], json.loads(f)) for c, s, e, f in rows]
 
 
 def test_report_tables_hold_the_stored_numbers(tmp_path):
@@ -85,7 +101,8 @@ def test_report_tables_hold_the_stored_numbers(tmp_path):
     stab = _stored(store, "stability")
     acc, div = tables[0], tables[1]
     assert acc[0] == ["final eval accuracy", "lr 0.1", "lr 2"]
-    assert div[0] == ["fraction diverged", "lr 0.1", "lr 2"]
+    assert div[0] == ["failed to train", "lr 0.1", "lr 2"]
+    curves = _stored_curves(store, "stability")
     for row in acc[1:] + div[1:]:
         assert row[0] in label.values()
     for norm in ("none", "batch", "layer"):
@@ -94,7 +111,9 @@ def test_report_tables_hold_the_stored_numbers(tmp_path):
         for j, lr in enumerate((0.1, 2.0), start=1):
             finals = [f for c, _, f in stab if c["norm"] == norm and c["lr"] == lr]
             assert arow[j] == _cell([f["eval_acc"] for f in finals])
-            assert drow[j] == f"{sum(f['diverged'] for f in finals) / len(finals):.2f}"
+            why = [_why(e, f) for c, _, e, f in curves if c["norm"] == norm and c["lr"] == lr]
+            counts = ", ".join(f"{why.count(k)} {k}" for k in ("non-finite", "chance", "loss") if why.count(k))
+            assert drow[j] == f"{sum(w is not None for w in why) / len(why):.2f}" + (f" ({counts})" if counts else "")
 
     # batch size
     bs = _stored(store, "batch-size")
@@ -132,7 +151,7 @@ def test_report_tables_hold_the_stored_numbers(tmp_path):
     # PNGs written and embedded in the HTML; the HTML has the same cells
     html = (out / "report.html").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == sorted(["loss_curves_lr2.png", "accuracy_vs_lr.png", "divergence_vs_lr.png",
+    assert pngs == sorted(["loss_curves_lr2.png", "accuracy_vs_lr.png", "failed_vs_lr.png",
                            "accuracy_vs_batch_size.png", "train_vs_eval_mode.png"])
     embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(embedded) == len(pngs)

@@ -25,8 +25,10 @@ def _rows(path):
 
 
 def test_record_round_trip_and_unique_key(tmp_path):
-    path = tmp_path / "s" / "runs.sqlite"             # the folder is created
+    path = tmp_path / "s" / "runs.sqlite"
+    path.parent.mkdir()                               # a new store goes into an existing folder
     with Store(path) as s:
+        assert s.created
         assert s.add("exp", {"b": 2.0, "a": "x"}, 7, {"loss": [1.0, 0.5]}, {"acc": 0.75}, 0.25)
         # the same run again, keys in another order: ignored, the first record kept
         assert not s.add("exp", {"a": "x", "b": 2.0}, 7, {"loss": [9.0]}, {"acc": 0.0}, 1.0)
@@ -63,6 +65,8 @@ def test_bad_paths_are_refused_without_touching_them(tmp_path):
     ro_dir.chmod(0o555)
     try:
         with pytest.raises(StoreError, match="read-only"):
+            check_path(ro_dir / "runs.sqlite")
+        with pytest.raises(StoreError, match="does not exist"):     # a missing folder is named, not made
             check_path(ro_dir / "new" / "runs.sqlite")
     finally:
         ro_dir.chmod(0o755)

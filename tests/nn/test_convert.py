@@ -111,8 +111,10 @@ def test_convert_keeps_hooks():
 
 
 def test_convert_rejects_non_modules():
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"^convert: expected model to be a torch.nn.Module, got list$"):
         normlab.convert([nn.LayerNorm(3)])
+    with pytest.raises(TypeError, match=r"^revert: expected model to be a torch.nn.Module, got NoneType$"):
+        normlab.revert(None)
 
 
 # ----------------------------------------------------------------------------

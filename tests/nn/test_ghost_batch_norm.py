@@ -165,7 +165,7 @@ def test_torch_compile_fullgraph():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="virtual_batch_size to be a positive int.*got 0"):
         normlab.nn.GhostBatchNorm2d(3, 0)
-    with pytest.raises(ValueError, match="virtual_batch_size to be a positive int.*got 2.5"):
+    with pytest.raises(TypeError, match="virtual_batch_size to be a positive int.*got 2.5"):
         NF.ghost_batch_norm(torch.randn(4, 3), 2.5)
     m = normlab.nn.GhostBatchNorm1d(3, 4)
     with pytest.raises(RuntimeError, match=r"3 channels .* 5 channels"):

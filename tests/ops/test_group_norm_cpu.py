@@ -1,4 +1,4 @@
-"""The ``"cpu"`` backend (Numba kernels) of GroupNorm and InstanceNorm.
+"""The ``"cpu"`` backend (the C++ kernels) of GroupNorm and InstanceNorm.
 
 Oracles: the reference path (backend ``"ref"``), torch.nn.functional, and a
 float64 computation from the same (rounded) inputs. Low-precision results must
@@ -16,8 +16,12 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab import _backend
-from normlab.ops.group_norm import launch as gn_launch
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import (
+    Step,
+    assert_within_rounding,
+    check_compiled_against_eager,
+    rel_err,
+)
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -93,6 +97,13 @@ def _check(got, ref, ref64, dtype, what):
             assert_within_rounding(a, r64, 2.0, f"{what} #{i}")
         else:
             assert rel_err(a, r) < TIGHT[dtype], (what, i, rel_err(a, r))
+
+
+def _samples_per_chunk(n, s, c):
+    """Samples per chunk of the NHWC backward's dw/db partials (``csrc/cpu/group_norm_kernels.h``:
+    about 64K values, at least 16 rows of C channels, whole samples; from the shape only)."""
+    rows = max(1, min(max(16, -(-65536 // max(c, 1))), n * s))
+    return max(1, min(n, -(-rows // max(s, 1))))
 
 
 def _strides(t):
@@ -206,7 +217,7 @@ def test_s1_matches_float64(dtype, case, affine):
     relative, half precision within 2x the error of rounding the float64 result."""
     shape, groups, tasks = case
     n, c = shape[0], shape[1]
-    assert -(-n // gn_launch._samples_per_task(n, 1, c)) == tasks
+    assert -(-n // _samples_per_chunk(n, 1, c)) == tasks
     x, w, b, dy = _inputs(shape, dtype, affine, seed=21)
     got = _run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy)
     ref64 = _torch64(x, w, b, dy, groups)
@@ -246,27 +257,6 @@ def test_s1_instance_norm_eval_matches_float64(dtype, shape):
             assert_within_rounding(a, r64, 2.0, f"{name} {shape}")
         else:
             assert rel_err(a, r64) < TIGHT[dtype], (name, rel_err(a, r64))
-
-
-def test_s1_takes_the_nhwc_kernels(monkeypatch):
-    """(N, C) and (N, C, 1) never reach the NCHW kernels (whose loops over S would have length 1)."""
-    from normlab.ops.group_norm import kernels
-
-    def refuse(*args):
-        raise AssertionError("S == 1 input sent to an NCHW kernel")
-
-    monkeypatch.setattr(kernels, "gn_fwd", refuse)
-    monkeypatch.setattr(kernels, "gn_bwd", refuse)
-    rm, rv = torch.zeros(32), torch.ones(32)
-    for shape in ((64, 32), (64, 32, 1)):
-        x, w, b, dy = _inputs(shape, torch.float32)
-        fns = [lambda x, w, b: NF.group_norm(x, 4, w, b)]
-        if len(shape) == 3:  # InstanceNorm with running statistics
-            fns.append(lambda x, w, b: NF.instance_norm(x, rm, rv, w, b, use_input_stats=False))
-        for fn in fns:
-            _run("cpu", fn, (x, w, b), dy)
-            with normlab.use_backend("cpu"):
-                fn(x, w, b)  # inference: the launcher alone
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -423,7 +413,7 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, case):
     shape, layout, tasks = case
     n, c, s = shape[0], shape[1], math.prod(shape[2:])
     if tasks is not None:  # the case covers what it claims: the NHWC kernels' chunks of samples
-        assert -(-n // gn_launch._samples_per_task(n, s, c)) == tasks
+        assert -(-n // _samples_per_chunk(n, s, c)) == tasks
     x, w, b, dy = _inputs(shape, dtype, layout=layout, seed=5)
     fns = [
         lambda x, w, b: NF.group_norm(x, 8, w, b),
@@ -513,6 +503,16 @@ class _Net(torch.nn.Module):
         return self.inorm_eval(self.inorm(h).relu()) * 2
 
 
+def _net_and_input(layout=torch.contiguous_format):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 5).contiguous(memory_format=layout)
+    torch.manual_seed(0)
+    m = _Net()
+    m.inorm_eval.running_mean.uniform_(-1, 1)
+    m.inorm_eval.running_var.uniform_(0.5, 2)
+    return m, x
+
+
 def _eager_and_compiled(backend, layout=torch.contiguous_format):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 5).contiguous(memory_format=layout)
@@ -566,9 +566,17 @@ def test_torch_compile_aot_eager_channels_last(layout):
 
 
 def test_torch_compile_inductor_matches_eager():
-    eager, compiled = _eager_and_compiled("inductor")
-    for a, c in zip(eager, compiled):
-        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+    """Compiling changes nothing normlab computes; inductor's own code (the conv, the relu and
+    scaling, their fusions) is held to its rounding: each normlab op the compiled graph calls
+    gives the bits an eager call gives on the same inputs, and every result, eager and compiled,
+    is within K u M of a float64 run (tests/oracle.py). Not a fixed tolerance: conv.bias.grad
+    and gn.weight.grad are differences of much larger terms (a bias before a GroupNorm has a
+    gradient that is zero up to rounding), and inductor's code differs from CPU to CPU."""
+    m, x = _net_and_input()
+    check_compiled_against_eager(m, x, [Step(), Step()], "inductor", {
+        "normlab.group_norm_fwd.default", "normlab.group_norm_bwd.default",
+        "normlab.instance_norm_update_stats.default",
+        "normlab.instance_norm_eval_fwd.default", "normlab.instance_norm_eval_bwd.default"})
 
 
 def test_forward_saves_only_x_w_mean_rstd():
@@ -582,7 +590,7 @@ def test_forward_saves_only_x_w_mean_rstd():
     w, b = torch.ones(8, requires_grad=True), torch.zeros(8, requires_grad=True)
     with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         NF.group_norm(x, 2, w, b)
-    assert sorted(saved) == sorted([(4, 8, 9), (8,), (4, 2), (4, 2)])  # x (N, C, S), w, mean, rstd
+    assert sorted(saved) == sorted([(4, 8, 3, 3), (8,), (4, 2), (4, 2)])  # x, w, mean, rstd (N, G)
 
 
 def test_backend_registry():

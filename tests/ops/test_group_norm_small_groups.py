@@ -1,29 +1,25 @@
-"""GroupNorm of S == 1 inputs with small groups: the NHWC kernels' block path.
+"""GroupNorm of S == 1 inputs with small groups.
 
-(N, C) and (N, C, 1) inputs with few channels a group take ``kernels_nhwc.gn_fwd_s1``
-/ ``gn_bwd_s1`` (see ``kernels_nhwc.takes_s1_blocks``), which run a block of samples
-at a time with per-group sums by pairwise halvings. Checked here: y and the gradients
-of x, weight and bias against torch in float64 (from the same rounded inputs), the
-order of the per-group sums, and the bits at 1 and 2 threads and between the parallel
-kernels and their serial twins.
+(N, C) and (N, C, 1) inputs with few channels a group: the forward runs each group's Cg
+contiguous channels as a row, the backward the NHWC kernel's S == 1 path (per-chunk dw/db
+partials). Checked here: y and the gradients of x, weight and bias against torch in float64
+(from the same rounded inputs), and the bits at 1 and 2 threads.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _launch
-from normlab.ops.group_norm import launch as gn_launch
+from normlab.ops import extension
 from tests.oracle import assert_within_rounding, rel_err
 from tests.ops.test_group_norm_cpu import _inputs as _gn_inputs
-from tests.ops.test_group_norm_cpu import _leaf, _run
+from tests.ops.test_group_norm_cpu import _leaf, _run, _samples_per_chunk
 
-pytestmark = pytest.mark.skipif(not _launch.available(), reason="numba not installed")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="the C++ extension is not installed")
 
 TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
 EPS = 1e-5
@@ -39,7 +35,7 @@ CASES = [
     ((20, 56), 8),  # Cg = 7 (odd)
     ((300, 64), 8),  # Cg = 8; N not a multiple of a block's samples
     ((1100, 64), 8),  # Cg = 8; two tasks of 1024 and 76 samples
-    ((33, 60), 5),  # Cg = 12 = 3 * 4 (the backward keeps the per-channel kernel)
+    ((33, 60), 5),  # Cg = 12 = 3 * 4
     ((9, 96), 3),  # Cg = 32
 ]
 
@@ -182,101 +178,10 @@ def test_nan_stays_in_its_group():
 
 
 # ----------------------------------------------------------------------------
-# Which kernel, and the order of the per-group sums
+# The same bits at 1 and 2 threads
 # ----------------------------------------------------------------------------
 
-
-def _kernels_nhwc():
-    from normlab.ops.group_norm import kernels  # noqa: F401 (imports kernels_nhwc after its own names)
-    from normlab.ops.group_norm import kernels_nhwc
-
-    return kernels_nhwc
-
-
-def test_small_groups_take_the_block_kernels():
-    k = _kernels_nhwc()
-    # (N, C) with G = 8, C = 64: both directions, float32 and float64 accumulation...
-    assert k.takes_s1_blocks(1, 64, 8, False, False, 4) and k.takes_s1_blocks(1, 64, 8, False, True, 4)
-    assert k.takes_s1_blocks(1, 64, 1, False, True, 8)
-    # ...but not with S > 1, fixed statistics, or GroupNorm(32, 1024) on (N, 1024)
-    assert not k.takes_s1_blocks(1024, 64, 8, False, False, 4)
-    assert not k.takes_s1_blocks(1, 64, 8, True, False, 4)
-    assert not k.takes_s1_blocks(1, 1024, 32, False, False, 4)
-    assert not k.takes_s1_blocks(1, 1024, 32, False, True, 4)
-
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_the_launcher_picks_the_kernels(dtype, monkeypatch):
-    """The launcher, not the per-channel kernels, picks the block kernels (so each kind compiles
-    only when an input takes it): (N, C) with small groups -> gn_*_s1_at; channels_last with
-    S > 1, or (N, C) with large groups -> gn_*_nhwc_at."""
-    used = []
-    real = gn_launch._call
-
-    def spy(entry, *args):
-        used.append(entry.py_func.__name__)
-        return real(entry, *args)
-
-    monkeypatch.setattr(gn_launch, "_call", spy)
-    small = 8 if dtype == torch.float32 else 32  # Cg = 8, or 2 in float64 (takes_s1_blocks)
-    cases = [
-        ((300, 64), small, ["gn_fwd_s1_at", "gn_bwd_s1_at"]),
-        ((4, 64, 3, 3), 8, ["gn_fwd_nhwc_at", "gn_bwd_nhwc_at"]),  # channels_last, S = 9
-        ((300, 1024), 8, ["gn_fwd_nhwc_at", "gn_bwd_nhwc_at"]),  # Cg = 128
-    ]
-    for shape, groups, expected in cases:
-        x, w, b, dy = _inputs(shape, dtype, True, seed=40)
-        if x.dim() == 4:
-            x, dy = (t.to(memory_format=torch.channels_last) for t in (x, dy))
-        used.clear()
-        got = _ours(x, w, b, dy, groups)
-        assert used == expected, (shape, used)
-        tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
-        for a, o in zip(got, _torch64(x, w, b, dy, groups)):
-            torch.testing.assert_close(a.double(), o, **tol)
-
-def _pairwise(vals):
-    """The documented order: pairs while the count is even, then the rest in order (float32)."""
-    v = [np.float32(e) for e in vals]
-    while len(v) % 2 == 0 and len(v) > 1:
-        v = [np.float32(v[2 * i] + v[2 * i + 1]) for i in range(len(v) // 2)]
-    s = v[0]
-    for e in v[1:]:
-        s = np.float32(s + e)
-    return s
-
-
-@pytest.mark.parametrize("cg", list(range(1, 19)) + [24, 32, 40, 64])
-def test_block_sums_and_spread(cg):
-    """``_block_sums``: each group's sum (and sum of squares) in the documented order, to the
-    bit; ``_block_spread``: each group's value on its channels."""
-    k = _kernels_nhwc()
-    m, p = k._odd_part(cg)
-    assert m % 2 == 1 and m << p == cg
-    nr = 13
-    rng = np.random.default_rng(cg)
-    a = np.zeros((2, nr * cg + 80), np.float32)
-    a[0, : nr * cg] = rng.standard_normal(nr * cg).astype(np.float32)
-    g = np.zeros((3, nr + 80), np.float32)
-    u = np.full((2, nr * cg // 2 + 80), np.nan, np.float32)
-    k._block_sums(a, 0, nr, m, p, False, u, g, 0)
-    k._block_sums(a, 0, nr, m, p, True, u, g, 1)
-    groups = a[0, : nr * cg].reshape(nr, cg)
-    for r in range(nr):
-        assert g[0, r] == _pairwise(groups[r]), (cg, r)
-        assert g[1, r] == _pairwise(groups[r] * groups[r]), (cg, r)
-    g[2, :nr] = np.arange(nr, dtype=np.float32) - 3.5
-    k._block_spread(g, 2, nr, m, p, a, 1, u)
-    assert np.array_equal(a[1, : nr * cg], np.repeat(g[2, :nr], cg))
-    assert (a[1, nr * cg :] == 0).all()  # nothing past the block
-
-
-# ----------------------------------------------------------------------------
-# The same bits at 1 and 2 threads, and in the serial twins
-# ----------------------------------------------------------------------------
-
-# (shape, groups, tasks of the NHWC kernels): every case above the serial threshold (32K values)
+# (shape, groups, chunks of the backward): every case above the serial threshold (32K values)
 DETERMINISM_CASES = [
     ((5000, 64), 8, 5),  # Cg = 8; the last task 904 samples, not whole blocks
     ((4100, 48), 8, 4),  # Cg = 6
@@ -291,8 +196,8 @@ DETERMINISM_CASES = [
 def test_bitwise_identical_for_1_and_2_threads(dtype, case):
     shape, groups, tasks = case
     n, c = shape[0], shape[1]
-    assert n * c >= _launch.SERIAL_ELEMS
-    assert -(-n // gn_launch._samples_per_task(n, 1, c)) == tasks
+    assert n * c >= 32768  # above the size that runs on one thread
+    assert -(-n // _samples_per_chunk(n, 1, c)) == tasks
     x, w, b, dy = _inputs(shape, dtype, True, seed=36)
     before = torch.get_num_threads()
     try:
@@ -305,19 +210,3 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, case):
     for other in results[1:]:
         for a, o in zip(results[0], other):
             assert torch.equal(a, o)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_serial_twin_gives_the_same_bits(dtype):
-    x, w, b, dy = _inputs((3000, 64), dtype, True, seed=37)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        outs = []
-        for parallel in (False, True):
-            with _launch.forced_version(parallel):
-                outs.append(_ours(x, w, b, dy, 16))
-    finally:
-        torch.set_num_threads(before)
-    for a, o in zip(*outs):
-        assert torch.equal(a, o)

@@ -13,7 +13,6 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _launch
 from tests.oracle import rel_err, rounding_err
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -202,27 +201,25 @@ def test_fused_add_is_add_then_norm(casting, dtype):
 
 
 # ----------------------------------------------------------------------------
-# the kernels: serial and parallel bits, the default path unchanged
+# the kernels: the same bits on 1 and 2 threads, the default path unchanged
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not _launch.available(), reason="numba not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_serial_and_parallel_kernels_give_the_same_bits(dtype):
-    x, w, dy = _data((64, 512), dtype, seed=5)
-    r, _, _ = _data((64, 512), dtype, seed=6)
+def test_one_and_two_threads_give_the_same_bits(dtype):
+    x, w, dy = _data((512, 512), dtype, seed=5)  # large enough to split across threads
+    r, _, _ = _data((512, 512), dtype, seed=6)
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)
     try:
         runs = []
-        for parallel in (False, True):
-            with _launch.forced_version(parallel):
-                out = []
-                for casting, offset in (("llama", 0.0), ("gemma", 1.0)):
-                    out += _run(_ours(casting, offset), x, w, dy, "cpu")
-                    out += _run(lambda x, w: NF.add_rms_norm(x, r, (512,), w, EPS, casting=casting,
-                                                             offset=offset)[0], x, w, dy, "cpu")
-                runs.append(out)
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            out = []
+            for casting, offset in (("llama", 0.0), ("gemma", 1.0)):
+                out += _run(_ours(casting, offset), x, w, dy, "cpu")
+                out += _run(lambda x, w: NF.add_rms_norm(x, r, (512,), w, EPS, casting=casting,
+                                                         offset=offset)[0], x, w, dy, "cpu")
+            runs.append(out)
     finally:
         torch.set_num_threads(threads)
     for i, (a, b) in enumerate(zip(*runs)):

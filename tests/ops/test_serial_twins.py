@@ -97,13 +97,13 @@ def test_the_size_threshold_picks_the_version():
 
 
 def test_serial_twin_is_its_own_function():
-    from normlab.ops.layer_norm import kernels as k
+    from normlab.ops.group_norm import kernels as k  # (LayerNorm's kernels are C++ now)
 
-    twin = _jit.serial(k.norm_fwd)
-    assert twin is not k.norm_fwd
-    assert twin is _jit.serial(k.norm_fwd)  # made once
+    twin = _jit.serial(k.gn_fwd)
+    assert twin is not k.gn_fwd
+    assert twin is _jit.serial(k.gn_fwd)  # made once
     assert "parallel" not in twin.targetoptions
-    assert twin.py_func.__qualname__ == "norm_fwd__serial"  # cached on disk apart from the parallel one
-    entry_twin = _jit.serial(k.norm_fwd_at)
-    assert entry_twin.py_func.__globals__["norm_fwd"] is twin  # the entry calls the serial kernel
+    assert twin.py_func.__qualname__ == "gn_fwd__serial"  # cached on disk apart from the parallel one
+    entry_twin = _jit.serial(k.gn_fwd_at)
+    assert entry_twin.py_func.__globals__["gn_fwd"] is twin  # the entry calls the serial kernel
     assert _jit.serial(k._grad_row) is k._grad_row  # no prange inside: its own twin

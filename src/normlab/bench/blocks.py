@@ -8,7 +8,11 @@
    ``torch.nn.RMSNorm(eps=1e-6)``; normlab's is a deep copy after ``normlab.convert``
    (same parameters). Mode ``fwd+bwd``: the ``.grad`` of ``x`` and the parameters set to
    ``None``, forward, ``y.backward(dy)``.
-2. *LayerNorm2d* over the channels of an NCHW tensor: ``normlab.nn.LayerNorm2d(C)``
+2. *Generate* (``GPT2Generate``, ``LlamaGenerate``): a Hugging Face GPT-2 and Llama with random
+   weights (d_model 512, 4 layers; ``--quick``: 2), ``generate`` of 64 new tokens at batch 1,
+   greedy, with and without ``normlab.convert`` (mode ``generate``; tokens/s = 64 / time;
+   ``max Δy`` = 0 when both produce the same tokens). Needs transformers (else skipped).
+3. *LayerNorm2d* over the channels of an NCHW tensor: ``normlab.nn.LayerNorm2d(C)``
    against torch's usual ``x.permute(0, 2, 3, 1) -> torch.nn.LayerNorm(C) -> permute
    back``, (8, 64, 32, 32), contiguous (NCHW) and channels_last input, ``fwd`` and
    ``fwd+bwd``.
@@ -39,6 +43,7 @@ import normlab
 from .common import DEFAULT_OUT, _meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
+from . import hf_models
 from . import chapters_data as _chapters
 from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
 from .report import fmt_time, ratio_and_times
@@ -46,7 +51,7 @@ from .report import fmt_time, ratio_and_times
 SUITE = "blocks"
 CSV_NAME, JSON_NAME = "blocks.csv", "blocks.json"
 PROVIDERS = ("torch", "normlab")
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "fwd+bwd", "generate")
 FIELDS = _CHAPTER_FIELDS + ("max_abs_diff",)
 EPS = 1e-6
 _DEFAULTS = {"dtypes": (("float32", "bfloat16"), ("float32", "bfloat16")), "threads": ((1, 2), (1,)),
@@ -54,7 +59,8 @@ _DEFAULTS = {"dtypes": (("float32", "bfloat16"), ("float32", "bfloat16")), "thre
 # (d_model, heads), (batch, seq, d_model): full, --quick
 BLOCK_SIZES = (((512, 8), (4, 128, 512)), ((256, 4), (2, 64, 256)))
 LN2D_SHAPE = (8, 64, 32, 32)
-LAYERS = ("LlamaBlock", "LayerNorm2d")
+LAYERS = ("LlamaBlock", "GPT2Generate", "LlamaGenerate", "LayerNorm2d")
+GENERATE_SIZES = ((512, 4), (512, 2))  # (d_model, layers): full, --quick
 
 
 class LlamaBlock(torch.nn.Module):
@@ -94,9 +100,11 @@ class PermuteLayerNorm2d(torch.nn.Module):
 def cases(quick: bool = False) -> tuple[tuple[Case, tuple[str, ...]], ...]:
     """``((case, modes), ...)`` of the suite at the full or ``--quick`` size."""
     (d, heads), shape = BLOCK_SIZES[1 if quick else 0]
-    return ((Case("LlamaBlock", (d, heads), shape), ("fwd+bwd",)),
-            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE), MODES),
-            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE, layout="channels_last"), MODES))
+    gen = [(Case(name, GENERATE_SIZES[1 if quick else 0], (1, hf_models.PROMPT_TOKENS)), ("generate",))
+           for name in ("GPT2Generate", "LlamaGenerate") if hf_models.available()]
+    return ((Case("LlamaBlock", (d, heads), shape), ("fwd+bwd",)), *gen,
+            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE), ("fwd", "fwd+bwd")),
+            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE, layout="channels_last"), ("fwd", "fwd+bwd")))
 
 
 def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[str, torch.nn.Module]:
@@ -120,6 +128,8 @@ def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[
 def candidates(case: Case, dtype: str, mode: str, seed: int = 0):
     """``({provider: Candidate}, max |y_torch - y_normlab|)`` on the same seeded tensors."""
     dt, gen = DTYPES[dtype], torch.Generator().manual_seed(seed)
+    if mode == "generate":
+        return _generate_candidates(case, dt, seed)
     fmt = torch.channels_last if case.layout == "channels_last" else torch.contiguous_format
     x, dy = (torch.randn(case.shape, generator=gen).to(dt).contiguous(memory_format=fmt) for _ in range(2))
     mods = build_modules(case, dt, gen)
@@ -144,6 +154,14 @@ def candidates(case: Case, dtype: str, mode: str, seed: int = 0):
             return fn
         return Candidate(prepare)
     return {p: candidate(m) for p, m in mods.items()}, diff
+
+
+def _generate_candidates(case: Case, dt: torch.dtype, seed: int):
+    """Both models' ``generate`` of 64 tokens on one prompt; Δ = 0 when the tokens agree."""
+    mods, ids = hf_models.build(case.name, *case.args, dtype=dt, seed=seed), hf_models.prompt(seed)
+    tokens = {p: hf_models.generate(m, ids) for p, m in mods.items()}
+    diff = float((tokens["torch"] != tokens["normlab"]).sum().item())
+    return {p: Candidate(lambda m=m: (lambda: hf_models.generate(m, ids))) for p, m in mods.items()}, diff
 
 
 def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] | str | None = None,
@@ -218,7 +236,8 @@ def _sort_key(r: Mapping):
 def make_tables(rows: Iterable[Mapping]) -> list:
     table = _table("normlab bench --suite blocks", "layer|shape|dtype|thr|mode|torch|normlab|×torch|max Δy",
                    "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as fast); "
-                   "LlamaBlock: torch.nn.RMSNorm vs after normlab.convert; LayerNorm2d: permute -> "
+                   "LlamaBlock: torch.nn.RMSNorm vs after normlab.convert; *Generate: 64 tokens at batch 1 (max Δy: "
+                   "tokens that differ); LayerNorm2d: permute -> "
                    "torch.nn.LayerNorm -> permute vs normlab.nn.LayerNorm2d; max Δy: largest output difference")
     last = None
     for r in sorted(rows, key=_sort_key):

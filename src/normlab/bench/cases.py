@@ -72,7 +72,7 @@ layer_norm2d         1R 1W      2R 1W      3R 2W
 
 The limit copies: (1R 1W) ``a.clone()``; (2R 1W) ``torch.add(a, b)``; (3R 1W)
 ``torch.addcmul(a, b, c)``; (2R 2W) ``(a.clone(), b.clone())``, each writing into an
-output allocated as normlab's kernels allocate theirs (``ops/_launch.empty_like``: huge
+output allocated as normlab's kernels allocate theirs (``ops/extension.empty_like``: huge
 pages advised from 4 MiB, which cuts the page faults of a fresh buffer) -- two outputs, as the
 ``add_*`` forward allocates ``y`` and ``h`` (``torch.add(x, r)`` plus ``x.clone()``
 would move 3R 2W). ``forward+backward`` runs the forward copy, then the backward

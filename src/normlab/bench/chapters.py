@@ -24,8 +24,8 @@
    ``normlab.convert`` (once, untimed). Also with LayerNorm(64). float32 only.
 
 Both providers of a row run in this process on the same tensors, interleaved in rotating
-order by :func:`normlab.bench.timing.time_interleaved` (the first call -- numba compile
-or cache load -- is timed apart, never in the median). ``x torch`` = torch's median time
+order by :func:`normlab.bench.timing.time_interleaved` (the first call is timed apart,
+never in the median). ``x torch`` = torch's median time
 / normlab's: >= 1.0 means normlab is at least as fast (for the loop: normlab's runs per
 second / torch's). Compare within a row; the load drifts between rows.
 
@@ -47,7 +47,6 @@ import contextlib
 import copy
 import gc
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
@@ -269,10 +268,7 @@ def run_plan(plan, *, suite: str, out: str, rows: list, files: Mapping[str, str]
         interrupted = True
         console.print(f"[yellow]interrupted: {measured} rows measured in this run are kept in {out}[/]")
     finally:
-        torch.set_num_threads(saved_threads[0])
-        numba = sys.modules.get("numba")
-        if saved_threads[1] is not None and numba is not None:
-            numba.set_num_threads(saved_threads[1])
+        torch.set_num_threads(saved_threads)
     if not os.path.exists(files["json"]):  # nothing measured: still leave valid files
         write_csv(rows, files["csv"])
         write_json(rows, meta, files["json"])

@@ -1,11 +1,10 @@
 """What every ``normlab bench`` suite shares: the output directory, option lists, thread
-counts (torch's and numba's), the progress bar and the run's metadata."""
+counts (torch's pool, which normlab's kernels share), the progress bar and the run's metadata."""
 
 from __future__ import annotations
 
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -42,22 +41,16 @@ def _choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str]
 
 
 def _set_threads(n: int) -> None:
-    torch.set_num_threads(n)
-    numba = sys.modules.get("numba")
-    if numba is not None:  # the "cpu" kernels' thread pool, when they are loaded
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    torch.set_num_threads(n)  # normlab's kernels run on torch's pool: one count for both
 
 
-def _get_threads() -> tuple[int, int | None]:
-    numba = sys.modules.get("numba")
-    return torch.get_num_threads(), (numba.get_num_threads() if numba is not None else None)
+def _get_threads() -> int:
+    return torch.get_num_threads()
 
 
 def _thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]:
     """After each call of ``provider``: if the thread count is no longer ``n``, warn once
-    and set it back. (Seen: numba's "omp" threading layer shares torch's libgomp, and
-    launching its pool on the first ``"cpu"`` kernel call set torch's count to
-    NUMBA_NUM_THREADS; every torch op after it then ran with 2 threads.)"""
+    and set it back, so that a provider that changes it cannot skew the ones timed after it."""
     def guard(provider: str) -> None:
         got = torch.get_num_threads()
         if got != n:
@@ -81,13 +74,13 @@ def progress_bar(show: bool):
 
 
 def _meta(options: dict) -> dict:
-    numba = sys.modules.get("numba")
     import normlab
+    from normlab.ops import extension
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "options": options,
         "normlab": normlab.__version__, "torch": torch.__version__,
-        "numba": getattr(numba, "__version__", None), "python": platform.python_version(),
+        "extension": extension.build_info().get("level"), "python": platform.python_version(),
         "backends": normlab.available_backends(),
         "machine": platform.machine(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(),

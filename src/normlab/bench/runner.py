@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 from collections.abc import Callable, Iterable
 
 import torch
@@ -158,9 +157,7 @@ def run_bench(
         interrupted = True
         console.print(f"[yellow]interrupted: {measured} groups measured in this run are kept in {out}[/]")
     finally:
-        torch.set_num_threads(saved_threads[0])
-        if saved_threads[1] is not None and "numba" in sys.modules:
-            sys.modules["numba"].set_num_threads(saved_threads[1])
+        torch.set_num_threads(saved_threads)
     if not os.path.exists(files["json"]):  # nothing to measure: still leave valid files
         write_csv(rows, files["csv"])
         write_json(rows, meta, files["json"])

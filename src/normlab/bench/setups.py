@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import normlab
 import normlab.functional as NF
-from normlab.ops import _launch
+from normlab.ops import extension
 
 from .cases import (_NORMLAB_NAME, EPS, LN2D_EPS, MODES, MOMENTUM, PROVIDERS, RMS_EPS, Candidate, Case, _normlab_fn,
                     min_bytes, normlab_unavailable, num_groups, traffic)
@@ -28,7 +28,7 @@ def _copy_kernel(reads: int, writes: int, pool: Sequence[torch.Tensor]) -> Calla
     if len(pool) < reads:
         raise ValueError(f"limit copy: expected {reads} tensors to read, got {len(pool)}")
     a, b, c = (list(pool) + [None, None])[:3]
-    new = _launch.empty_like  # the outputs allocated as the kernels' are (huge pages advised when large)
+    new = extension.empty_like  # the outputs allocated as the kernels' are (huge pages advised when large)
     kernels = {
         (1, 1): lambda: new(a).copy_(a),
         (2, 1): lambda: torch.add(a, b, out=new(a)),

@@ -1,6 +1,6 @@
 """``normlab demo batchnorm``: the BatchNorm chapter's ``batchnorm_train_eval.py``, live.
 
-Source: seeds/001_11e0a8c571f1839d.txt (BatchNorm chapter). Four parts, each
+Source: the BatchNorm chapter (``normlab.demos.SOURCES``). Four parts, each
 run with ``normlab.nn.BatchNorm1d`` and ``torch.nn.BatchNorm1d`` side by side:
 
 1. anatomy of ``BatchNorm1d(3)``: gamma (``weight``), beta (``bias``), ``eps``,
@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 
 from .. import nn as nl
+from ._lang import add_lang_argument, check_lang, say
+from . import source_label
 from ._report import fmt, table
 
-CHAPTER = "seeds/001_11e0a8c571f1839d.txt (batchnorm_train_eval.py)"
+CHAPTER = source_label("batchnorm", "batchnorm_train_eval.py")
 IMPLS = ("normlab", "torch")
 LABEL = {"normlab": "normlab", "torch": "torch.nn"}
 
@@ -99,9 +101,15 @@ def _max_diff(a, b) -> float:
     return (torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)).abs().max().item()
 
 
+def add_arguments(parser) -> None:
+    add_lang_argument(parser)
+
+
 @torch.no_grad()
-def run() -> dict:
-    """Compute every number of ``batchnorm_train_eval.py`` with normlab and with torch.nn."""
+def run(lang: str = "en") -> dict:
+    """Compute every number of ``batchnorm_train_eval.py`` with normlab and with torch.nn
+    (``lang``: the language ``render`` explains in, ``en`` or ``id``)."""
+    check_lang(lang)
     res = {impl: _run_one(impl) for impl in IMPLS}
     n, t = res["normlab"], res["torch"]
     pairs = {
@@ -119,6 +127,7 @@ def run() -> dict:
     }
     return {
         "chapter": CHAPTER,
+        "lang": lang,
         **res,
         "max_abs_diff_normlab_vs_torch": {k: _max_diff(a, b) for k, (a, b) in pairs.items()},
     }
@@ -126,17 +135,22 @@ def run() -> dict:
 
 def render(r: dict) -> str:
     """The chapter's printout (same rounding), with torch.nn's result beside normlab's."""
+    lang = r.get("lang", "en")
+
+    def t(text: str, **fields) -> str:
+        return say(lang, text, **fields)
 
     def rows_for(label: str, get, nd: int | None) -> list[list[str]]:
         rows = []
         for j, impl in enumerate(IMPLS):
             v = get(r[impl])
-            rows.append([label if j == 0 else "", LABEL[impl], str(v) if nd is None else fmt(v, nd)])
+            rows.append([t(label) if j == 0 else "", LABEL[impl], str(v) if nd is None else fmt(v, nd)])
         return rows
 
-    out = [f"BatchNorm1d: batch statistics, running statistics, train vs eval  [{r['chapter']}]", ""]
+    out = [t("BatchNorm1d: batch statistics, running statistics, train vs eval"),
+           t("source: {chapter}", chapter=r["chapter"]), ""]
 
-    out.append("1. anatomy of BatchNorm1d(3), freshly built:")
+    out.append(t("1. anatomy of BatchNorm1d(3), freshly built:"))
     rows = []
     for key, label in (("weight", "gamma (weight)"), ("bias", "beta (bias)"), ("eps", "eps"),
                        ("momentum", "momentum"), ("running_mean", "running_mean"),
@@ -144,22 +158,22 @@ def render(r: dict) -> str:
         rows += rows_for(label, lambda d, k=key: d["anatomy"][k], None)
     out += [table(rows), ""]
 
-    out.append("2. train mode on x1 = [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]:"
-               " each column gets mean 0, variance 1")
+    out.append(t("2. train mode on x1 = [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]:"
+                 " each column gets mean 0, variance 1"))
     rows = []
     for impl in IMPLS:
         for i, row in enumerate(r[impl]["train"]["output"]):
-            rows.append(["output" if (i == 0 and impl == "normlab") else "",
+            rows.append([t("output") if (i == 0 and impl == "normlab") else "",
                          LABEL[impl] if i == 0 else "", fmt(row, 4)])
     rows += rows_for("column mean", lambda d: d["train"]["col_mean"], 4)
     rows += rows_for("column variance", lambda d: d["train"]["col_var"], 4)
     rows += rows_for("running_mean after", lambda d: d["train"]["running_mean"], 3)
     rows += rows_for("running_var after", lambda d: d["train"]["running_var"], 3)
     out += [table(rows),
-            "  (running_mean = 0.9 * 0 + 0.1 * [4, 5, 6]; running_var = 0.9 * 1 + 0.1 * 6.667,"
-            " the unbiased batch variance)", ""]
+            t("  (running_mean = 0.9 * 0 + 0.1 * [4, 5, 6]; running_var = 0.9 * 1 + 0.1 * 6.667,"
+              " the unbiased batch variance)"), ""]
 
-    out.append("3. one sample s = [2, 2, 2], three paths (A = s,0,4,8; B = s,10,20,30):")
+    out.append(t("3. one sample s = [2, 2, 2], three paths (A = s,0,4,8; B = s,10,20,30):"))
     rows = []
     rows += rows_for("train, in batch A", lambda d: d["batch_dependence"]["train_batch_a"], 4)
     rows += rows_for("train, in batch B", lambda d: d["batch_dependence"]["train_batch_b"], 4)
@@ -168,18 +182,18 @@ def render(r: dict) -> str:
     rows += rows_for("eval identical?", lambda d: d["batch_dependence"]["eval_identical"], None)
     out += [table(rows), ""]
 
-    out.append("4. eval mode on s2 = [2, 4, 6] (the layer trained on x1):")
+    out.append(t("4. eval mode on s2 = [2, 4, 6] (the layer trained on x1):"))
     rows = []
     rows += rows_for("eval output", lambda d: d["eval"]["output"], 4)
     rows += rows_for("(x - mu) / sqrt(var + eps)", lambda d: d["eval"]["manual"], 4)
     out += [table(rows),
-            "  after gamma = [2.0, 1.0, 0.5], beta = [10.0, 0.0, -10.0]:"]
+            t("  after gamma = [2.0, 1.0, 0.5], beta = [10.0, 0.0, -10.0]:")]
     rows = []
     rows += rows_for("layer output", lambda d: d["eval"]["affine_output"], 4)
     rows += rows_for("manual g * x_hat + b", lambda d: d["eval"]["affine_manual"], 4)
     rows += rows_for("match?", lambda d: d["eval"]["affine_match"], None)
     out += [table(rows), ""]
 
-    out.append("max |normlab - torch.nn|:")
+    out.append(t("max |normlab - torch.nn|:"))
     out.append(table([[k, repr(v)] for k, v in r["max_abs_diff_normlab_vs_torch"].items()]))
     return "\n".join(out)

@@ -1,7 +1,7 @@
 """``normlab compare``: BatchNorm1d vs LayerNorm, every cell of the table measured live.
 
-Source: the closing "BatchNorm vs LayerNorm" section of seeds/000_846f934512a29b05.txt
-(and the batch-dependence part of seeds/001_11e0a8c571f1839d.txt). For an
+Source: the closing "BatchNorm vs LayerNorm" section of the LayerNorm chapter
+(and the batch-dependence part of the BatchNorm chapter; ``normlab.demos.SOURCES``). For an
 ``(N, D)`` input the two layers are probed, not described:
 
 - statistics axis: which axis of the output ends up with mean 0 and variance 1
@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 
 from .. import nn as nl
+from . import source_label
 from ._report import table, yes_no
 
-CHAPTER = "seeds/000_846f934512a29b05.txt (closing section: BatchNorm vs LayerNorm)"
+CHAPTER = source_label("layernorm", "closing comparison")
 LAYERS = ("BatchNorm1d", "LayerNorm")
 IMPLS = ("normlab", "torch")
 TYPICAL_USE = {
@@ -149,7 +150,8 @@ def run(seed: int = 0, n_samples: int = 8, n_features: int = 6) -> dict:
 def render(r: dict) -> str:
     n, d = r["input_shape"]
     lines = [
-        f"BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input  [{r['chapter']}]",
+        f"BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input",
+        f"source: {r['chapter']}",
         "",
         table([[label, *(r["table"][key][layer] for layer in LAYERS)] for key, label in ROWS],
               header=["", "normlab.nn.BatchNorm1d", "normlab.nn.LayerNorm"]),

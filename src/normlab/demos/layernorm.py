@@ -1,6 +1,6 @@
 """``normlab demo layernorm``: the LayerNorm chapter's ``layernorm_manual.py``, live.
 
-Source: seeds/000_846f934512a29b05.txt (LayerNorm chapter). With
+Source: the LayerNorm chapter (``normlab.demos.SOURCES``). With
 ``torch.manual_seed(42)``, ``x = torch.randn(4, 6) * 3.0 + 5.0`` is normalised
 per row by hand (mean and biased variance over the 6 features, gamma/beta
 applied) and by ``normlab.nn.LayerNorm`` and ``torch.nn.LayerNorm`` with the
@@ -19,9 +19,11 @@ from __future__ import annotations
 import torch
 
 from .. import nn as nl
+from ._lang import add_lang_argument, check_lang, say
+from . import source_label
 from ._report import fmt, max_abs_diff, table
 
-CHAPTER = "seeds/000_846f934512a29b05.txt (layernorm_manual.py)"
+CHAPTER = source_label("layernorm", "layernorm_manual.py")
 SEED = 42
 GAMMA = [1.0, 2.0, 0.5, 1.0, 1.0, 1.0]
 BETA = [0.0, 0.0, 0.0, -2.0, 0.0, 0.0]
@@ -51,9 +53,15 @@ def _x_hat_stats(x_hat: torch.Tensor) -> dict:
     }
 
 
+def add_arguments(parser) -> None:
+    add_lang_argument(parser)
+
+
 @torch.no_grad()
-def run(seed: int = SEED) -> dict:
-    """Compute every number of ``layernorm_manual.py`` with normlab, torch.nn and by hand."""
+def run(seed: int = SEED, lang: str = "en") -> dict:
+    """Compute every number of ``layernorm_manual.py`` with normlab, torch.nn and by hand
+    (``lang``: the language ``render`` explains in, ``en`` or ``id``)."""
+    check_lang(lang)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(4, 6, generator=g) * 3.0 + 5.0  # 4 samples, 6 features
     gamma, beta = torch.tensor(GAMMA), torch.tensor(BETA)
@@ -94,6 +102,7 @@ def run(seed: int = SEED) -> dict:
 
     return {
         "chapter": CHAPTER,
+        "lang": lang,
         "seed": seed,
         "x": x.tolist(),
         "gamma": GAMMA,
@@ -110,6 +119,7 @@ def run(seed: int = SEED) -> dict:
         "allclose_atol_1e-6": {
             "manual_vs_torch": torch.allclose(y["manual"], y["torch"], atol=1e-6),
             "normlab_vs_torch": torch.allclose(y["normlab"], y["torch"], atol=1e-6),
+            "normlab_vs_manual": torch.allclose(y["normlab"], y["manual"], atol=1e-6),
         },
         "batch_independence": independence,
         "batchnorm_train_contrast": contrast,
@@ -118,52 +128,63 @@ def run(seed: int = SEED) -> dict:
 
 def render(r: dict) -> str:
     """The chapter's printout (same rounding), with torch.nn's result beside normlab's."""
+    lang = r.get("lang", "en")
+
+    def t(text: str, **fields) -> str:
+        return say(lang, text, **fields)
+
     out = [
-        f"LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm  [{r['chapter']}]",
+        t("LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm"),
+        t("source: {chapter}", chapter=r["chapter"]),
         "",
-        f"x = randn(4, 6) * 3.0 + 5.0 with seed {r['seed']} (4 samples x 6 features):",
+        t("x = randn(4, 6) * 3.0 + 5.0 with seed {seed} (4 samples x 6 features):", seed=r["seed"]),
         *("    " + fmt(row, 2) for row in r["x"]),
         f"gamma = {r['gamma']}   beta = {r['beta']}   eps = {r['eps']}",
         "",
-        "output (gamma * x_hat + beta):",
+        t("output (gamma * x_hat + beta):"),
     ]
     rows = []
     for impl in ("manual", *IMPLS):
         for i, row in enumerate(r["output"][impl]):
-            rows.append([LABEL[impl] if i == 0 else "", fmt(row, 3)])
+            rows.append([t(LABEL[impl]) if impl == "manual" and i == 0 else LABEL[impl] if i == 0 else "", fmt(row, 3)])
     out.append(table(rows))
-    out += ["", "x_hat (before the affine): per row mean 0 and std 1, column means anything:"]
+    out += ["", t("x_hat (before the affine): per row mean 0 and std 1, column means anything:")]
     rows = []
     for key, label, nd in (("row_mean", "row mean", 4), ("row_std", "row std", 4),
                            ("col_mean", "column mean", 3)):
         for j, impl in enumerate(("manual", *IMPLS)):
-            rows.append([label if j == 0 else "", LABEL[impl], fmt(r["x_hat_stats"][impl][key], nd)])
+            # + 0.0 after rounding: a tiny negative mean prints as 0.0, not -0.0
+            vals = [round(v, nd) + 0.0 for v in r["x_hat_stats"][impl][key]]
+            rows.append([t(label) if j == 0 else "", LABEL[impl], fmt(vals, nd)])
     out.append(table(rows))
+    tiny = max(abs(v) for impl in ("manual", *IMPLS) for v in r["x_hat_stats"][impl]["row_mean"])
+    out.append(t("  (row means: largest |mean| {tiny:.1e}, float32 rounding; the chapter prints\n"
+                 "   them as -0.0: a tiny negative number rounded to 4 decimals keeps its sign)", tiny=tiny))
     d, ok = r["max_abs_diff"], r["allclose_atol_1e-6"]
     out += [
         "",
         table([
-            ["manual vs torch.nn", str(ok["manual_vs_torch"]), repr(d["manual_vs_torch"])],
-            ["normlab vs torch.nn", str(ok["normlab_vs_torch"]), repr(d["normlab_vs_torch"])],
-            ["normlab vs manual", "", repr(d["normlab_vs_manual"])],
-        ], header=["comparison", "allclose(atol=1e-6)", "max abs difference"]),
+            [t("manual vs torch.nn"), str(ok["manual_vs_torch"]), repr(d["manual_vs_torch"])],
+            [t("normlab vs torch.nn"), str(ok["normlab_vs_torch"]), repr(d["normlab_vs_torch"])],
+            [t("normlab vs manual"), str(ok["normlab_vs_manual"]), repr(d["normlab_vs_manual"])],
+        ], header=[t("comparison"), "allclose(atol=1e-6)", t("max abs difference")]),
         "",
-        "the third sample alone vs inside a batch with 3 random mates (randn(3, 6) * 10.0):",
+        t("the third sample alone vs inside a batch with 3 random mates (randn(3, 6) * 10.0):"),
     ]
     rows = []
     for key, label in (("alone", "alone"), ("in_batch", "in a batch"), ("identical", "identical?")):
         for j, impl in enumerate(IMPLS):
             v = r["batch_independence"][impl][key]
-            rows.append([label if j == 0 else "", f"{LABEL[impl]}.LayerNorm",
+            rows.append([t(label) if j == 0 else "", f"{LABEL[impl]}.LayerNorm",
                          str(v) if key == "identical" else fmt(v, 3)])
     out.append(table(rows))
-    out += ["", "contrast: BatchNorm1d(6) in train mode, the same sample in two batches:"]
+    out += ["", t("contrast: BatchNorm1d(6) in train mode, the same sample in two batches:")]
     rows = []
     for key, label in (("zero_mate", "one zero mate"), ("random_mates", "3 random mates"),
                        ("identical", "identical?")):
         for j, impl in enumerate(IMPLS):
             v = r["batchnorm_train_contrast"][impl][key]
-            rows.append([label if j == 0 else "", f"{LABEL[impl]}.BatchNorm1d",
+            rows.append([t(label) if j == 0 else "", f"{LABEL[impl]}.BatchNorm1d",
                          str(v) if key == "identical" else fmt(v, 3)])
     out.append(table(rows))
     return "\n".join(out)

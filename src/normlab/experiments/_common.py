@@ -64,9 +64,11 @@ def parse_lrs(value: str | Iterable) -> list[float]:
             lr = float(s)
         except (TypeError, ValueError):
             raise ValueError(f"learning rates: expected numbers such as 0.1,2, got {s!r}") from None
-        if not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"learning rates: expected each > 0 (and finite), got {s}; "
-                             f"SGD with lr <= 0 does not train")
+        if not math.isfinite(lr):
+            raise ValueError(f"learning rates: expected finite numbers, got {s} (it reads as {lr}); "
+                             f"use values such as 0.1,2")
+        if lr <= 0:
+            raise ValueError(f"learning rates: expected each > 0, got {s}; SGD with lr <= 0 does not train")
         out.append(lr)
     _ascending(out, ",".join(map(str, items)), "learning rates")
     return out
@@ -117,13 +119,14 @@ def parse_workers(value, threads: int = 1) -> int | str:
         return value
     c = cores()
     return parse_count(value, "workers", 1, max(1, c // threads),
-                       f" (this machine has {c} cores and each worker takes {threads} torch threads:"
+                       f" (this machine has {plural(c, 'core')} and each worker takes"
+                       f" {plural(threads, 'torch thread')}:"
                        f" workers x threads <= cores)")
 
 
 def parse_threads(value) -> int:
     c = cores()
-    return parse_count(value, "threads", 1, c, f" (this machine has {c} cores)")
+    return parse_count(value, "threads", 1, c, f" (this machine has {plural(c, 'core')})")
 
 
 def parse_executor(value: str) -> str:
@@ -161,7 +164,7 @@ class _Parallel(argparse.Action):
         setattr(namespace, self.dest, values)
         w, t = getattr(namespace, "workers", 1), getattr(namespace, "threads", 1)
         if w != "auto" and w * t > cores():
-            parser.error(f"--workers {w} x --threads {t} = {w * t} exceeds this machine's {cores()} cores; "
+            parser.error(f"--workers {w} x --threads {t} = {w * t} exceeds this machine's {plural(cores(), 'core')}; "
                          f"lower one of them")
 
 
@@ -178,7 +181,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="local (this machine) or ray (a Ray cluster; pip install 'normlab[ray]')")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster address for --executor ray (default: start a local Ray instance)")
-    p.add_argument("--quick", action="store_true", help="a small sweep (CI, README): seconds once the kernels are compiled (the first run after an install compiles them, ~20-50 s)")
+    p.add_argument("--quick", action="store_true", help="a small sweep (CI, README): ~15 s once the kernels are compiled; the first run after an"
+                        " install compiles them (stability --quick: 113 s in all, measured on 2 shared cores)")
 
 
 
@@ -291,12 +295,8 @@ def torch_threads(n: int):
 
 def run_tasks(store, experiment: str, tasks: list[tuple[Callable, dict, int]], *, workers: int = 1,
               threads: int = 1, executor: str = "local", ray_address: str | None = None,
-              label: str = "runs", warm: Callable[[], None] | None = None) -> dict:
+              label: str = "runs") -> dict:
     """Run ``tasks`` and store each record as its task finishes (this process writes alone).
-
-    ``warm``: run here before a pool of forked workers starts, so that the kernels the
-    tasks need are loaded (or, in a fresh install, compiled) once, in this process, and
-    every forked worker inherits them instead of compiling them again.
 
     A record is ``{"config", "seed", "epochs", "final", "wall_s"}``. Returns
     ``{"ran": runs stored now, "wall_s": seconds, "workers", "executor"}``.
@@ -312,10 +312,6 @@ def run_tasks(store, experiment: str, tasks: list[tuple[Callable, dict, int]], *
         bar.advance(task_id, len(records))
 
     # a pool is started before the progress bar, whose refresh thread a forked child must not inherit
-    forked = tasks and executor == "local" and workers > 1 and pool_context(threads).get_start_method() == "fork"
-    if forked and warm is not None:
-        with torch_threads(threads):
-            warm()
     pool = start_pool(workers, threads) if tasks and executor == "local" and workers > 1 else None
     try:
         with progress_bar() as bar:
@@ -362,15 +358,51 @@ def _run_ray(tasks, write, workers: int, threads: int, address: str | None) -> N
             ray.shutdown()
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 torch thread``, ``2 torch threads``."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def count_runs(store_path: str) -> int:
+    """Runs in the store at ``store_path`` (0 if it does not exist yet); opened read-only."""
+    import sqlite3
+    from pathlib import Path
+    p = Path(store_path)
+    if not p.is_file():
+        return 0
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        try:
+            return con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
 @contextlib.contextmanager
 def interrupt_note(store_path: str):
-    """Ctrl-C during a command: one line saying the finished runs are kept, exit status 130."""
+    """Ctrl-C during a command: one line saying how many runs this command saved (the
+    finished runs are kept), exit status 130. Said on stderr whether or not it is a
+    terminal: a log shows it too."""
+    before = count_runs(store_path)
     try:
         yield
     except KeyboardInterrupt:
-        sys.stderr.write(f"\ninterrupted: every finished run is in {store_path}; "
-                         f"run the same command again to resume\n")
+        total = count_runs(store_path)
+        sys.stderr.write(f"\ninterrupted: {plural(total - before, 'run')} saved by this command "
+                         f"({total} in all) in {store_path}; run the same command again to resume\n")
         raise SystemExit(130) from None
+
+
+def open_store(path: str):
+    """The experiments' store, opened; a new store file says so on stderr (a mistyped path
+    shows at once, not after the runs)."""
+    from .store import Store
+    st = Store(path)
+    if st.created:
+        sys.stderr.write(f"normlab: created a new store {path} (no runs stored yet)\n")
+    return st
 
 
 # --------------------------------------------------------------------------
@@ -402,8 +434,9 @@ def pm(mean: float | None, std: float | None, nd: int = 3) -> str:
 
 def speed_line(info: dict, skipped: int) -> str:
     if info["ran"] == 0:
-        return f"all {skipped} runs were already in the store; nothing trained (delete the store or use --store NEW to re-run)"
+        return f"all {plural(skipped, 'run')} {'was' if skipped == 1 else 'were'} already in the store; nothing trained (delete the store or use --store NEW to re-run)"
     rate = info["ran"] / info["wall_s"] if info["wall_s"] > 0 else float("inf")
-    how = f"{info['workers']} process{'es' if info['workers'] > 1 else ''} x {info['threads']} torch threads"
-    return (f"trained {info['ran']} runs in {info['wall_s']:.2f} s = {rate:.1f} runs/s ({how}, "
-            f"executor {info['executor']}); {skipped} runs already stored were skipped")
+    how = f"{plural(info['workers'], 'process', 'processes')} x {plural(info['threads'], 'torch thread')}"
+    return (f"trained {plural(info['ran'], 'run')} in {info['wall_s']:.2f} s = {rate:.1f} runs/s ({how}, "
+            f"executor {info['executor']}); {plural(skipped, 'run')} already stored "
+            f"{'was' if skipped == 1 else 'were'} skipped")

@@ -42,6 +42,7 @@ chapter's model.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Sequence
 
@@ -57,6 +58,7 @@ GROUPS = 8           # GroupNorm(8, 64): 8 units per group
 EPOCHS = 30
 CHAPTER_SEED = 123
 DIVERGE_FACTOR = 10.0
+N_EVAL = 300         # the moons: the chapter trains and evaluates on the same 300 points
 
 
 def moons(n_samples: int = 300, noise: float = 0.30, random_state: int = 42) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,9 +94,44 @@ def chapter_mlp(norm: str = "batch", seed: int = CHAPTER_SEED, layers=torch.nn) 
 
 
 def diverged(train_loss: Sequence[float], eval_loss: float) -> bool:
-    """NaN/inf anywhere, or the last training loss above 10x the first."""
+    """The old rule, kept for stores written with it: NaN/inf anywhere, or the last
+    training loss above 10x the first. The study now counts :func:`failure` instead."""
     values = torch.tensor(list(train_loss) + [eval_loss], dtype=torch.float64)
     return bool(not torch.isfinite(values).all() or train_loss[-1] > DIVERGE_FACTOR * train_loss[0])
+
+
+def chance_limit(n_eval: int = N_EVAL) -> float:
+    """The highest accuracy still "no better than chance" on ``n_eval`` points of two equal
+    classes: 0.5 plus two standard errors of a coin flip, 0.5 + 2 * sqrt(0.25 / n_eval)
+    (0.558 for the 300 moons; a coin-flip classifier exceeds it about 2.5 % of the time)."""
+    return 0.5 + 2.0 * math.sqrt(0.25 / n_eval)
+
+
+FAILURE_RULE = ("a run failed to train when its loss became NaN/inf, or its final eval accuracy is no better "
+                f"than chance (at most {chance_limit():.3f}: 0.5 plus two standard errors of a coin flip over "
+                f"the {N_EVAL} points), or its last training loss is not below its first")
+
+
+def failure(train_loss: Sequence[float], eval_loss, eval_acc) -> str | None:
+    """Why a run failed to train, or None when it trained (:data:`FAILURE_RULE`):
+    ``"non-finite"`` (a NaN/inf loss), ``"chance"`` (final eval accuracy at most
+    :func:`chance_limit`), or ``"loss"`` (the last training loss not below the first);
+    the first that applies, in that order."""
+    values = list(train_loss) + [eval_loss, eval_acc]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return "non-finite"
+    if eval_acc <= chance_limit():
+        return "chance"
+    if not train_loss[-1] < train_loss[0]:
+        return "loss"
+    return None
+
+
+def run_failure(record: dict) -> str | None:
+    """:func:`failure` of a stored run (its loss curve and final metrics), whatever rule
+    was in force when it was stored."""
+    f = record["final"]
+    return failure(record["epochs"]["train_loss"], f.get("eval_loss"), f.get("eval_acc"))
 
 
 def train_loop(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, lr: float,
@@ -257,5 +294,6 @@ def _train_batched(norm, members, X, y, epochs) -> list[dict]:
     for m in range(M):
         tl = losses[m].tolist()
         out.append({"train_loss": tl, "eval_loss": eval_loss[m].item(), "eval_acc": eval_acc[m].item(),
-                    "diverged": diverged(tl, eval_loss[m].item()), "wall_s": wall})
+                    "diverged": diverged(tl, eval_loss[m].item()),
+                    "failure": failure(tl, eval_loss[m].item(), eval_acc[m].item()), "wall_s": wall})
     return out

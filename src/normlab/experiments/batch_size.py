@@ -31,7 +31,7 @@ import normlab
 
 from ..demos._report import table
 from . import _common as C
-from .store import DEFAULT_STORE, Store, config_key
+from .store import DEFAULT_STORE, config_key
 
 EXPERIMENT = "batch-size"
 NORMS = ("batch", "group", "layer", "none")
@@ -163,7 +163,7 @@ def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = Fal
         workers: int | str = "auto", threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
     norms, sizes, seed_list, epochs = _check(norms, batch_sizes, seeds, epochs, quick)
     workers, threads, executor = C.check_parallel(workers, threads, executor)
-    with C.interrupt_note(str(store)), Store(store) as st:
+    with C.interrupt_note(str(store)), C.open_store(store) as st:
         done = st.done(EXPERIMENT)
         tasks, skipped = [], 0
         # the slowest runs (small batches) first, so that a pool's workers finish together
@@ -195,7 +195,7 @@ def render(r: dict) -> str:
             for n in r["norms"]]
     return "\n".join([
         f"Accuracy vs batch size: CNN on digits, {r['epochs']} epochs at every batch size, lr 0.02 x B/32, "
-        f"momentum 0.9, {len(r['seeds'])} seeds; eval-mode test accuracy (mean ± std)",
+        f"momentum 0.9, {C.plural(len(r['seeds']), 'seed')}; eval-mode test accuracy (mean ± std)",
         table(rows, ["norm"] + [f"B={b}" for b in r["batch_sizes"]]), "",
         "  " + r["verdict"], f"  Reference: {PAPER}.",
         "  " + C.speed_line(r["speed"], r["skipped"]), f"  store: {r['store']}"])

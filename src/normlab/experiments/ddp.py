@@ -1,6 +1,6 @@
 """``normlab experiment ddp``: SyncBatchNorm in data-parallel training on CPU (gloo).
 
-Source: seeds/001_11e0a8c571f1839d.txt (BatchNorm chapter): the moons MLP [2, 64, 64, 64, 2]
+Source: the BatchNorm chapter (``normlab.demos.SOURCES``): the moons MLP [2, 64, 64, 64, 2]
 with BatchNorm before each Tanh, on ``make_moons(300, noise=0.30, random_state=42)``.
 
 Three runs see the same sequence of global batches of ``nproc * batch`` samples (a
@@ -50,12 +50,13 @@ import torch.nn.functional as F
 
 import normlab
 
+from ..demos import source_label
 from . import _common as C
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons
-from .store import DEFAULT_STORE, Store, check_path
+from .store import DEFAULT_STORE, check_path
 
 EXPERIMENT = "ddp"
-CHAPTER = "seeds/001_11e0a8c571f1839d.txt (the moons MLP with BatchNorm before Tanh)"
+CHAPTER = source_label("batchnorm", "the moons MLP with BatchNorm before Tanh")
 DEFAULTS = {"nproc": 2, "batch": 4, "steps": 300, "lr": 0.1, "timeout": 60.0}
 QUICK_STEPS = 40
 TIMING = {"rounds": 15, "steps": 20}  # per round: 20 sync steps, then 20 local steps
@@ -301,7 +302,7 @@ def run(nproc: int = DEFAULTS["nproc"], batch: int = DEFAULTS["batch"], steps: i
     final = {k: {m: r[m] for m in ("eval_loss", "eval_acc")} for k, r in
              (("sync", dist_res["sync"]), ("local", dist_res["local"]), ("single", single_res))}
     final.update(cmp, timing=dist_res["timing"])
-    with Store(store) as st:
+    with C.open_store(store) as st:
         stored = st.add(EXPERIMENT, config, cfg["seed"], curves, C.finite_or_none(final), wall)
     return C.finite_or_none({"chapter_source": CHAPTER, "config": config, "seed": cfg["seed"], "curves": curves,
                              "final": final, "store": str(store), "stored": stored, "wall_s": wall})
@@ -330,7 +331,7 @@ def render(r: dict) -> str:
          "per-rank BatchNorm does not." if tracks else
          "  UNEXPECTED: SyncBatchNorm does not track the single-process run more closely than per-rank BatchNorm."),
         "",
-        f"Per-step time, {c['nproc']} processes on this machine ({t['threads']} torch thread(s) each; "
+        f"Per-step time, {c['nproc']} processes on this machine ({C.plural(t['threads'], 'torch thread')} each; "
         f"{t['rounds']} rounds of {t['steps']} steps each way, alternating; median (min) of the rounds):",
         f"  per-rank BatchNorm1d {t['local']:.3f} ms ({t['local_min']:.3f}), SyncBatchNorm {t['sync']:.3f} ms "
         f"({t['sync_min']:.3f})",

@@ -17,8 +17,8 @@ Durability and concurrency:
   both write, and the second copy of a run is dropped; ``busy_timeout`` makes each
   writer wait its turn instead of failing.
 
-Bad paths (a directory, a file that is not SQLite, a read-only file or folder, a store
-locked by another process) raise :class:`StoreError` from :func:`check_path`, before
+Bad paths (a directory, a file that is not SQLite, a read-only file or folder, a folder
+that does not exist, a store locked by another process) raise :class:`StoreError` from :func:`check_path`, before
 any run starts and without creating anything.
 """
 
@@ -70,12 +70,17 @@ def _writable(p: Path) -> bool:
     return os.access(p, os.W_OK) and bool(p.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
+def _is_default(p: Path) -> bool:
+    return os.path.normpath(str(p)) == os.path.normpath(DEFAULT_STORE)
+
+
 def check_path(path: str | os.PathLike, *, must_exist: bool = False, lock_timeout_s: float = 10.0) -> Path:
     """Check that ``path`` can serve as a store; create nothing. Returns it as a Path.
 
     Raises :class:`StoreError` for a directory, a file that is not SQLite, a read-only
-    file or folder, a missing store when ``must_exist``, or a store another process
-    keeps locked for more than ``lock_timeout_s`` seconds.
+    file or folder, a new store whose folder does not exist (except the default store's
+    ``normlab-runs/``, which is created), a missing store when ``must_exist``, or a store
+    another process keeps locked for more than ``lock_timeout_s`` seconds.
     """
     p = Path(path)
     fix = "pass --store with a path to a new or existing normlab store file"
@@ -91,6 +96,11 @@ def check_path(path: str | os.PathLike, *, must_exist: bool = False, lock_timeou
             parent = parent.parent
         if not parent.is_dir():
             raise StoreError(f"cannot create store {str(p)!r}: {str(parent)!r} is a file, not a folder; {fix}")
+        if parent != p.parent and not _is_default(p):
+            # a mistyped folder must not start a fresh store somewhere new (sqlite3 refuses too);
+            # only the default store's folder, normlab-runs/, is created
+            raise StoreError(f"cannot create store {str(p)!r}: its folder {str(p.parent)!r} does not exist; "
+                             f"check the path, or create the folder first (mkdir -p {str(p.parent)!r})")
         if not _writable(parent):
             raise StoreError(f"cannot create store {str(p)!r}: folder {str(parent)!r} is read-only; {fix}")
         return p
@@ -143,7 +153,10 @@ class Store:
     def __init__(self, path: str | os.PathLike = DEFAULT_STORE, *, must_exist: bool = False,
                  timeout_s: float = 30.0) -> None:
         self.path = check_path(path, must_exist=must_exist, lock_timeout_s=timeout_s)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: True when this call made a new store file
+        self.created = not self.path.exists()
+        if _is_default(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         # autocommit mode: every transaction below is opened and closed explicitly
         self._con = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         self._con.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")

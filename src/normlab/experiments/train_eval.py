@@ -1,6 +1,6 @@
 """``normlab experiment train-eval``: what forgetting ``model.eval()`` costs, measured.
 
-Source: seeds/001_11e0a8c571f1839d.txt (BatchNorm chapter: "model.eval() -- wajib sebelum
+Source: the BatchNorm chapter (``normlab.demos.SOURCES``: "model.eval() -- wajib sebelum
 evaluasi"). The chapter's MLP [2, 64, 64, 64, 2] with Tanh, its norm from ``normlab.nn``,
 trained with the chapter's loop (full-batch SGD, lr 0.3, 30 epochs) on the chapter's
 300 make_moons points, then evaluated on 1000 fresh points (``make_moons(1000,
@@ -27,7 +27,7 @@ import normlab
 from ..demos._report import table
 from . import _common as C
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons, train_loop
-from .store import DEFAULT_STORE, Store, config_key
+from .store import DEFAULT_STORE, config_key
 
 EXPERIMENT = "train-eval"
 NORMS = ("batch", "layer", "rms", "group", "none")
@@ -89,7 +89,7 @@ def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE,
     n = C.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
     seed_list = [CHAPTER_SEED + i for i in range(n)]
     workers, threads, executor = C.check_parallel(workers, threads, executor)
-    with C.interrupt_note(str(store)), Store(store) as st:
+    with C.interrupt_note(str(store)), C.open_store(store) as st:
         done = st.done(EXPERIMENT)
         tasks = [(train_eval_task, {"norm": norm, "seed": s}, 1) for norm in norms for s in seed_list
                  if (config_key(config(norm)), s) not in done]
@@ -114,7 +114,7 @@ def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE,
 
 def render(r: dict) -> str:
     out = [f"Train mode vs eval mode at evaluation: the chapter's MLP (lr {LR}, {EPOCHS} epochs), "
-           f"{N_TEST} held-out points, {len(r['seeds'])} seeds",
+           f"{N_TEST} held-out points, {C.plural(len(r['seeds']), 'seed')}",
            "  train b=B: model left in train mode, the test set fed in consecutive batches of B points"]
     rows = []
     for row in r["rows"]:

@@ -2,8 +2,78 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import nn
+
+from .._checks import normalized_shape_tuple
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# Constructor checks: run before anything is allocated, with the class torch raises for the
+# same mistake (TypeError for a wrong type, RuntimeError for a negative size, ValueError for
+# a value out of range) and "expected ..., got ...".
+
+
+def check_size(cls: str, name: str, value, what: str) -> int:
+    """``value`` is an int >= 0 (``what``: what it counts); returns it as an int."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{cls}: expected {name} to be an int ({what}), got {value!r}")
+    if value < 0:
+        raise RuntimeError(f"{cls}: expected {name} >= 0 ({what}), got {value}")
+    return int(value)
+
+
+def check_shape(cls: str, normalized_shape) -> tuple[int, ...]:
+    """``normalized_shape``: an int or a non-empty sequence of ints >= 0; returns it as a tuple."""
+    shape = normalized_shape_tuple(cls, normalized_shape)  # TypeError unless int(s)
+    if len(shape) == 0:
+        raise RuntimeError(
+            f"{cls}: expected normalized_shape to have at least one dim, got {normalized_shape!r}; "
+            f"pass the size of the last dim, e.g. {cls}(512) for inputs of shape (*, 512)"
+        )
+    if any(d < 0 for d in shape):
+        raise RuntimeError(f"{cls}: expected normalized_shape of sizes >= 0, got {normalized_shape!r}")
+    return shape
+
+
+def check_eps(cls: str, eps, none_ok: bool = False) -> None:
+    """``eps`` is a finite number >= 0 (or None where ``none_ok``)."""
+    if eps is None and none_ok:
+        return
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"{cls}: expected eps to be a float{' or None' if none_ok else ''}, got {eps!r}")
+    if not (0 <= eps < math.inf):
+        raise ValueError(f"{cls}: expected eps to be a finite number >= 0, got {eps!r}")
+
+
+def check_momentum(cls: str, momentum) -> None:
+    """``momentum`` is None or a number in [0, 1] (the weight of the new batch statistic)."""
+    if momentum is None:
+        return
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool):
+        raise TypeError(f"{cls}: expected momentum to be a float in [0, 1] or None, got {momentum!r}")
+    if not 0 <= momentum <= 1:
+        raise ValueError(
+            f"{cls}: expected momentum in [0, 1] (the weight of the new batch statistic in the running "
+            f"ones; None: a cumulative average), got {momentum!r}"
+        )
+
+
+def check_dtype(cls: str, dtype) -> None:
+    """``dtype`` is None or a floating-point dtype normlab computes in."""
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{cls}: expected dtype to be a torch.dtype or None, got {dtype!r}")
+    if dtype not in _FLOAT_DTYPES:
+        raise RuntimeError(
+            f"{cls}: expected a floating-point dtype (torch.float16, torch.bfloat16, torch.float32 or "
+            f"torch.float64), got {dtype}"
+        )
 
 
 def register_affine(module: nn.Module, shape, affine: bool, bias: bool, factory_kwargs: dict) -> None:
@@ -60,6 +130,11 @@ class _NormBase(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
+        cls = type(self).__name__
+        num_features = check_size(cls, "num_features", num_features, "the number of channels C")
+        check_eps(cls, eps)
+        check_momentum(cls, momentum)
+        check_dtype(cls, dtype)
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
         self.num_features = num_features

@@ -85,17 +85,31 @@ class _BatchNorm(_NormBase):
 
 
 class BatchNorm1d(_BatchNorm):
-    """Batch normalization of an ``(N, C)`` or ``(N, C, L)`` input, per channel.
+    """Batch normalization of an ``(N, C)`` or ``(N, C, L)`` input, per channel over ``N`` (and ``L``):
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the mean and the
-    biased variance of channel ``c`` over the batch (and ``L``) in training,
-    and the running estimates in eval. Drop-in for ``torch.nn.BatchNorm1d``.
+    Twin: ``torch.nn.BatchNorm1d`` -- same arguments, defaults, parameters (``weight``, ``bias``),
+    buffers (``running_mean``, ``running_var``, ``num_batches_tracked``), ``state_dict`` keys and
+    versioning, ``repr`` and train/eval behaviour; ``momentum`` outside ``[0, 1]`` is refused.
+
+    Shapes: input ``(N, C)`` or ``(N, C, L)``, output the same; every per-channel tensor ``(C,)``.
+
+    Numerics: training normalises with the batch's mean and *biased* variance per channel and
+    updates ``running = (1 - momentum) * running + momentum * stat`` with the *unbiased* variance
+    (``n / (n - 1)``) in ``running_var``; ``momentum=None`` makes the running statistics the
+    plain average of every batch so far (weight ``1 / num_batches_tracked``). Eval normalises
+    with the running statistics (with the batch's when ``track_running_stats=False``).
+    Statistics are accumulated in float32 for float16/bfloat16/float32 input and float64 for
+    float64 (fixed chunks merged in a fixed order: the same bits on any number of threads);
+    the output is cast once.
 
     >>> import torch, normlab
-    >>> bn = normlab.nn.BatchNorm1d(3)
-    >>> y = bn(torch.randn(8, 3))
-    >>> y.shape, int(bn.num_batches_tracked)
-    (torch.Size([8, 3]), 1)
+    >>> bn = normlab.nn.BatchNorm1d(2)
+    >>> bn(torch.tensor([[1.0, 10.0], [3.0, 30.0]]))
+    tensor([[-1.0000, -1.0000],
+            [ 1.0000,  1.0000]], grad_fn=<...>)
+    >>> bn.running_mean, bn.running_var  # 0.9 * (0, 1) + 0.1 * (mean, unbiased var)
+    (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -104,10 +118,23 @@ class BatchNorm1d(_BatchNorm):
 
 
 class BatchNorm2d(_BatchNorm):
-    """Batch normalization of an ``(N, C, H, W)`` input, per channel over ``N, H, W``.
+    """Batch normalization of an ``(N, C, H, W)`` input, per channel over ``N, H, W``:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    Drop-in for ``torch.nn.BatchNorm2d``; a ``channels_last`` input gives a
-    ``channels_last`` output.
+    Twin: ``torch.nn.BatchNorm2d`` -- same arguments, defaults, parameters (``weight``, ``bias``),
+    buffers (``running_mean``, ``running_var``, ``num_batches_tracked``), ``state_dict`` keys and
+    versioning, ``repr`` and train/eval behaviour; ``momentum`` outside ``[0, 1]`` is refused.
+
+    Shapes: input ``(N, C, H, W)``, output the same (a ``channels_last`` input gives a ``channels_last`` output); every per-channel tensor ``(C,)``.
+
+    Numerics: training normalises with the batch's mean and *biased* variance per channel and
+    updates ``running = (1 - momentum) * running + momentum * stat`` with the *unbiased* variance
+    (``n / (n - 1)``) in ``running_var``; ``momentum=None`` makes the running statistics the
+    plain average of every batch so far (weight ``1 / num_batches_tracked``). Eval normalises
+    with the running statistics (with the batch's when ``track_running_stats=False``).
+    Statistics are accumulated in float32 for float16/bfloat16/float32 input and float64 for
+    float64 (fixed chunks merged in a fixed order: the same bits on any number of threads);
+    the output is cast once.
 
     >>> import torch, normlab
     >>> bn = normlab.nn.BatchNorm2d(4).eval()  # eval: running statistics (0 and 1 here)
@@ -122,15 +149,29 @@ class BatchNorm2d(_BatchNorm):
 
 
 class BatchNorm3d(_BatchNorm):
-    """Batch normalization of an ``(N, C, D, H, W)`` input, per channel over ``N, D, H, W``.
+    """Batch normalization of an ``(N, C, D, H, W)`` input, per channel over ``N, D, H, W``:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    Drop-in for ``torch.nn.BatchNorm3d``.
+    Twin: ``torch.nn.BatchNorm3d`` -- same arguments, defaults, parameters (``weight``, ``bias``),
+    buffers (``running_mean``, ``running_var``, ``num_batches_tracked``), ``state_dict`` keys and
+    versioning, ``repr`` and train/eval behaviour; ``momentum`` outside ``[0, 1]`` is refused.
+
+    Shapes: input ``(N, C, D, H, W)``, output the same; every per-channel tensor ``(C,)``.
+
+    Numerics: training normalises with the batch's mean and *biased* variance per channel and
+    updates ``running = (1 - momentum) * running + momentum * stat`` with the *unbiased* variance
+    (``n / (n - 1)``) in ``running_var``; ``momentum=None`` makes the running statistics the
+    plain average of every batch so far (weight ``1 / num_batches_tracked``). Eval normalises
+    with the running statistics (with the batch's when ``track_running_stats=False``).
+    Statistics are accumulated in float32 for float16/bfloat16/float32 input and float64 for
+    float64 (fixed chunks merged in a fixed order: the same bits on any number of threads);
+    the output is cast once.
 
     >>> import torch, normlab
-    >>> bn = normlab.nn.BatchNorm3d(2, affine=False)
+    >>> bn = normlab.nn.BatchNorm3d(2, affine=False, momentum=None)
     >>> y = bn(torch.randn(2, 2, 3, 4, 4))
-    >>> bool(y.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-5)
-    True
+    >>> bool(y.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-5), int(bn.num_batches_tracked)
+    (True, 1)
     """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:

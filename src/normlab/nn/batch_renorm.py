@@ -45,11 +45,16 @@ class _BatchRenorm(_NormBase):
         bias: bool = True,
     ) -> None:
         name = type(self).__name__
-        if not isinstance(r_max, numbers.Real) or isinstance(r_max, bool) or not 1 <= r_max < float("inf"):
+        for arg, value in (("r_max", r_max), ("d_max", d_max)):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise TypeError(f"{name}: expected {arg} to be a float, got {value!r}")
+        if not 1 <= r_max < float("inf"):
             raise ValueError(f"{name}: expected r_max >= 1 (r is clipped to [1 / r_max, r_max]), got {r_max!r}")
-        if not isinstance(d_max, numbers.Real) or isinstance(d_max, bool) or not 0 <= d_max < float("inf"):
+        if not 0 <= d_max < float("inf"):
             raise ValueError(f"{name}: expected d_max >= 0 (d is clipped to [-d_max, d_max]), got {d_max!r}")
-        if not isinstance(warmup_steps, numbers.Integral) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        if not isinstance(warmup_steps, numbers.Integral) or isinstance(warmup_steps, bool):
+            raise TypeError(f"{name}: expected warmup_steps to be an int >= 0, got {warmup_steps!r}")
+        if warmup_steps < 0:
             raise ValueError(f"{name}: expected warmup_steps to be an int >= 0, got {warmup_steps!r}")
         super().__init__(num_features, eps, momentum, affine, True, device, dtype, bias=bias)
         self.r_max = float(r_max)
@@ -88,7 +93,22 @@ class _BatchRenorm(_NormBase):
 
 
 class BatchRenorm1d(_BatchRenorm):
-    """Batch Renormalization of an ``(N, C)`` or ``(N, C, L)`` input.
+    """Batch Renormalization (Ioffe, 2017) of an ``(N, C)`` or ``(N, C, L)`` input: BatchNorm whose training output is
+    corrected towards the running statistics, ``y = ((x - mean_B) / sigma_B * r + d) * weight + bias``
+    with ``r = clip(sigma_B / sigma, 1 / r_max, r_max)``, ``d = clip((mean_B - running_mean) / sigma,
+    -d_max, d_max)``, ``sigma = sqrt(running_var + eps)``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm1d``'s arguments (without ``track_running_stats``: there are
+    always running statistics), parameters, buffers and ``state_dict`` keys, plus ``r_max``,
+    ``d_max`` (the clipping limits; the paper's 3 and 5 by default) and ``warmup_steps`` (the limits
+    move linearly from ``(1, 0)`` -- plain BatchNorm -- to ``(r_max, d_max)`` over that many
+    training batches, counted in ``num_batches_tracked``). Eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C)`` or ``(N, C, L)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm (batch statistics in float32 for float16/bfloat16/float32 input,
+    float64 for float64; biased variance to normalise, unbiased into ``running_var``; the
+    same ``momentum`` rule); ``r`` and ``d`` are constants for the backward.
 
     >>> import torch, normlab
     >>> bn = normlab.nn.BatchRenorm1d(3, r_max=3.0, d_max=5.0)
@@ -102,7 +122,29 @@ class BatchRenorm1d(_BatchRenorm):
 
 
 class BatchRenorm2d(_BatchRenorm):
-    """Batch Renormalization of an ``(N, C, H, W)`` input, per channel over ``N, H, W``."""
+    """Batch Renormalization (Ioffe, 2017) of an ``(N, C, H, W)`` input: BatchNorm whose training output is
+    corrected towards the running statistics, ``y = ((x - mean_B) / sigma_B * r + d) * weight + bias``
+    with ``r = clip(sigma_B / sigma, 1 / r_max, r_max)``, ``d = clip((mean_B - running_mean) / sigma,
+    -d_max, d_max)``, ``sigma = sqrt(running_var + eps)``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm2d``'s arguments (without ``track_running_stats``: there are
+    always running statistics), parameters, buffers and ``state_dict`` keys, plus ``r_max``,
+    ``d_max`` (the clipping limits; the paper's 3 and 5 by default) and ``warmup_steps`` (the limits
+    move linearly from ``(1, 0)`` -- plain BatchNorm -- to ``(r_max, d_max)`` over that many
+    training batches, counted in ``num_batches_tracked``). Eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C, H, W)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm (batch statistics in float32 for float16/bfloat16/float32 input,
+    float64 for float64; biased variance to normalise, unbiased into ``running_var``; the
+    same ``momentum`` rule); ``r`` and ``d`` are constants for the backward.
+
+    >>> import torch, normlab
+    >>> bn = normlab.nn.BatchRenorm2d(2, warmup_steps=100)
+    >>> y = bn(torch.randn(4, 2, 3, 3))
+    >>> bn.limits()  # (r_max, d_max) after 1 of 100 warm-up steps
+    (1.02, 0.05)
+    """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 4:
@@ -110,7 +152,29 @@ class BatchRenorm2d(_BatchRenorm):
 
 
 class BatchRenorm3d(_BatchRenorm):
-    """Batch Renormalization of an ``(N, C, D, H, W)`` input, per channel over ``N, D, H, W``."""
+    """Batch Renormalization (Ioffe, 2017) of an ``(N, C, D, H, W)`` input: BatchNorm whose training output is
+    corrected towards the running statistics, ``y = ((x - mean_B) / sigma_B * r + d) * weight + bias``
+    with ``r = clip(sigma_B / sigma, 1 / r_max, r_max)``, ``d = clip((mean_B - running_mean) / sigma,
+    -d_max, d_max)``, ``sigma = sqrt(running_var + eps)``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm3d``'s arguments (without ``track_running_stats``: there are
+    always running statistics), parameters, buffers and ``state_dict`` keys, plus ``r_max``,
+    ``d_max`` (the clipping limits; the paper's 3 and 5 by default) and ``warmup_steps`` (the limits
+    move linearly from ``(1, 0)`` -- plain BatchNorm -- to ``(r_max, d_max)`` over that many
+    training batches, counted in ``num_batches_tracked``). Eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C, D, H, W)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm (batch statistics in float32 for float16/bfloat16/float32 input,
+    float64 for float64; biased variance to normalise, unbiased into ``running_var``; the
+    same ``momentum`` rule); ``r`` and ``d`` are constants for the backward.
+
+    >>> import torch, normlab
+    >>> bn = normlab.nn.BatchRenorm3d(2, r_max=1.0, d_max=0.0)  # r = 1, d = 0: BatchNorm exactly
+    >>> x = torch.randn(2, 2, 3, 3, 3)
+    >>> torch.allclose(bn(x), torch.nn.BatchNorm3d(2)(x), atol=1e-5)
+    True
+    """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 5:

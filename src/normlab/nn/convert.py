@@ -174,9 +174,9 @@ def _conversion_for(cls: type):
     return _FOUND[cls]
 
 
-def _replace_all(model: nn.Module, replace: Callable) -> nn.Module:
+def _replace_all(fn: str, model: nn.Module, replace: Callable) -> nn.Module:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"{fn}: expected model to be a torch.nn.Module, got {type(model).__name__}")
     new = replace(model)
     if new is not None:  # the model is itself a norm layer: return its twin
         return new
@@ -199,10 +199,21 @@ def _checked(new, fn: str, cls: type):
 def convert(model: nn.Module) -> nn.Module:
     """Replace every normalization module in ``model`` with its normlab twin, in place.
 
-    torch.nn's norm classes (by exact type), the classes given to :func:`register_conversion`,
-    and the norm classes of the libraries ``normlab.tools`` knows (Hugging Face
-    transformers' RMSNorm/LayerNorm classes: ``normlab.tools.hf``). Returns ``model`` (or
-    the twin, when ``model`` itself is a normalization module).
+    Swapped: torch.nn's norm classes by exact type (LayerNorm, RMSNorm, GroupNorm,
+    BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d; subclasses, ``SyncBatchNorm`` and the ``Lazy*``
+    modules are left alone), the classes given to :func:`register_conversion`, and the norm
+    classes of the libraries ``normlab.tools`` knows (Hugging Face transformers, timm). The twin
+    takes over the very same ``Parameter`` and buffer objects (an optimizer built before keeps
+    working; ``state_dict`` keys do not change), the train/eval flag and the module hooks;
+    outputs do not change. No torch.nn counterpart. Returns ``model`` (or the twin, when
+    ``model`` itself is a normalization module).
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    >>> w = model[1].weight
+    >>> model = normlab.convert(model)
+    >>> type(model[1]) is normlab.nn.LayerNorm, model[1].weight is w
+    (True, True)
     """
     table = {t: (n, a) for t, n, a in _twins()}
 
@@ -220,15 +231,23 @@ def convert(model: nn.Module) -> nn.Module:
             new.__dict__[_SOURCE] = cls
         return new
 
-    return _replace_all(model, replace)
+    return _replace_all("convert", model, replace)
 
 
 def revert(model: nn.Module) -> nn.Module:
     """Replace every normlab normalization module in ``model`` with the module it was converted
     from (the class it had, through its ``from_normlab``), or with its torch.nn twin, in place.
 
-    An RMSNorm with ``casting`` or ``offset`` that torch.nn.RMSNorm cannot express, and that
-    convert did not make, stays as it is.
+    The same ``Parameter`` and buffer objects, flags and hooks move back, as in :func:`convert`.
+    An RMSNorm with ``casting`` or ``offset`` that ``torch.nn.RMSNorm`` cannot express, and that
+    convert did not make, stays as it is; normlab layers without a torch.nn twin (LayerNorm2d,
+    BatchRenorm, GhostBatchNorm, FrozenBatchNorm) stay too. Returns ``model`` (or the module
+    that replaced it).
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(normlab.nn.GroupNorm(2, 4))
+    >>> type(normlab.revert(model)[0]) is torch.nn.GroupNorm
+    True
     """
     table = {n: (t, a) for t, n, a in _twins()}
 
@@ -245,4 +264,4 @@ def revert(model: nn.Module) -> nn.Module:
         torch_cls, args = table[cls]
         return _swap(m, torch_cls, args(m))
 
-    return _replace_all(model, replace)
+    return _replace_all("revert", model, replace)

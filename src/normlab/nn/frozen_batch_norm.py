@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import check_dtype, check_eps, check_size
 
 __all__ = ["FrozenBatchNorm1d", "FrozenBatchNorm2d", "FrozenBatchNorm3d"]
 
@@ -50,6 +51,10 @@ class _FrozenBatchNorm(nn.Module):
     __constants__ = ["num_features", "eps"]
 
     def __init__(self, num_features: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+        cls = type(self).__name__
+        num_features = check_size(cls, "num_features", num_features, "the number of channels C")
+        check_eps(cls, eps)
+        check_dtype(cls, dtype)
         super().__init__()
         factory_kwargs = {"device": device, "dtype": dtype}
         self.num_features = num_features
@@ -91,7 +96,19 @@ class _FrozenBatchNorm(nn.Module):
 
 
 class FrozenBatchNorm1d(_FrozenBatchNorm):
-    """``BatchNorm1d``'s eval formula with fixed buffers, for ``(N, C)`` or ``(N, C, L)`` input.
+    """BatchNorm1d's eval formula with fixed buffers, in every mode:
+    ``y = (x - running_mean) / sqrt(running_var + eps) * weight + bias``.
+
+    No torch.nn twin: ``torchvision.ops.FrozenBatchNorm2d``'s ``state_dict`` (the four buffers,
+    no ``num_batches_tracked``; a BatchNorm checkpoint loads too). Unlike a BatchNorm in eval
+    mode, ``model.train()`` changes nothing: no statistic is computed or updated, and a sample's
+    output never depends on its batch. The input gradient flows; nothing is a Parameter.
+
+    Shapes: input ``(N, C)`` or ``(N, C, L)``, output the same; ``weight``, ``bias``, ``running_mean``,
+    ``running_var``: ``(C,)`` buffers.
+
+    Numerics: BatchNorm's eval kernel: ``1 / sqrt(running_var + eps)`` in float32 for
+    float16/bfloat16/float32 input (float64 for float64), output cast once.
 
     >>> import torch, normlab
     >>> frozen = normlab.nn.FrozenBatchNorm1d(4)
@@ -107,12 +124,28 @@ class FrozenBatchNorm1d(_FrozenBatchNorm):
 
 
 class FrozenBatchNorm2d(_FrozenBatchNorm):
-    """``BatchNorm2d``'s eval formula with fixed buffers, for ``(N, C, H, W)`` input;
-    ``state_dict`` compatible with torchvision's ``FrozenBatchNorm2d``.
+    """BatchNorm2d's eval formula with fixed buffers, in every mode:
+    ``y = (x - running_mean) / sqrt(running_var + eps) * weight + bias``.
+
+    No torch.nn twin: ``torchvision.ops.FrozenBatchNorm2d``'s ``state_dict`` (the four buffers,
+    no ``num_batches_tracked``; a BatchNorm checkpoint loads too). Unlike a BatchNorm in eval
+    mode, ``model.train()`` changes nothing: no statistic is computed or updated, and a sample's
+    output never depends on its batch. The input gradient flows; nothing is a Parameter.
+
+    Shapes: input ``(N, C, H, W)``, output the same; ``weight``, ``bias``, ``running_mean``,
+    ``running_var``: ``(C,)`` buffers.
+
+    Numerics: BatchNorm's eval kernel: ``1 / sqrt(running_var + eps)`` in float32 for
+    float16/bfloat16/float32 input (float64 for float64), output cast once.
 
     >>> import torch, normlab
-    >>> normlab.nn.FrozenBatchNorm2d(8)
-    FrozenBatchNorm2d(8, eps=1e-05)
+    >>> bn = torch.nn.BatchNorm2d(3).eval()
+    >>> frozen = normlab.nn.FrozenBatchNorm2d(3)
+    >>> frozen.load_state_dict(bn.state_dict())
+    <All keys matched successfully>
+    >>> x = torch.randn(2, 3, 4, 4)
+    >>> torch.allclose(frozen.train()(x), bn(x), atol=1e-6)
+    True
     """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -121,7 +154,19 @@ class FrozenBatchNorm2d(_FrozenBatchNorm):
 
 
 class FrozenBatchNorm3d(_FrozenBatchNorm):
-    """``BatchNorm3d``'s eval formula with fixed buffers, for ``(N, C, D, H, W)`` input.
+    """BatchNorm3d's eval formula with fixed buffers, in every mode:
+    ``y = (x - running_mean) / sqrt(running_var + eps) * weight + bias``.
+
+    No torch.nn twin: ``torchvision.ops.FrozenBatchNorm2d``'s ``state_dict`` (the four buffers,
+    no ``num_batches_tracked``; a BatchNorm checkpoint loads too). Unlike a BatchNorm in eval
+    mode, ``model.train()`` changes nothing: no statistic is computed or updated, and a sample's
+    output never depends on its batch. The input gradient flows; nothing is a Parameter.
+
+    Shapes: input ``(N, C, D, H, W)``, output the same; ``weight``, ``bias``, ``running_mean``,
+    ``running_var``: ``(C,)`` buffers.
+
+    Numerics: BatchNorm's eval kernel: ``1 / sqrt(running_var + eps)`` in float32 for
+    float16/bfloat16/float32 input (float64 for float64), output cast once.
 
     >>> import torch, normlab
     >>> normlab.nn.FrozenBatchNorm3d(2)(torch.zeros(1, 2, 1, 2, 2)).shape

@@ -36,8 +36,10 @@ class _GhostBatchNorm(_NormBase):
         *,
         bias: bool = True,
     ) -> None:
-        if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool) \
-                or virtual_batch_size < 1:
+        if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
+            raise TypeError(f"{type(self).__name__}: expected virtual_batch_size to be a positive int "
+                            f"(samples per virtual batch), got {virtual_batch_size!r}")
+        if virtual_batch_size < 1:
             raise ValueError(f"{type(self).__name__}: expected virtual_batch_size to be a positive int "
                              f"(samples per virtual batch), got {virtual_batch_size!r}")
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
@@ -69,7 +71,21 @@ class _GhostBatchNorm(_NormBase):
 
 
 class GhostBatchNorm1d(_GhostBatchNorm):
-    """Ghost BatchNorm of an ``(N, C)`` or ``(N, C, L)`` input.
+    """Ghost BatchNorm (Hoffer et al., 2017) of an ``(N, C)`` or ``(N, C, L)`` input: BatchNorm with the statistics of
+    each virtual batch of ``virtual_batch_size`` consecutive samples,
+    ``y = (x - mean_v) / sqrt(var_v + eps) * weight + bias``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm1d``'s arguments with ``virtual_batch_size`` after
+    ``num_features``, and its parameters, buffers and ``state_dict`` keys. In training it equals
+    ``BatchNorm1d`` applied to ``x.split(virtual_batch_size)`` one chunk after the other (the last chunk
+    holds what is left), in one kernel call; eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C)`` or ``(N, C, L)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm, per virtual batch (statistics in float32 for float16/bfloat16/float32
+    input, float64 for float64; biased variance to normalise, unbiased into ``running_var``); the
+    running statistics take one ``momentum`` update per virtual batch, in order, so
+    ``num_batches_tracked`` counts virtual batches (``momentum=None``: their cumulative average).
 
     >>> import torch, normlab
     >>> gbn = normlab.nn.GhostBatchNorm1d(3, virtual_batch_size=4)
@@ -83,7 +99,29 @@ class GhostBatchNorm1d(_GhostBatchNorm):
 
 
 class GhostBatchNorm2d(_GhostBatchNorm):
-    """Ghost BatchNorm of an ``(N, C, H, W)`` input, per channel over each virtual batch's ``N, H, W``."""
+    """Ghost BatchNorm (Hoffer et al., 2017) of an ``(N, C, H, W)`` input: BatchNorm with the statistics of
+    each virtual batch of ``virtual_batch_size`` consecutive samples,
+    ``y = (x - mean_v) / sqrt(var_v + eps) * weight + bias``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm2d``'s arguments with ``virtual_batch_size`` after
+    ``num_features``, and its parameters, buffers and ``state_dict`` keys. In training it equals
+    ``BatchNorm2d`` applied to ``x.split(virtual_batch_size)`` one chunk after the other (the last chunk
+    holds what is left), in one kernel call; eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C, H, W)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm, per virtual batch (statistics in float32 for float16/bfloat16/float32
+    input, float64 for float64; biased variance to normalise, unbiased into ``running_var``); the
+    running statistics take one ``momentum`` update per virtual batch, in order, so
+    ``num_batches_tracked`` counts virtual batches (``momentum=None``: their cumulative average).
+
+    >>> import torch, normlab
+    >>> gbn = normlab.nn.GhostBatchNorm2d(2, virtual_batch_size=2)
+    >>> x = torch.randn(4, 2, 3, 3)
+    >>> chunks = [torch.nn.functional.batch_norm(c, None, None, training=True) for c in x.split(2)]
+    >>> torch.allclose(gbn(x), torch.cat(chunks), atol=1e-6), int(gbn.num_batches_tracked)
+    (True, 2)
+    """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 4:
@@ -91,7 +129,26 @@ class GhostBatchNorm2d(_GhostBatchNorm):
 
 
 class GhostBatchNorm3d(_GhostBatchNorm):
-    """Ghost BatchNorm of an ``(N, C, D, H, W)`` input."""
+    """Ghost BatchNorm (Hoffer et al., 2017) of an ``(N, C, D, H, W)`` input: BatchNorm with the statistics of
+    each virtual batch of ``virtual_batch_size`` consecutive samples,
+    ``y = (x - mean_v) / sqrt(var_v + eps) * weight + bias``.
+
+    No torch.nn twin: ``torch.nn.BatchNorm3d``'s arguments with ``virtual_batch_size`` after
+    ``num_features``, and its parameters, buffers and ``state_dict`` keys. In training it equals
+    ``BatchNorm3d`` applied to ``x.split(virtual_batch_size)`` one chunk after the other (the last chunk
+    holds what is left), in one kernel call; eval is BatchNorm's eval.
+
+    Shapes: input ``(N, C, D, H, W)``, output the same; per-channel tensors ``(C,)``.
+
+    Numerics: as BatchNorm, per virtual batch (statistics in float32 for float16/bfloat16/float32
+    input, float64 for float64; biased variance to normalise, unbiased into ``running_var``); the
+    running statistics take one ``momentum`` update per virtual batch, in order, so
+    ``num_batches_tracked`` counts virtual batches (``momentum=None``: their cumulative average).
+
+    >>> import torch, normlab
+    >>> normlab.nn.GhostBatchNorm3d(2, virtual_batch_size=3)(torch.randn(5, 2, 2, 2, 2)).shape
+    torch.Size([5, 2, 2, 2, 2])
+    """
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 5:

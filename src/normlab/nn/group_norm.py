@@ -3,28 +3,49 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 
 import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import _NormBase, register_affine, reset_affine
+from ._base import _NormBase, check_dtype, check_eps, check_size, register_affine, reset_affine
+
+
+def _indivisible(num_groups: int, num_channels: int) -> str:
+    """GroupNorm's message for ``num_channels % num_groups != 0``, with the fix."""
+    msg = f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+    if num_channels > 0 and num_groups % num_channels == 0:  # GroupNorm(32, 8): the arguments swapped?
+        return msg + (f"; the arguments are num_groups, then num_channels: did you mean "
+                      f"GroupNorm({num_channels}, {num_groups})?")
+    small = [g for g in range(1, math.isqrt(num_channels) + 1) if num_channels % g == 0]
+    divisors = sorted(set(small + [num_channels // g for g in small]))
+    return msg + f"; num_groups that divide {num_channels}: {', '.join(map(str, divisors))}"
 
 
 class GroupNorm(nn.Module):
-    """Group normalization: the channels split into ``num_groups`` groups, each group
-    of each sample normalised with its own mean and biased variance, then a
-    per-channel affine ``weight``/``bias``.
+    """Group normalization: the ``C`` channels split into ``num_groups`` groups of ``C / num_groups``,
+    ``y = (x - mean_g) / sqrt(var_g + eps) * weight + bias``, each group of each sample with its own
+    statistics, then a per-channel affine.
 
-    Uses the input's statistics in training and in eval alike (no running
-    statistics), so batch size 1 works. Same arguments, parameters and
-    ``state_dict`` keys as ``torch.nn.GroupNorm``.
+    Twin: ``torch.nn.GroupNorm`` -- same arguments, defaults, parameters and ``state_dict`` keys;
+    bad arguments raise ``ValueError``/``TypeError``/``RuntimeError`` with the fix before anything
+    is allocated (torch: ``ZeroDivisionError`` for ``num_groups=0``, nothing for negative ones).
+
+    Shapes: input ``(N, C, *)``, output the same (in the input's memory format); ``weight``,
+    ``bias``: ``(C,)``. ``num_groups=1`` normalises each sample over all of ``C, *`` (LayerNorm
+    over every dim but the batch); ``num_groups=C`` is InstanceNorm with a per-channel affine.
+
+    Numerics: mean and biased variance per (sample, group), accumulated in float32 for
+    float16/bfloat16/float32 input and float64 for float64; output cast once. No running
+    statistics: train and eval are the same, batch size 1 works.
 
     >>> import torch, normlab
-    >>> gn = normlab.nn.GroupNorm(2, 6)
-    >>> gn(torch.randn(4, 6, 8, 8)).shape
-    torch.Size([4, 6, 8, 8])
+    >>> gn = normlab.nn.GroupNorm(2, 4)
+    >>> gn(torch.tensor([[1.0, 3.0, 10.0, 30.0]]))  # groups (1, 3) and (10, 30)
+    tensor([[-1.0000,  1.0000, -1.0000,  1.0000]], grad_fn=<...>)
     """
 
     __constants__ = ["num_groups", "num_channels", "eps", "affine"]
@@ -40,12 +61,18 @@ class GroupNorm(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
+        if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
+            raise TypeError(f"GroupNorm: expected num_groups to be an int, got {num_groups!r}")
+        if num_groups < 1:
+            raise ValueError(f"GroupNorm: expected num_groups to be a positive int, got {num_groups}")
+        num_groups = int(num_groups)
+        num_channels = check_size("GroupNorm", "num_channels", num_channels, "the number of channels C")
+        if num_channels % num_groups != 0:
+            raise ValueError(_indivisible(num_groups, num_channels))
+        check_eps("GroupNorm", eps)
+        check_dtype("GroupNorm", dtype)
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
-        if num_channels % num_groups != 0:
-            raise ValueError(
-                f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
-            )
         self.num_groups = num_groups
         self.num_channels = num_channels
         self.eps = eps
@@ -72,10 +99,6 @@ class _InstanceNorm(_NormBase):
 
     Normalises with the input's own statistics when ``self.training or not
     self.track_running_stats``; otherwise with ``running_mean``/``running_var``.
-    With ``track_running_stats=True`` the training forward updates the running
-    statistics (``normlab.functional.instance_norm`` does the math);
-    ``num_batches_tracked`` is kept for ``state_dict`` compatibility but, as in
-    torch, never incremented, and ``momentum=None`` means ``momentum=0``.
     """
 
     _dims: int  # number of dims of an unbatched input: (C, *spatial)
@@ -158,37 +181,77 @@ class _InstanceNorm(_NormBase):
 
 
 class InstanceNorm1d(_InstanceNorm):
-    """Instance normalization of ``(N, C, L)`` or unbatched ``(C, L)`` input: each channel
-    of each sample normalised over ``L``. Drop-in for ``torch.nn.InstanceNorm1d``.
+    """Instance normalization of ``(N, C, L)`` input: ``y = (x - mean) / sqrt(var + eps)``, each channel
+    of each sample over its ``L`` values (then ``* weight + bias`` when ``affine``).
+
+    Twin: ``torch.nn.InstanceNorm1d`` -- same arguments and defaults (``affine=False``,
+    ``track_running_stats=False``), parameters, buffers, ``state_dict`` keys and warnings.
+
+    Shapes: input ``(N, C, L)`` or unbatched ``(C, L)``, output the same; ``weight``,
+    ``bias``, ``running_mean``, ``running_var``: ``(C,)``.
+
+    Numerics: mean and biased variance of each (sample, channel) over ``L``, accumulated in
+    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once. With
+    ``track_running_stats=True``, training updates ``running = (1 - momentum) * running +
+    momentum * stat`` with the batch average of the per-instance means and *unbiased* variances,
+    and eval normalises with the running statistics; ``momentum=None`` means 0 (as torch), and
+    ``num_batches_tracked`` is kept for ``state_dict`` compatibility but never incremented.
 
     >>> import torch, normlab
-    >>> normlab.nn.InstanceNorm1d(3)(torch.randn(2, 3, 10)).shape
-    torch.Size([2, 3, 10])
+    >>> normlab.nn.InstanceNorm1d(1)(torch.tensor([[[1.0, 2.0, 3.0]]]))
+    tensor([[[-1.2247,  0.0000,  1.2247]]])
     """
 
     _dims = 2
 
 
 class InstanceNorm2d(_InstanceNorm):
-    """Instance normalization of ``(N, C, H, W)`` or unbatched ``(C, H, W)`` input: each
-    channel of each sample normalised over ``H, W``. Drop-in for ``torch.nn.InstanceNorm2d``.
+    """Instance normalization of ``(N, C, H, W)`` input: ``y = (x - mean) / sqrt(var + eps)``, each
+    channel of each sample over its ``H, W`` values (then ``* weight + bias`` when ``affine``).
+
+    Twin: ``torch.nn.InstanceNorm2d`` -- same arguments and defaults (``affine=False``,
+    ``track_running_stats=False``), parameters, buffers, ``state_dict`` keys and warnings.
+
+    Shapes: input ``(N, C, H, W)`` or unbatched ``(C, H, W)``, output the same; ``weight``,
+    ``bias``, ``running_mean``, ``running_var``: ``(C,)``.
+
+    Numerics: mean and biased variance of each (sample, channel) over ``H, W``, accumulated in
+    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once. With
+    ``track_running_stats=True``, training updates ``running = (1 - momentum) * running +
+    momentum * stat`` with the batch average of the per-instance means and *unbiased* variances,
+    and eval normalises with the running statistics; ``momentum=None`` means 0 (as torch), and
+    ``num_batches_tracked`` is kept for ``state_dict`` compatibility but never incremented.
 
     >>> import torch, normlab
-    >>> normlab.nn.InstanceNorm2d(3, affine=True)(torch.randn(2, 3, 8, 8)).shape
-    torch.Size([2, 3, 8, 8])
+    >>> y = normlab.nn.InstanceNorm2d(3)(torch.randn(2, 3, 8, 8) * 5 + 2)
+    >>> bool(y.mean(dim=(2, 3)).abs().max() < 1e-5), bool((y.var(dim=(2, 3), unbiased=False) - 1).abs().max() < 1e-3)
+    (True, True)
     """
 
     _dims = 3
 
 
 class InstanceNorm3d(_InstanceNorm):
-    """Instance normalization of ``(N, C, D, H, W)`` or unbatched ``(C, D, H, W)`` input:
-    each channel of each sample normalised over ``D, H, W``. Drop-in for
-    ``torch.nn.InstanceNorm3d``.
+    """Instance normalization of ``(N, C, D, H, W)`` input: ``y = (x - mean) / sqrt(var + eps)``, each
+    channel of each sample over its ``D, H, W`` values (then ``* weight + bias`` when ``affine``).
+
+    Twin: ``torch.nn.InstanceNorm3d`` -- same arguments and defaults (``affine=False``,
+    ``track_running_stats=False``), parameters, buffers, ``state_dict`` keys and warnings.
+
+    Shapes: input ``(N, C, D, H, W)`` or unbatched ``(C, D, H, W)``, output the same; ``weight``,
+    ``bias``, ``running_mean``, ``running_var``: ``(C,)``.
+
+    Numerics: mean and biased variance of each (sample, channel) over ``D, H, W``, accumulated in
+    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once. With
+    ``track_running_stats=True``, training updates ``running = (1 - momentum) * running +
+    momentum * stat`` with the batch average of the per-instance means and *unbiased* variances,
+    and eval normalises with the running statistics; ``momentum=None`` means 0 (as torch), and
+    ``num_batches_tracked`` is kept for ``state_dict`` compatibility but never incremented.
 
     >>> import torch, normlab
-    >>> normlab.nn.InstanceNorm3d(2)(torch.randn(1, 2, 4, 4, 4)).shape
-    torch.Size([1, 2, 4, 4, 4])
+    >>> m = normlab.nn.InstanceNorm3d(2, track_running_stats=True)
+    >>> m(torch.randn(1, 2, 4, 4, 4)).shape, m.running_mean.shape
+    (torch.Size([1, 2, 4, 4, 4]), torch.Size([2]))
     """
 
     _dims = 4

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
 from .. import functional as F
-from .._checks import normalized_shape_tuple, rms_variant
-from ._base import register_affine, reset_affine
+from .._checks import rms_variant
+from ._base import check_dtype, check_eps, check_shape, register_affine, reset_affine
 
 
 class LayerNorm(nn.Module):
-    """Layer normalization over the trailing ``normalized_shape`` dims of the input.
+    """Layer normalization over the trailing ``normalized_shape`` dims:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the mean and the
-    biased variance of each sample (each row of trailing dims) alone, so the
-    output of a sample never depends on the rest of its batch, and batch size 1
-    works. Same arguments, parameters and ``state_dict`` keys as
-    ``torch.nn.LayerNorm``.
+    Twin: ``torch.nn.LayerNorm`` -- same arguments, defaults, parameters and ``state_dict``
+    keys. Differences: ``normalized_shape=()`` is refused at construction (torch fails at the
+    first forward), and float32 rows with a large mean keep their accuracy (a shifted
+    two-pass algorithm).
+
+    Shapes: input ``(*, *normalized_shape)``, output the same; ``weight``, ``bias``:
+    ``normalized_shape`` (``elementwise_affine=False``: neither; ``bias=False``: no bias).
+
+    Numerics: mean and biased variance of each sample alone (no batch statistics, no running
+    statistics; train and eval are the same, batch size 1 works), accumulated in float32 for
+    float16/bfloat16/float32 input and float64 for float64; the output is cast to the input's
+    dtype once.
 
     >>> import torch, normlab
-    >>> ln = normlab.nn.LayerNorm(512)
-    >>> ln(torch.randn(32, 10, 512)).shape
-    torch.Size([32, 10, 512])
+    >>> ln = normlab.nn.LayerNorm(3)
+    >>> ln(torch.tensor([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]]))
+    tensor([[-1.2247,  0.0000,  1.2247],
+            [-1.2247,  0.0000,  1.2247]], grad_fn=<...>)
     """
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
@@ -36,9 +47,12 @@ class LayerNorm(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
+        normalized_shape = check_shape("LayerNorm", normalized_shape)
+        check_eps("LayerNorm", eps)
+        check_dtype("LayerNorm", dtype)
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
-        self.normalized_shape = normalized_shape_tuple("LayerNorm", normalized_shape)
+        self.normalized_shape = normalized_shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         register_affine(self, self.normalized_shape, elementwise_affine, bias, factory_kwargs)
@@ -59,13 +73,14 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square normalization: ``y = x / sqrt(mean(x^2) + eps) * weight``.
+    """Root-mean-square normalization over the trailing ``normalized_shape`` dims:
+    ``y = x / sqrt(mean(x^2) + eps) * weight``.
 
-    No centring and no bias. ``eps=None`` uses ``torch.finfo`` of the
-    accumulation dtype (float32 for float16/bfloat16/float32 input). Same
-    arguments, parameters and ``state_dict`` keys as ``torch.nn.RMSNorm``.
+    Twin: ``torch.nn.RMSNorm`` -- same arguments, defaults, parameters and ``state_dict`` keys;
+    no centring, no bias. ``eps=None`` uses ``torch.finfo`` of the accumulation dtype
+    (``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 input), as torch.
 
-    Two keyword-only options give the RMSNorm of the models that define their own
+    Two keyword-only options give the RMSNorm of models that define their own
     (``normlab.convert`` sets them when it swaps such a module):
 
     - ``casting``: where the result is rounded to the input's dtype. ``"torch"``
@@ -75,9 +90,14 @@ class RMSNorm(nn.Module):
     - ``offset``: the weight is applied as ``weight + offset`` and initialised to
       ``1 - offset`` (Gemma: ``offset=1.0``, a zero-initialised weight).
 
+    Shapes: input ``(*, *normalized_shape)``, output the same; ``weight``: ``normalized_shape``.
+
+    Numerics: ``mean(x^2)`` of each sample, accumulated in float32 for float16/bfloat16/float32
+    input and float64 for float64; the output is cast once (``casting="torch"``).
+
     >>> import torch, normlab
-    >>> normlab.nn.RMSNorm(8)(torch.randn(2, 8)).shape
-    torch.Size([2, 8])
+    >>> normlab.nn.RMSNorm(2)(torch.tensor([[3.0, 4.0]]))  # rms = sqrt((9 + 16) / 2)
+    tensor([[0.8485, 1.1314]], grad_fn=<...>)
     >>> gemma = normlab.nn.RMSNorm(8, eps=1e-6, casting="gemma", offset=1.0)
     >>> bool((gemma.weight == 0).all())
     True
@@ -96,10 +116,13 @@ class RMSNorm(nn.Module):
         casting: str = "torch",
         offset: float = 0.0,
     ) -> None:
+        normalized_shape = check_shape("RMSNorm", normalized_shape)
+        check_eps("RMSNorm", eps, none_ok=True)
+        check_dtype("RMSNorm", dtype)
+        _, offset = rms_variant("RMSNorm", casting, offset, True)  # checks both
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
-        self.normalized_shape = normalized_shape_tuple("RMSNorm", normalized_shape)
-        _, offset = rms_variant("RMSNorm", casting, offset, True)  # checks both
+        self.normalized_shape = normalized_shape
         if not elementwise_affine and offset != 0.0:
             raise ValueError(
                 f"RMSNorm: offset={offset!r} shifts the weight, but elementwise_affine=False gives no "
@@ -136,15 +159,20 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm2d(nn.Module):
-    """LayerNorm over the channels of an ``(N, C, H, W)`` input, at every pixel.
+    """LayerNorm over the channels of an ``(N, C, H, W)`` input, at every pixel:
+    ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``.
 
-    ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``, the mean and
-    biased variance over the ``C`` channels of one pixel: the channels-first LayerNorm of
-    ConvNeXt, SAM, detectron2 and timm. Same parameters and ``state_dict`` keys as theirs
-    (``weight``, ``bias``, shape ``(C,)``) and their default ``eps=1e-6``; ``normalized_shape``
-    and ``elementwise_affine`` are there too, as on timm's (a ``torch.nn.LayerNorm`` subclass).
-    A ``channels_last`` input runs on LayerNorm's row kernel without a copy and gives a
-    ``channels_last`` output; a contiguous one gives a contiguous output.
+    No torch.nn twin: it is the channels-first LayerNorm of ConvNeXt, SAM, detectron2 and timm,
+    with their parameters and ``state_dict`` keys (``weight``, ``bias``, shape ``(C,)``) and
+    their default ``eps=1e-6``; ``normalized_shape`` and ``elementwise_affine`` are there too,
+    as on timm's (a ``torch.nn.LayerNorm`` subclass). It equals
+    ``torch.nn.LayerNorm(C)`` applied to ``x.permute(0, 2, 3, 1)``, permuted back.
+
+    Shapes: input ``(N, C, H, W)``, output the same, in the input's memory format (a
+    ``channels_last`` input runs on LayerNorm's row kernel without a copy).
+
+    Numerics: mean and biased variance over the ``C`` values of one pixel, accumulated in
+    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once.
 
     >>> import torch, normlab
     >>> ln = normlab.nn.LayerNorm2d(8)
@@ -156,10 +184,16 @@ class LayerNorm2d(nn.Module):
     __constants__ = ["num_channels", "eps", "affine"]
 
     def __init__(self, num_channels: int, eps: float = 1e-6, affine: bool = True, device=None, dtype=None) -> None:
+        if not isinstance(num_channels, numbers.Integral) or isinstance(num_channels, bool):
+            raise TypeError(f"LayerNorm2d: expected num_channels to be an int (the number of channels C), "
+                            f"got {num_channels!r}")
+        if num_channels < 1:
+            raise ValueError(f"LayerNorm2d: expected num_channels to be a positive int, got {num_channels!r}")
+        num_channels = int(num_channels)
+        check_eps("LayerNorm2d", eps)
+        check_dtype("LayerNorm2d", dtype)
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
-        if not isinstance(num_channels, int) or isinstance(num_channels, bool) or num_channels < 1:
-            raise ValueError(f"LayerNorm2d: expected num_channels to be a positive int, got {num_channels!r}")
         self.num_channels = num_channels
         self.normalized_shape = (num_channels,)
         self.eps = eps

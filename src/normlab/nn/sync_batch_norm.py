@@ -25,18 +25,23 @@ __all__ = ["SyncBatchNorm"]
 
 
 class SyncBatchNorm(_BatchNorm):
-    """Batch normalization of an ``(N, C, *)`` input over the batches of every rank of ``process_group``.
+    """Batch normalization of an ``(N, C, *)`` input over the batches of every rank of ``process_group``:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the statistics of the global batch.
 
-    In training, each channel is normalised with the mean and biased variance
-    of its values on *all* ranks together, exactly as ``BatchNorm`` over the
-    concatenated global batch; ``running_mean``/``running_var`` are updated
-    with the global statistics (unbiased variance), identically on every rank.
-    Ranks may hold different batch sizes, including none. ``process_group``:
-    the group to synchronise over (None: the default group). In evaluation,
-    with a single rank, or without ``torch.distributed`` initialised it is
-    ``BatchNorm`` on the local batch. Every rank must call the same
-    SyncBatchNorm layers in the same order; a rank that fails or falls silent
-    makes the others raise after the group's timeout.
+    Twin: ``torch.nn.SyncBatchNorm`` -- same constructor, parameters, buffers, ``state_dict`` and
+    ``convert_sync_batchnorm``; differs in that it also runs on CPU tensors (gloo), and ranks may
+    hold different batch sizes, including none.
+
+    Shapes: input ``(N, C, *)`` (at least 2 dims), output the same; per-channel tensors ``(C,)``.
+
+    Numerics: in training, each channel's mean and biased variance over *all* ranks together,
+    exactly BatchNorm over the concatenated batch (per-rank ``(count, mean, M2)`` in float32 for
+    float16/bfloat16/float32 input, float64 for float64, merged with Chan's formula);
+    ``running_mean``/``running_var`` take the global statistics (unbiased variance), identically
+    on every rank, with BatchNorm's ``momentum`` rule. In evaluation, with a single rank, or
+    without ``torch.distributed`` initialised it is ``BatchNorm`` on the local batch, with no
+    communication. Every rank must call the same SyncBatchNorm layers in the same order; a rank
+    that fails or falls silent makes the others raise after the group's timeout.
 
     >>> import torch, normlab
     >>> bn = normlab.nn.SyncBatchNorm(3)  # no process group: plain BatchNorm
@@ -96,9 +101,14 @@ class SyncBatchNorm(_BatchNorm):
     def convert_sync_batchnorm(cls, module: nn.Module, process_group=None) -> nn.Module:
         """Replace every BatchNorm (torch's or normlab's) in ``module`` with a SyncBatchNorm, in place.
 
-        The new layers take over the very same parameters and buffers, the
-        train/eval flag and ``qconfig``; returns ``module`` (or its replacement
-        when ``module`` itself is a BatchNorm).
+        The new layers take over the very same parameters and buffers, the train/eval flag and
+        ``qconfig``; returns ``module`` (or its replacement when ``module`` itself is a BatchNorm).
+        As ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``.
+
+        >>> import torch, normlab
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+        >>> normlab.nn.SyncBatchNorm.convert_sync_batchnorm(model)[1]
+        SyncBatchNorm(4, eps=1e-05, momentum=0.1, affine=True, bias=True, track_running_stats=True)
         """
         out = module
         if isinstance(module, (nn.modules.batchnorm._BatchNorm, _BatchNorm)) and not isinstance(

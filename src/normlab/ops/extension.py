@@ -79,6 +79,15 @@ def available() -> bool:
     return load() is not None
 
 
+def empty_like(x: torch.Tensor, memory_format=torch.preserve_format) -> torch.Tensor:
+    """``torch.empty_like``, allocated as the kernels allocate their outputs: 4 MiB or more
+    advised onto transparent huge pages (``csrc/cpu/huge_pages.h``)."""
+    out = torch.empty_like(x, memory_format=memory_format)
+    if out.is_cpu and load() is not None:
+        _module.advise_huge_pages(out)
+    return out
+
+
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 

@@ -145,11 +145,26 @@ def _replace(model: nn.Module, table: dict[int, nn.Module]) -> nn.Module:
 def freeze_batch_norm(model: nn.Module, only: str | Iterable[str] | None = None) -> nn.Module:
     """Replace BatchNorm layers with ``FrozenBatchNorm1d/2d/3d``, in place, keeping their values.
 
+    Each frozen layer computes ``y = (x - running_mean) / sqrt(running_var + eps) * weight + bias``
+    with the layer's current statistics and affine in training and in eval alike: no statistic
+    is computed or updated, whatever ``model.train()`` says (``requires_grad=False`` alone does
+    not give that). Its buffers share memory with the BatchNorm's tensors. Taken: BatchNorm1d/2d/3d
+    and SyncBatchNorm (torch's or normlab's), BatchRenorm and GhostBatchNorm. No torch.nn
+    counterpart (torchvision has the layer, ``torchvision.ops.FrozenBatchNorm2d``, but no swap).
+
     ``only``: a module name or list of names (as in ``model.named_modules()``); each
     selects that module and every module under it. None: every BatchNorm.
     A BatchNorm without running statistics (``track_running_stats=False``) cannot be
     frozen: it is skipped with a warning, or an error when ``only`` names it.
     Returns ``model`` (or the frozen layer, when ``model`` is itself a BatchNorm).
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    >>> normlab.freeze_batch_norm(model)[1]
+    FrozenBatchNorm2d(4, eps=1e-05)
+    >>> _ = model(torch.randn(2, 3, 5, 5))
+    >>> model[1].running_mean  # training mode, yet nothing moved
+    tensor([0., 0., 0., 0.])
     """
     fn = "freeze_batch_norm"
     check_model(fn, model)
@@ -185,6 +200,12 @@ def unfreeze_batch_norm(model: nn.Module) -> nn.Module:
     directly becomes a ``normlab.nn.BatchNorm1d/2d/3d`` with its values (and new
     Parameters, ``num_batches_tracked=0``). Returns ``model`` (or the BatchNorm,
     when ``model`` is itself a frozen layer).
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    >>> bn = model[1]
+    >>> normlab.unfreeze_batch_norm(normlab.freeze_batch_norm(model))[1] is bn
+    True
     """
     check_model("unfreeze_batch_norm", model)
     names = {}

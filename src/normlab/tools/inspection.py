@@ -55,6 +55,7 @@ _DIMS = {2: "N,C", 3: "N,C,L", 4: "N,C,H,W", 5: "N,C,D,H,W"}
 
 @dataclasses.dataclass
 class Pitfall:
+    """One warning of :func:`inspect`: the ``layer``'s name, the ``problem`` and its ``fix``."""
     layer: str
     problem: str
     fix: str
@@ -62,6 +63,7 @@ class Pitfall:
 
 @dataclasses.dataclass
 class LayerReport:
+    """One norm layer as :func:`inspect` measured it (one row of the table; see the field comments)."""
     name: str
     cls: str
     family: str          # batch (BatchRenorm, GhostBatchNorm too), frozen, layer, layer2d, rms, group, instance
@@ -82,6 +84,16 @@ class LayerReport:
 
 @dataclasses.dataclass
 class InspectReport:
+    """What :func:`inspect` found: ``model`` (its class name), ``model_mode`` (train/eval),
+    ``input_shape``, ``layers`` (a ``LayerReport`` per norm layer) and ``warnings`` (``Pitfall``
+    records: ``layer``, ``problem``, ``fix``). ``str(report)`` is the table; ``to_dict()`` plain
+    data for JSON.
+
+    >>> import torch, normlab
+    >>> report = normlab.inspect(torch.nn.Sequential(torch.nn.GroupNorm(2, 4)), torch.randn(2, 4, 3), show=False)
+    >>> report.model, report.model_mode, report.input_shape, report.warnings
+    ('Sequential', 'train', '[2, 4, 3]', [])
+    """
     model: str
     model_mode: str
     input_shape: str
@@ -295,9 +307,22 @@ def inspect(model: nn.Module, example_input, *, show: bool = True) -> InspectRep
     """Report every norm layer of ``model`` when run on ``example_input`` (a tensor, or a tuple
     of the model's positional inputs; dim 0 of each layer's input is taken as the batch).
 
+    For each layer: its class and family, the input dims its statistics are taken over, its
+    parameters, whether sample 0's output *measurably* depends on the rest of the batch (the
+    others replaced; batch 1 vs N), the health of its running statistics, and pitfalls with
+    their fix (BatchNorm training inside an eval model, a batch of one, a bias right before a
+    BatchNorm, running statistics never updated or non-finite, ``track_running_stats=False`` in
+    eval). No torch.nn counterpart. Works on torch.nn and normlab layers alike.
+
     Prints the table (rich) unless ``show=False``; returns an :class:`InspectReport`
     (``.layers``, ``.warnings``, ``.to_dict()`` for JSON). The model's buffers and modes are
-    left exactly as they were.
+    left exactly as they were (the measurements run on copies). Also ``normlab inspect``.
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.LayerNorm(8))
+    >>> report = normlab.inspect(model, torch.randn(6, 4), show=False)
+    >>> [(layer.name, layer.cls, layer.batch_dependent) for layer in report.layers]
+    [('1', 'torch.BatchNorm1d', True), ('2', 'torch.LayerNorm', False)]
     """
     fn = "inspect"
     check_model(fn, model)
@@ -372,5 +397,8 @@ def inspect(model: nn.Module, example_input, *, show: bool = True) -> InspectRep
         from rich.console import Console
 
         console = Console()
-        (console if console.is_terminal else Console(width=180)).print(report)  # a log is not 80 wide
+        if console.is_terminal:
+            console.print(report)
+        else:                   # a pipe or a log: $COLUMNS or 80 columns, a block per layer if narrow
+            print(str(report))
     return report

@@ -157,6 +157,13 @@ def recalibrate_batch_norm(
     """Set every BatchNorm's running statistics to the exact mean and unbiased variance of its
     inputs over ``batches``; returns ``model``.
 
+    ``running_mean = mean(x)``, ``running_var = sum((x - mean)^2) / (n - 1)`` over every sample
+    and position of every batch a layer received, pooled as if they were one batch. Nearest
+    torch counterpart: ``torch.optim.swa_utils.update_bn``, which averages per-batch statistics
+    with equal weight per batch; its variance misses the spread of the batch means (low when
+    batches differ) and its mean is off when batch sizes differ. Here the result does not
+    depend on how the samples are split into batches.
+
     ``batches``: any iterable (a DataLoader included). A batch is passed to the model as
     ``model(batch)``, or ``model(batch[0])`` when it is a tuple or list (an
     ``(input, target)`` pair), unless ``forward(model, batch)`` is given, which then runs
@@ -164,11 +171,22 @@ def recalibrate_batch_norm(
     ``max_batches``: use at most this many batches. ``progress``: a rich progress bar
     over the batches on stderr (None: only when stderr is a terminal).
 
-    Statistics are pooled in float64 with Chan's merge of ``(count, mean, M2)``, so the
-    result does not depend on how the samples are split into batches. Layers without
-    running statistics (``track_running_stats=False``) and layers no batch reached are
-    left as they are, with a warning; a model with no BatchNorm gets a warning and is
-    returned unchanged. An empty ``batches`` raises ``ValueError`` and changes nothing.
+    Numerics: each batch reduced per channel to ``(count, mean, M2)`` in float64 (two passes),
+    merged with Chan's formula, rounded once to the buffer's dtype. The pass runs in training
+    mode (as ``update_bn``); every train/eval flag and ``momentum`` is restored, and
+    ``num_batches_tracked`` is the number of batches seen. Layers without running statistics
+    (``track_running_stats=False``) and layers no batch reached are left as they are, with a
+    warning; a model with no BatchNorm gets a warning and is returned unchanged. An empty
+    ``batches`` raises ``ValueError`` and changes nothing; a failing batch puts every
+    statistic back.
+
+    >>> import torch, normlab
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).eval()
+    >>> data = [torch.randn(n, 3) for n in (8, 2, 5)]  # batches of different sizes
+    >>> model = normlab.recalibrate_batch_norm(model, data, progress=False)
+    >>> h = model[0](torch.cat(data)).detach()
+    >>> torch.allclose(model[1].running_mean, h.mean(0), atol=1e-6), torch.allclose(model[1].running_var, h.var(0), atol=1e-5)
+    (True, True)
     """
     fn = "recalibrate_batch_norm"
     _check_arguments(fn, model, batches, max_batches, forward)

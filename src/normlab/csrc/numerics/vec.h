@@ -13,6 +13,10 @@
 
 #include "half.h"
 
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #if defined(__AVX512F__)
 #define NORMLAB_VEC_BYTES 64
 #elif defined(__AVX2__)
@@ -45,13 +49,29 @@ typedef _Float16 h16v __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
 inline vec<float> vload(const float* p) { vec<float> v; std::memcpy(&v, p, sizeof v); return v; }
 inline vec<double> vload(const double* p) { vec<double> v; std::memcpy(&v, p, sizeof v); return v; }
 inline vec<float> vload(const bf16* p) {
+#if NORMLAB_VEC_BYTES == 64  // one widening load (GCC splits the generic one into halves)
+  __m512i u = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  vec<float> r; std::memcpy(&r, &u, sizeof r); return r;
+#else
   detail::u16v h; std::memcpy(&h, p, sizeof h);
   detail::u32v u = __builtin_convertvector(h, detail::u32v) << 16;
   vec<float> v; std::memcpy(&v, &u, sizeof v); return v;
+#endif
 }
+// (maskz forms with a full mask: the plain intrinsics trip GCC 12's -Wmaybe-uninitialized.)
+// float16: the CPU's conversion instructions (GCC scalarises a _Float16 vector conversion without
+// AVX512-FP16: one instruction and two shuffles per value); the same bits (nearest even, NaN quiet).
 inline vec<float> vload(const f16* p) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  vec<float> r; std::memcpy(&r, &v, sizeof r); return r;
+#elif NORMLAB_VEC_BYTES == 32 && defined(__F16C__)
+  __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  vec<float> r; std::memcpy(&r, &v, sizeof r); return r;
+#else
   detail::h16v h; std::memcpy(&h, p, sizeof h);
   return __builtin_convertvector(h, vec<float>);
+#endif
 }
 
 // vstore(p, v): v rounded once to storage S (nearest even; NaN stays NaN), stored at p.
@@ -66,8 +86,16 @@ inline void vstore(bf16* p, vec<float> v) {
   std::memcpy(p, &h, sizeof h);
 }
 inline void vstore(f16* p, vec<float> v) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512 a; std::memcpy(&a, &v, sizeof a);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtps_ph(0xFFFF, a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif NORMLAB_VEC_BYTES == 32 && defined(__F16C__)
+  __m256 a; std::memcpy(&a, &v, sizeof a);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   detail::h16v h = __builtin_convertvector(v, detail::h16v);
   std::memcpy(p, &h, sizeof h);
+#endif
 }
 
 // Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero.
@@ -83,14 +111,23 @@ template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
   std::memcpy(p, buf, n * sizeof(S));
 }
 
-// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise), the same bits on any run.
-template <class T> inline T hsum(vec<T> v) {
-  constexpr int64_t n = lanes<T>;
-  T a[n];
-  std::memcpy(a, &v, sizeof a);
-  for (int64_t w = n / 2; w >= 1; w /= 2)
-    for (int64_t i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
-  return a[0];
+// hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise: lane i + lane i + w for
+// w = lanes / 2, ..., 1), the same bits on any run. Written as half-width vector adds, so it
+// compiles to a few shuffles and adds (a loop over an array compiled to stores and scalar adds).
+namespace detail {
+template <class T, int64_t N> struct vec_n { typedef T type __attribute__((vector_size(N * sizeof(T)))); };
+template <class T, int64_t N> inline T hsum_n(typename vec_n<T, N>::type v) {
+  if constexpr (N == 2) {
+    return v[0] + v[1];
+  } else {
+    typename vec_n<T, N / 2>::type lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return hsum_n<T, N / 2>(lo + hi);
+  }
 }
+}  // namespace detail
+
+template <class T> inline T hsum(vec<T> v) { return detail::hsum_n<T, lanes<T>>(v); }
 
 }  // namespace normlab

@@ -2,18 +2,16 @@
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the autograd Functions (backend ``"ref"``), torch's output-layout rule.
-- ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use.
-- ``op.py``: what is the kernels' own -- launchers, custom ops
-  (``normlab::group_norm_fwd``, ...), the eager and transform forms, declared
-  to ``ops/_register`` -- and the entry points of backend ``"cpu"``; the
+- ``op.py``: the entry points of backend ``"cpu"`` on the C++ ops
+  (``torch.ops.normlab.group_norm``, ...: ``csrc/group_norm.cpp`` and its
+  ``cpu/``, ``meta/``, ``autograd/`` rooms), and the transform Function; the
   ``"ref"`` ones are ``reference.ref_group_norm`` and ``ref_instance_norm``.
 
 Importing this package enters ``group_norm`` and ``instance_norm`` in the
-backend table (``"cpu"`` when numba is installed, checked without importing
-numba).
+backend table (``"cpu"`` when the C++ extension is installed).
 """
 
-from .. import _register
+from .. import _register, extension
 from . import op
 from .reference import (
     GroupNormFunction,
@@ -41,5 +39,6 @@ __all__ = [
     "ref_instance_norm",
 ]
 
-_register.implement("group_norm", ref=ref_group_norm, cpu=op.group_norm)
-_register.implement("instance_norm", ref=ref_instance_norm, cpu=op.instance_norm)
+_register.implement("group_norm", ref=ref_group_norm, cpu=op.group_norm, available=extension.available)
+_register.implement("instance_norm", ref=ref_instance_norm, cpu=op.instance_norm,
+                    available=extension.available)

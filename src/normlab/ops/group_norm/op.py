@@ -1,56 +1,38 @@
-"""GroupNorm / InstanceNorm on the ``"cpu"`` kernels: what is this family's own, handed to ``ops/_register``.
+"""GroupNorm / InstanceNorm on the ``"cpu"`` backend: the C++ ops ``torch.ops.normlab.*``, handed to ``ops/_register``.
 
-Layering (kernel -> launcher -> the op's forms -> entry point), as in ``ops/layer_norm``:
+The ops (schemas in ``csrc/group_norm.cpp``; CPU kernels in ``csrc/cpu/``, their Meta kernels in
+``csrc/meta/``, autograd in ``csrc/autograd/group_norm.cpp``):
 
-- ``kernels.py``, ``kernels_nhwc.py``: the Numba kernels, on numpy views of the tensors.
-- ``launch.py``: the launchers ``_forward``, ``_backward``, ``_update_running``:
-  allocate outputs, pass bfloat16/float16 tensors as their bits, pick the NCHW
-  or the NHWC kernel from ``x``'s layout, run with torch's thread count.
-- declared to ``ops/_register`` (custom ops each with a fake, so
-  ``torch.compile(fullgraph=True)`` traces them as single nodes):
+- ``group_norm(x, num_groups, w, b, eps) -> y``: the output alone when autograd does not record
+  the call (no statistics allocated), else through ``group_norm_fwd``;
+- ``group_norm_fwd(x, w, b, num_groups, eps) -> (y, mean, var, rstd)``, statistics (N, G) in the
+  accumulation dtype, differentiable in ``y``; InstanceNorm in training uses it with ``G = C``;
+- ``group_norm_bwd(dy, x, w, mean, rstd, num_groups, need_dx) -> (dx, dw, db)``;
+- ``instance_norm_eval_fwd(x, w, b, mean, rstd) -> y`` / ``instance_norm_eval_bwd``: InstanceNorm
+  with the running statistics (a per-channel linear map, ``mean``/``rstd`` (C,));
+- ``instance_norm_update_stats(running_mean!, running_var!, mean, var, momentum, n_spatial)``: the
+  in-place running-statistics update (a mutating op of its own: torch.compile functionalises it).
 
-  - ``normlab::group_norm_fwd`` -> ``(y, mean, var, rstd)``, differentiable;
-    InstanceNorm in training uses it with ``G = C``;
-  - ``normlab::group_norm_bwd`` (not differentiable itself);
-  - ``normlab::instance_norm_eval_fwd`` / ``normlab::instance_norm_eval_bwd``:
-    InstanceNorm with the running statistics (a per-channel linear map);
-  - ``normlab::instance_norm_update_stats``: the in-place running-statistics
-    update, declared with ``mutates_args`` (torch.compile functionalises it; a
-    mutating op cannot carry an autograd formula, hence its own op);
-  - the eager twins ``GroupNormEager`` and ``InstanceNormEvalEager``, and the
-    transform Function ``GroupNormTransform`` (vmap: the batch members' samples
-    are more samples; with fixed statistics, their channels more channels).
+Which form runs a call (``_register.route``): eager calls go straight to ``normlab._C`` (a C++
+entry point that calls the registered op through a cached dispatcher handle, no Python dispatch);
+``torch.compile`` traces ``torch.ops.normlab.*``; under torch.func transforms and forward-mode AD
+the Python Function ``GroupNormTransform`` (vmap and jvp rules) calls the same forward and
+backward ops (a C++ autograd Function refuses functorch transforms). Empty inputs take the
+reference path.
 
-- entry points :func:`group_norm`, :func:`instance_norm`: the backend table's
-  ``"cpu"`` functions (the ``"ref"`` ones are ``reference.ref_group_norm`` and
-  ``ref_instance_norm``; empty inputs take them too); ``_register.route`` picks
-  the form that runs.
-
-The kernels take ``x`` as ``(N, C, S)``, either contiguous (NCHW) or with
-channels_last strides ``(S*C, 1, C)`` (NHWC); the entry points make any other
-layout contiguous with one copy. GroupNorm's output has torch's layout
-(``output_memory_format``): a channels_last input is read and written in its
-own layout, without a copy. InstanceNorm's output is contiguous, as torch's (a
-channels_last input is copied once).
-
-The forward saves ``x``, ``w``, ``mean``, ``rstd``; the backward recomputes
-``x_hat``. Under ``create_graph=True`` the backward runs the reference analytic
-backward in differentiable torch ops instead, so double backward works for
-``"cpu"`` too.
-
-(No ``from __future__ import annotations`` here: ``torch.library`` reads the
-type hints of the custom ops to build their schemas.)
+Layouts: GroupNorm's output has torch's memory format (``x.suggest_memory_format()``: a
+channels_last input is read and written in its own layout); InstanceNorm's output is contiguous.
+Under ``create_graph=True`` the backward runs the reference analytic backward in differentiable
+torch ops, so double backward works.
 """
 
 import math
-from typing import Optional
 
 import torch
-from torch import Tensor
+import torch.autograd.forward_ad as _fwad
 
-from .. import _register, _transforms
+from .. import _register, _transforms, extension
 from .._common import acc_dtype, in_memory_format, to_acc
-from .launch import _backward, _forward, _is_nhwc, _kernel_input, _update_running
 from .reference import (
     _grouped,
     _per_channel,
@@ -64,100 +46,37 @@ from .reference import (
     update_running_ops,
 )
 
-# --------------------------------------------------------------------------
-# Custom ops
-# --------------------------------------------------------------------------
+_C = extension.load()
+_ops = torch.ops.normlab
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
 
 
-def _stats_like(x: Tensor, *shape) -> Tensor:
-    return x.new_empty(shape, dtype=acc_dtype(x.dtype))
+def _kernel_input(x, fmt):
+    """``x`` as (N, C, S): channels_last strides kept for a channels_last ``fmt`` (no copy when ``x``
+    already is), contiguous otherwise (copies only if it must)."""
+    n, c = x.shape[0], x.shape[1]
+    s = math.prod(x.shape[2:])
+    if fmt != torch.contiguous_format:
+        return x.contiguous(memory_format=fmt).reshape(n, c, s)
+    return x.reshape(n, c, s).contiguous()
 
 
-def _group_norm_fwd(
-    x: Tensor, w: Optional[Tensor], b: Optional[Tensor], num_groups: int, eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """GroupNorm of ``x`` (N, C, S), contiguous or NHWC: ``(y, mean, var, rstd)``, stats (N, G)."""
-    return _forward(x, w, b, num_groups, eps, one_buffer=False)
+def _forward(x, w, b, num_groups, eps, fixed_mean=None, fixed_rstd=None):
+    """One forward op call: ``(y, mean, var)``, statistics (N, G); with ``fixed_mean``/``fixed_rstd``
+    (C,) InstanceNorm with those statistics, and empty (N, 0) ``mean``/``var``."""
+    if fixed_mean is None:
+        y, mean, var, _ = _ops.group_norm_fwd(x, w, b, num_groups, eps)
+        return y, mean, var
+    y = _ops.instance_norm_eval_fwd(x, w, b, fixed_mean, fixed_rstd)
+    empty = fixed_mean.new_empty((x.shape[0], 0))
+    return y, empty, empty.clone()
 
 
-def _group_norm_fwd_fake(x, w, b, num_groups, eps):
-    n = x.shape[0]
-    y = torch.empty_like(x) if _is_nhwc(x) else torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, _stats_like(x, n, num_groups), _stats_like(x, n, num_groups), _stats_like(x, n, num_groups)
-
-
-def _group_norm_bwd(
-    dy: Tensor,
-    x: Tensor,
-    w: Optional[Tensor],
-    mean: Tensor,
-    rstd: Tensor,
-    num_groups: int,
-    need_dx: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """GroupNorm gradients ``(dx, dw, db)``; ``dx`` empty unless ``need_dx``, dw/db (C,) in the accumulation dtype."""
-    dx, dw, db = _backward(dy, x, w, mean, rstd, num_groups, False, need_dx)
-    return (dx if dx is not None else x.new_empty((0,))), dw, db
-
-
-def _group_norm_bwd_fake(dy, x, w, mean, rstd, num_groups, need_dx):
-    if not need_dx:
-        return x.new_empty((0,)), _stats_like(x, x.shape[1]), _stats_like(x, x.shape[1])
-    dx = torch.empty_like(x) if _is_nhwc(x) else torch.empty_like(x, memory_format=torch.contiguous_format)
-    return dx, _stats_like(x, x.shape[1]), _stats_like(x, x.shape[1])
-
-
-def _instance_norm_eval_fwd(
-    x: Tensor, w: Optional[Tensor], b: Optional[Tensor], mean: Tensor, rstd: Tensor
-) -> Tensor:
-    """InstanceNorm of contiguous ``x`` (N, C, S) with fixed per-channel ``mean``/``rstd`` (C,)."""
-    y, _, _, _ = _forward(x, w, b, x.shape[1], 0.0, mean, rstd)
-    return y
-
-
-def _instance_norm_eval_fwd_fake(x, w, b, mean, rstd):
-    return x.new_empty(x.shape)
-
-
-def _instance_norm_eval_bwd(
-    dy: Tensor, x: Tensor, w: Optional[Tensor], mean: Tensor, rstd: Tensor, need_dx: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``(dx, dw, db)`` of InstanceNorm with fixed statistics (``dx`` empty unless ``need_dx``)."""
-    dx, dw, db = _backward(dy, x, w, mean, rstd, x.shape[1], True, need_dx)
-    return (dx if dx is not None else x.new_empty((0,))), dw, db
-
-
-def _instance_norm_eval_bwd_fake(dy, x, w, mean, rstd, need_dx):
-    dx = x.new_empty(x.shape) if need_dx else x.new_empty((0,))
-    return dx, _stats_like(x, x.shape[1]), _stats_like(x, x.shape[1])
-
-
-def _instance_norm_update_stats(
-    running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor, momentum: float, n_spatial: int
-) -> None:
-    """``running = (1 - momentum) * running + momentum * batch average`` of ``mean`` / unbiased ``var`` (N, C)."""
-    _update_running(running_mean, running_var, mean, var, momentum, n_spatial)
-
-
-instance_norm_update_stats = _register.custom_op(
-    "instance_norm_update_stats", _instance_norm_update_stats,
-    fake=lambda running_mean, running_var, mean, var, momentum, n_spatial: None,
-    mutates_args=("running_mean", "running_var"),
-)
-
-
-# --------------------------------------------------------------------------
-# Autograd
-# --------------------------------------------------------------------------
-
-
-def _grads(ctx, dy, x, w, mean, rstd, needs, eager):
-    """``(dx, dw, db)`` of GroupNorm (``ctx.fixed``: InstanceNorm with running statistics).
-
-    ``eager``: call the launcher directly instead of the backward custom op.
-    Under ``create_graph=True``: the differentiable reference backward on the
-    grouped view, with the statistics recomputed from ``x``.
-    """
+def _grads(ctx, dy, x, w, mean, rstd, needs):
+    """``(dx, dw, db)`` of GroupNorm (``ctx.fixed``: InstanceNorm with running statistics): the
+    backward ops, or under ``create_graph=True`` the differentiable reference backward on the
+    grouped view, with the statistics recomputed from ``x``."""
     if dy is None:
         return None, None, None
     need_dx, need_dw, need_db = needs
@@ -176,12 +95,10 @@ def _grads(ctx, dy, x, w, mean, rstd, needs, eager):
         dw = dw.reshape(-1) if dw is not None else None
         db = db.reshape(-1) if db is not None else None
     else:
-        if eager:
-            dx, dw, db = _backward(dy, x, w, mean, rstd, g, ctx.fixed, need_dx)
-        elif ctx.fixed:
-            dx, dw, db = instance_norm_eval_bwd(dy, x, w, mean, rstd, need_dx)
+        if ctx.fixed:
+            dx, dw, db = _ops.instance_norm_eval_bwd(dy, x, w, mean, rstd, need_dx)
         else:
-            dx, dw, db = group_norm_bwd(dy, x, w, mean, rstd, g, need_dx)
+            dx, dw, db = _ops.group_norm_bwd(dy, x, w, mean, rstd, g, need_dx)
         dx = dx if need_dx else None
     dw = (dw if dw.dtype == w.dtype else dw.to(w.dtype)) if need_dw else None
     db = (db if db.dtype == ctx.b_dtype else db.to(ctx.b_dtype)) if need_db else None
@@ -197,102 +114,13 @@ def _setup(ctx, x, w, b, mean, rstd, num_groups, eps, fixed):
     ctx.set_materialize_grads(False)
 
 
-def _group_norm_setup(ctx, inputs, output):
-    x, w, b, num_groups, eps = inputs
-    _, mean, var, rstd = output
-    _setup(ctx, x, w, b, mean, rstd, num_groups, eps, False)
-    ctx.mark_non_differentiable(mean, var, rstd)
-
-
-def _group_norm_backward(ctx, dy, _dmean, _dvar, _drstd):
-    x, w, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=False)
-    return dx, dw, db, None, None
-
-
-def _instance_norm_eval_setup(ctx, inputs, output):
-    x, w, b, mean, rstd = inputs
-    _setup(ctx, x, w, b, mean, rstd, x.shape[1], 0.0, True)
-
-
-def _instance_norm_eval_backward(ctx, dy):
-    x, w, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=False)
-    return dx, dw, db, None, None
-
-
-
-
-group_norm_fwd = _register.custom_op(
-    "group_norm_fwd", _group_norm_fwd, fake=_group_norm_fwd_fake,
-    backward=_group_norm_backward, setup_context=_group_norm_setup,
-)
-group_norm_bwd = _register.custom_op("group_norm_bwd", _group_norm_bwd, fake=_group_norm_bwd_fake)
-instance_norm_eval_fwd = _register.custom_op(
-    "instance_norm_eval_fwd", _instance_norm_eval_fwd, fake=_instance_norm_eval_fwd_fake,
-    backward=_instance_norm_eval_backward, setup_context=_instance_norm_eval_setup,
-)
-instance_norm_eval_bwd = _register.custom_op(
-    "instance_norm_eval_bwd", _instance_norm_eval_bwd, fake=_instance_norm_eval_bwd_fake,
-)
-
-
-# --------------------------------------------------------------------------
-# The eager twins: the launchers and the backward as Functions
-# --------------------------------------------------------------------------
-
-
-def _gn_eager_forward(ctx, x, w, b, num_groups, eps):
-    y, mean, var, rstd = _forward(x, w, b, num_groups, eps)
-    _setup(ctx, x, w, b, mean, rstd, num_groups, eps, False)
-    ctx.mark_non_differentiable(mean, var)
-    return y, mean, var
-
-
-def _gn_eager_backward(ctx, dy, _dmean, _dvar):
-    x, w, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=True)
-    return dx, dw, db, None, None
-
-
-_gn_apply = _register.eager(
-    "GroupNorm", _gn_eager_forward, _gn_eager_backward,
-    "GroupNorm of ``x`` (N, C, S), contiguous or NHWC: ``apply(x, w, b, num_groups, eps)`` -> "
-    "``(y, mean, var)``; ``mean`` and ``var`` (N, G) are non-differentiable (InstanceNorm's running "
-    "statistics read them).",
-)
-
-
-def _in_eval_eager_forward(ctx, x, w, b, mean, rstd):
-    y, _, _, _ = _forward(x, w, b, x.shape[1], 0.0, mean, rstd)
-    _setup(ctx, x, w, b, mean, rstd, x.shape[1], 0.0, True)
-    return y
-
-
-def _in_eval_eager_backward(ctx, dy):
-    x, w, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=True)
-    return dx, dw, db, None, None
-
-
-_in_eval_apply = _register.eager(
-    "InstanceNormEval", _in_eval_eager_forward, _in_eval_eager_backward,
-    "InstanceNorm with fixed per-channel ``mean``/``rstd`` (C,): ``apply(x, w, b, mean, rstd)`` -> ``y``.",
-)
-
-
 # --------------------------------------------------------------------------
 # Under torch.func transforms and forward-mode AD (ops/_transforms.py)
 # --------------------------------------------------------------------------
 
 
 def _transform_forward(x, w, b, num_groups, eps, fixed_mean, fixed_rstd):
-    if fixed_mean is None:
-        y, mean, var, _ = _forward(x, w, b, num_groups, eps, one_buffer=False)
-        return y, mean, var
-    y = _forward(x, w, b, num_groups, 0.0, fixed_mean, fixed_rstd)[0]
-    empty = fixed_mean.new_empty((x.shape[0], 0))
-    return y, empty, empty.clone()
+    return _forward(x, w, b, num_groups, eps, fixed_mean, fixed_rstd)
 
 
 def _transform_setup_context(ctx, inputs, output):
@@ -307,7 +135,7 @@ def _transform_setup_context(ctx, inputs, output):
 
 def _transform_backward(ctx, dy, _dmean, _dvar):
     x, w, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3], eager=True)
+    dx, dw, db = _grads(ctx, dy, x, w, mean, rstd, ctx.needs_input_grad[:3])
     return dx, dw, db, None, None, None, None
 
 
@@ -370,64 +198,52 @@ _Transform = _register.transform(
 
 
 def group_norm(x, num_groups, w, b, eps):
-    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups on the kernels (the backend
+    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups on the C++ ops (the backend
     table's ``"cpu"`` function; the ``"ref"`` one is ``reference.ref_group_norm``). An empty
     input takes the reference path."""
     if x.numel() == 0:
         return ref_group_norm(x, num_groups, w, b, eps)
-    fmt = output_memory_format(x)
-    x3 = _kernel_input(x, fmt)  # (N, C, S)
+    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
+        return _C.group_norm(x, num_groups, w, b, eps)
     path = _register.route(x, w, b)
-    if path == _register.EAGER:
-        y, _, _ = _gn_apply(x3, w, b, num_groups, eps)
-    elif path == _register.PLAIN:  # nothing to differentiate: the launcher alone
-        y, _, _, _ = _forward(x3, w, b, num_groups, eps)
-    elif path == _register.TRANSFORM:
-        y = _Transform.apply(x3, w, b, num_groups, eps, None, None)[0]
-    else:
-        y, _, _, _ = group_norm_fwd(x3, w, b, num_groups, eps)
+    if path == _register.COMPILE:
+        return _ops.group_norm(x, num_groups, w, b, eps)
+    fmt = output_memory_format(x)
+    y = _Transform.apply(_kernel_input(x, fmt), w, b, num_groups, eps, None, None)[0]
     return in_memory_format(y.reshape(x.shape), fmt)  # a view (NHWC stays channels_last)
 
 
 def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
-    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` on the kernels (the backend table's ``"cpu"``
+    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` on the C++ ops (the backend table's ``"cpu"``
     function; the ``"ref"`` one, and what both compute, is ``reference.ref_instance_norm``). An
     empty input takes the reference path. The output is contiguous."""
-    c = x.shape[1]
     if x.numel() == 0:
         return ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
-    n, s = x.shape[0], math.prod(x.shape[2:])
-    x3 = x.reshape(n, c, s).contiguous()  # (N, C, S); torch's output is contiguous
+    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
+        return _C.instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
     path = _register.route(x, w, b)
+    n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
+    if path == _register.COMPILE:
+        x = x.contiguous()  # torch's instance_norm output is contiguous
+        if use_input_stats:
+            if running_mean is None:
+                return _ops.group_norm(x, c, w, b, eps)
+            y, mean, var, _ = _ops.group_norm_fwd(x, w, b, c, eps)
+            _ops.instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
+            return y
+        with torch.no_grad():  # constants of the map; a copy, safe from later buffer updates
+            acc = acc_dtype(x.dtype)
+            mean = running_mean.to(acc, copy=True)  # (C,)
+            rstd = torch.rsqrt(running_var.to(acc) + eps)  # (C,)
+        return _ops.instance_norm_eval_fwd(x, w, b, mean, rstd)
+    x3 = x.reshape(n, c, s).contiguous()  # (N, C, S)
     if use_input_stats:
-        if path == _register.EAGER:
-            y, mean, var = _gn_apply(x3, w, b, c, eps)
-        elif path == _register.PLAIN:
-            y, mean, var, _ = _forward(x3, w, b, c, eps)
-        elif path == _register.TRANSFORM:
-            y, mean, var = _Transform.apply(x3, w, b, c, eps, None, None)
-            if running_mean is not None:
-                update_running_ops(running_mean, running_var, mean, var, momentum, s)
-            return y.reshape(x.shape)
-        else:
-            y, mean, var, _ = group_norm_fwd(x3, w, b, c, eps)
-            if running_mean is not None:
-                instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
-            return y.reshape(x.shape)
+        y, mean, var = _Transform.apply(x3, w, b, c, eps, None, None)
         if running_mean is not None:
-            _update_running(running_mean, running_var, mean, var, momentum, s)
-            _register.written(running_mean, running_var)
+            update_running_ops(running_mean, running_var, mean, var, momentum, s)
         return y.reshape(x.shape)
-    with torch.no_grad():  # constants of the map; a copy, safe from later buffer updates
+    with torch.no_grad():
         acc = acc_dtype(x.dtype)
         mean = running_mean.to(acc, copy=True)  # (C,)
         rstd = torch.rsqrt(running_var.to(acc) + eps)  # (C,)
-    if path == _register.EAGER:
-        y = _in_eval_apply(x3, w, b, mean, rstd)
-    elif path == _register.PLAIN:
-        y, _, _, _ = _forward(x3, w, b, c, 0.0, mean, rstd)
-    elif path == _register.TRANSFORM:
-        y = _Transform.apply(x3, w, b, c, 0.0, mean, rstd)[0]
-    else:
-        y = instance_norm_eval_fwd(x3, w, b, mean, rstd)
-    return y.reshape(x.shape)
+    return _Transform.apply(x3, w, b, c, 0.0, mean, rstd)[0].reshape(x.shape)

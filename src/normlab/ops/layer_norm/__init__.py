@@ -3,19 +3,17 @@
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the autograd Functions, and the entry points of backend ``"ref"``
   (:func:`ref_layer_norm`, ...).
-- ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use;
-  ``launch.py`` hands them tensors.
-- ``op.py``: what is the kernels' own -- custom ops, eager and transform
-  forms, declared to ``ops/_register`` -- and the entry points of backend
-  ``"cpu"``.
+- ``op.py``: the entry points of backend ``"cpu"``: thin glue to the C++ ops
+  (``csrc/layer_norm.cpp``, ``csrc/cpu/layer_norm_kernels.cpp``) and the transform Function
+  (vmap and forward-mode rules) that calls them.
 
 Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
 ``add_rms_norm`` and ``layer_norm2d`` (``launch_2d.py``: LayerNorm2d's NCHW kernels,
-``kernels_2d.py``) in the backend table (``"cpu"`` when numba is installed,
-checked without importing numba).
+``kernels_2d.py``) in the backend table (``"cpu"`` where the C++ extension is installed;
+``layer_norm2d`` still on its Numba kernels).
 """
 
-from .. import _register
+from .. import _register, extension
 from . import launch_2d, op
 from .reference import (
     LayerNormFunction,
@@ -48,8 +46,8 @@ __all__ = [
     "ref_add_rms_norm",
 ]
 
-_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm)
-_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm)
-_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm)
-_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm)
+_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm, available=extension.available)
+_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm, available=extension.available)
+_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm, available=extension.available)
+_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm, available=extension.available)
 _register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=launch_2d.layer_norm2d)

@@ -1,0 +1,229 @@
+// GroupNorm / InstanceNorm over group rows: contiguous (NCHW) x viewed as (N*G, Cg, S), one group per
+// row of Cg*S contiguous values; also every input with S == 1 (there a row is a group's Cg channels).
+// And InstanceNorm's running-statistics update. Layouts and conventions: group_norm_kernels.h.
+#include "cpu/group_norm_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/group_norm_sums.h"
+#include "numerics/chunks.h"
+#include "numerics/moments.h"
+#include "numerics/vec.h"
+
+namespace normlab::group_norm {
+
+namespace {
+
+// y[k] = ((x[k] - shift) - md) * (rs * w[k]) + b[k] over the n channels of an S == 1 group row.
+template <class S>
+inline void affine_channels(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> rs,
+                            const acc_t<S>* w, const acc_t<S>* b) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * (vr * vload(w + j)) + vload(b + j));
+  for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * (rs * w[j]) + b[j]);
+}
+
+// dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel).
+template <class S>
+inline void grad_run(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> vm = vset1<A>(m), va = vset1<A>(a), v2 = vset1<A>(t2), v3 = vset1<A>(t3);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(dx + j, (vload(dy + j) * va - (vload(x + j) - vm) * v3) - v2);
+  for (; j < n; ++j) dx[j] = from_acc<S>((to_acc(dy[j]) * a - (to_acc(x[j]) - m) * t3) - t2);
+}
+
+// dx[j] = dy[j] * a over a run of n values (term 1 alone: fixed statistics).
+template <class S> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S> a) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> va = vset1<A>(a);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(dx + j, vload(dy + j) * va);
+  for (; j < n; ++j) dx[j] = from_acc<S>(to_acc(dy[j]) * a);
+}
+
+// shifted_sum / shifted_sqdev of a row shorter than a vector: their vector loops do not run, so
+// their sum is 0 + the scalar tail in order -- the same additions, without the empty lane sums.
+template <class S> inline acc_t<S> small_shifted_sum(const S* x, int64_t n, acc_t<S> shift) {
+  acc_t<S> s = acc_t<S>(0);
+  for (int64_t j = 0; j < n; ++j) s += to_acc(x[j]) - shift;
+  return s;
+}
+template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, acc_t<S> shift, acc_t<S> m) {
+  acc_t<S> s = acc_t<S>(0);
+  for (int64_t j = 0; j < n; ++j) {
+    acc_t<S> e = (to_acc(x[j]) - shift) - m;
+    s += e * e;
+  }
+  return s;
+}
+
+template <class R> inline void store_double(R* p, double v) {
+  if constexpr (std::is_same_v<R, double>) *p = v;
+  else *p = from_acc<R>(float(v));  // rounded to float first, then (half types) to R
+}
+
+}  // namespace
+
+// x, y (N*G, Cg, S); w, b (C,); mean, var, rstd (N*G,) out or null -- `fixed`: mean, rstd (C,) in.
+// docs/derivations/group_norm.md, "The grouped view" and "Numerics": shifted two passes per group,
+//   shift = x[0], md = mean(x - shift), var = mean(((x - shift) - md)^2), rstd = 1 / sqrt(var + eps),
+//   y = ((x - shift) - md) * (rstd * w[c]) + b[c];
+// the row is read three times (sum, squared deviations, output), from cache after the first.
+template <class S>
+void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed) {
+  using A = acc_t<S>;
+  const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
+  const A aeps = A(eps);
+  // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,
+  // division, squared deviations, square root) are independent, so they overlap in the CPU.
+  constexpr int64_t kBlock = 8;
+  for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
+    A shift[kBlock], md[kBlock], rs[kBlock];
+    const int64_t block = ncols <= 256 ? kBlock : 1;  // long rows: one at a time, each pass from L1
+    for (int64_t rb = r0; rb < r1; rb += block) {
+      const int64_t nb = std::min(block, r1 - rb);
+      const S* xb = x + rb * ncols;
+      if (fixed) {  // running statistics: y = (x - mean) * (rstd * w) + b
+        for (int64_t k = 0; k < nb; ++k) {
+          const int64_t gi = (rb + k) % g;
+          shift[k] = mean[gi];
+          md[k] = A(0);
+          rs[k] = rstd[gi];
+        }
+      } else {
+        for (int64_t k = 0; k < nb; ++k) {
+          shift[k] = to_acc(xb[k * ncols]);
+          md[k] = ncols < vlanes<S> ? small_shifted_sum(xb + k * ncols, ncols, shift[k])
+                                    : shifted_sum(xb + k * ncols, ncols, shift[k]);
+        }
+        for (int64_t k = 0; k < nb; ++k) md[k] = over_count(md[k], ncols);
+        for (int64_t k = 0; k < nb; ++k)
+          rs[k] = ncols < vlanes<S> ? small_shifted_sqdev(xb + k * ncols, ncols, shift[k], md[k])
+                                    : shifted_sqdev(xb + k * ncols, ncols, shift[k], md[k]);
+        for (int64_t k = 0; k < nb; ++k) {
+          const A v = over_count(rs[k], ncols);
+          rs[k] = A(1) / std::sqrt(v + aeps);
+          if (mean != nullptr) {
+            A m = shift[k] + md[k];
+            if (m != m) m = torch_mean(m, inf_mask(xb + k * ncols, 1, 0, ncols));  // InstanceNorm's running mean
+            mean[rb + k] = m;
+            var[rb + k] = v;
+            rstd[rb + k] = rs[k];
+          }
+        }
+      }
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t gi = (rb + k) % g;
+        const S* xr = xb + k * ncols;
+        S* yr = y + (rb + k) * ncols;
+        const A* wg = w + gi * cg;
+        const A* bg = b + gi * cg;
+        if (ns == 1) {
+          affine_channels(xr, yr, cg, shift[k], md[k], rs[k], wg, bg);
+        } else {
+          for (int64_t j = 0; j < cg; ++j)
+            affine_run(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+        }
+      }
+    }
+  });
+}
+
+// dy, x, dx (N*G, Cg, S); w (C,); mean, rstd (N*G,) (`fixed`: (C,)); dw, db (C,) out.
+// docs/derivations/group_norm.md, "The input" and "The parameters": with g = dy * w[c],
+//   dx = rstd * (g - mean_grp(g) - x_hat * mean_grp(g * x_hat))
+//      = dy * (rstd * w[c])      term 1
+//        - (x - mean) * t3       term 3, t3 = rstd^3 * mean_grp(g * (x - mean))
+//        - t2                    term 2, t2 = rstd * mean_grp(g)
+//   dw[c] = sum_{n,s} dy * x_hat,  db[c] = sum_{n,s} dy
+// ("InstanceNorm is the case G = C": fixed statistics keep term 1 only).
+// dw/db: each row writes its per-(n, c) sums into (N, C) partials, merged over n in order in float64.
+template <class S>
+void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed) {
+  using A = acc_t<S>;
+  const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
+  std::vector<A> pw(n * c), pb(n * c);  // (N, C): sums of dy * x_hat, of dy
+  for_rows(nrows, 2 * ncols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0, i = r0 / g, gi = r0 % g; r < r1; ++r, i += (gi + 1 == g), gi = gi + 1 == g ? 0 : gi + 1) {
+      const A m = fixed ? mean[gi] : mean[r];
+      const A rs = fixed ? rstd[gi] : rstd[r];
+      const S* dyr = dy + r * ncols;
+      const S* xr = x + r * ncols;
+      A sg = A(0), sgx = A(0);  // sums over the group of dy * w, of dy * w * (x - mean)
+      for (int64_t k = 0; k < cg; ++k) {
+        auto [sdy, sdx] = grad_sums(dyr + k * ns, xr + k * ns, ns, m);
+        const int64_t cc = gi * cg + k;
+        pb[i * c + cc] = sdy;
+        pw[i * c + cc] = sdx * rs;
+        sg += w[cc] * sdy;
+        sgx += w[cc] * sdx;
+      }
+      if (dx == nullptr) continue;
+      S* dxr = dx + r * ncols;
+      if (fixed) {  // term 1 only
+        for (int64_t k = 0; k < cg; ++k) scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
+        continue;
+      }
+      const A t2 = A(double(sg) / double(ncols) * double(rs));              // rstd * mean_grp(g)
+      const A t3 = A(double(sgx * rs) / double(ncols) * double(rs * rs));  // rstd^3 * mean_grp(g * (x - mean))
+      for (int64_t k = 0; k < cg; ++k)
+        grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
+    }
+  });
+  merge_partials(pw.data(), pb.data(), n, c, dw, db);
+}
+
+// rm, rv (C,) running mean / variance of storage R (element strides); mean, var (N, C) in A.
+// running = (1 - momentum) * running + momentum * (batch average), the variance joining unbiased
+// (var * S / (S - 1)); averages over n in order, in float64; each new value rounded once to R.
+template <class R, class A>
+void update_running(R* rm, int64_t rm_stride, R* rv, int64_t rv_stride, const A* mean, const A* var, int64_t n,
+                    int64_t c, double momentum, int64_t n_spatial) {
+  const double corr = double(n_spatial) / (double(n_spatial) - 1.0);
+  for (int64_t j = 0; j < c; ++j) {
+    double sm = 0.0, sv = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      sm += double(mean[i * c + j]);
+      sv += double(var[i * c + j]);
+    }
+    const double old_m = double(to_acc(rm[j * rm_stride])), old_v = double(to_acc(rv[j * rv_stride]));
+    store_double(rm + j * rm_stride, (1.0 - momentum) * old_m + momentum * (sm / double(n)));
+    store_double(rv + j * rv_stride, (1.0 - momentum) * old_v + momentum * ((sv / double(n)) * corr));
+  }
+}
+
+#define NORMLAB_GN_ROWS(S)                                                                                      \
+  template void fwd_rows<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, acc_t<S>*, \
+                            int64_t, int64_t, int64_t, int64_t, double, bool);                               \
+  template void bwd_rows<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
+                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, bool);
+NORMLAB_GN_ROWS(float)
+NORMLAB_GN_ROWS(double)
+NORMLAB_GN_ROWS(bf16)
+NORMLAB_GN_ROWS(f16)
+#undef NORMLAB_GN_ROWS
+
+#define NORMLAB_GN_RUNNING(R, A) \
+  template void update_running<R, A>(R*, int64_t, R*, int64_t, const A*, const A*, int64_t, int64_t, double, int64_t);
+NORMLAB_GN_RUNNING(float, float)
+NORMLAB_GN_RUNNING(double, float)
+NORMLAB_GN_RUNNING(bf16, float)
+NORMLAB_GN_RUNNING(f16, float)
+NORMLAB_GN_RUNNING(float, double)
+NORMLAB_GN_RUNNING(double, double)
+NORMLAB_GN_RUNNING(bf16, double)
+NORMLAB_GN_RUNNING(f16, double)
+#undef NORMLAB_GN_RUNNING
+
+}  // namespace normlab::group_norm

@@ -1,0 +1,56 @@
+// GroupNorm / InstanceNorm kernels on raw pointers (no torch headers: they compile in about a second).
+//
+// Every kernel sees the input as (N, C, S) (S = the product of the spatial dims) in one of two
+// memory layouts:
+//   rows  (contiguous NCHW, and every input with S == 1): x as (N*G, Cg, S), one group per row of
+//         Cg*S contiguous values -- group_norm_kernels.cpp;
+//   NHWC  (channels_last with S > 1; the backward of every S == 1 input): x as (N, S, C), channels
+//         fastest, per-channel vectors of length C -- group_norm_nhwc_kernels.cpp.
+// InstanceNorm is GroupNorm with G = C; with fixed (running) statistics (`fixed`) the kernels read a
+// per-channel mean/rstd (C,) instead of computing them, and the backward keeps term 1 only.
+//
+// Storage S: float, double, bf16, f16; accumulation A = acc_t<S> (double for double, else float).
+// w, b: (C,) in A (the caller materialises ones / zeros for an absent weight / bias). Statistics
+// mean, var, rstd: (N*G,) in A, or null when nobody reads them (inference). dw, db: (C,) in A.
+// The math: docs/derivations/group_norm.md.
+#pragma once
+
+#include <cstdint>
+
+#include "numerics/half.h"
+
+namespace normlab::group_norm {
+
+// Samples per chunk of the NHWC backward's dw/db partials: about 64K values (at least 16 rows of C
+// channels), in whole samples; from the shape only, so the partials merge to the same bits for any
+// number of threads.
+int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c);
+
+// Forward over group rows (contiguous x, or any x with S == 1). `fixed`: mean/rstd are (C,) inputs.
+template <class S>
+void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed);
+
+// Forward of channels_last x (N, S, C), S > 1.
+template <class S>
+void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps);
+
+// Backward over group rows (contiguous x). `fixed`: mean/rstd (C,), dx = rstd * dy * w (term 1).
+// dx may be null (not needed).
+template <class S>
+void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed);
+
+// Backward of NHWC x (N, S, C), any S (S == 1: each group's Cg channels contiguous).
+template <class S>
+void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns);
+
+// InstanceNorm's running statistics, in place: rm, rv (C,) of storage R with element strides;
+// mean, var (N, C) per-instance means and biased variances in A.
+template <class R, class A>
+void update_running(R* rm, int64_t rm_stride, R* rv, int64_t rv_stride, const A* mean, const A* var, int64_t n,
+                    int64_t c, double momentum, int64_t n_spatial);
+
+}  // namespace normlab::group_norm

@@ -1,0 +1,102 @@
+// The group_norm kernels' own helpers (both layouts): the backward's pair of sums, the output's
+// affine run, torch's mean for a group holding infinities, and the in-order merge of dw/db partials.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "numerics/chunks.h"
+#include "numerics/vec.h"
+
+namespace normlab::group_norm {
+
+// q / count rounded once to A: the quotient in float64 (as the Numba kernels took it; for float, the
+// same bits as a float division whenever the count is exact in float).
+template <class A> inline A over_count(A q, int64_t count) { return A(double(q) / double(count)); }
+
+// (sum dy, sum dy * (x - m)) over n values, in A; both from zero (not m - m: an infinite m must not
+// turn the sum of dy NaN). Two vector chains each, lanes added by hsum, then the scalar tail.
+template <class S> inline std::pair<acc_t<S>, acc_t<S>> grad_sums(const S* dy, const S* x, int64_t n, acc_t<S> m) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> a0 = vzero<A>(), a1 = vzero<A>(), b0 = vzero<A>(), b1 = vzero<A>(), vm = vset1<A>(m);
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) {
+    vec<A> g0 = vload(dy + j), g1 = vload(dy + j + L);
+    a0 += g0;
+    a1 += g1;
+    b0 += g0 * (vload(x + j) - vm);
+    b1 += g1 * (vload(x + j + L) - vm);
+  }
+  if (j + L <= n) {
+    vec<A> g0 = vload(dy + j);
+    a0 += g0;
+    b0 += g0 * (vload(x + j) - vm);
+    j += L;
+  }
+  A s1 = hsum<A>(a0 + a1), s2 = hsum<A>(b0 + b1);
+  for (; j < n; ++j) {
+    A g = to_acc(dy[j]);
+    s1 += g;
+    s2 += g * (to_acc(x[j]) - m);
+  }
+  return {s1, s2};
+}
+
+// y[j] = ((x[j] - shift) - md) * a + bc over a contiguous run of n values (one channel).
+template <class S>
+inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+  for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
+}
+
+// The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.
+constexpr int kHasNan = 1, kHasPosInf = 2, kHasNegInf = 4;
+template <class S> inline int inf_mask(const S* x, int64_t runs, int64_t stride, int64_t len) {
+  int mask = 0;
+  for (int64_t r = 0; r < runs; ++r)
+    for (int64_t j = 0; j < len; ++j) {
+      acc_t<S> v = to_acc(x[r * stride + j]);
+      if (v != v) mask |= kHasNan;
+      else if (v == std::numeric_limits<acc_t<S>>::infinity()) mask |= kHasPosInf;
+      else if (v == -std::numeric_limits<acc_t<S>>::infinity()) mask |= kHasNegInf;
+    }
+  return mask;
+}
+
+// The (NaN) shifted mean as torch's sum / count gives it: +-inf for infinities of one sign, no NaN.
+template <class A> inline A torch_mean(A m, int mask) {
+  if (mask == kHasPosInf) return std::numeric_limits<A>::infinity();
+  if (mask == kHasNegInf) return -std::numeric_limits<A>::infinity();
+  return m;
+}
+
+// dw[c], db[c]: the columns of the partials pw, pb (rows, C) summed over the rows in row order, in
+// float64, rounded once to A -- the same order whatever task merges a column.
+template <class A>
+inline void merge_partials(const A* pw, const A* pb, int64_t rows, int64_t c, A* dw, A* db) {
+  for_rows(c, 2 * rows, [&](int64_t c0, int64_t c1) {
+    std::vector<double> sw(c1 - c0, 0.0), sb(c1 - c0, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const A* qw = pw + r * c + c0;
+      const A* qb = pb + r * c + c0;
+      for (int64_t j = 0; j < c1 - c0; ++j) {
+        sw[j] += double(qw[j]);
+        sb[j] += double(qb[j]);
+      }
+    }
+    for (int64_t j = 0; j < c1 - c0; ++j) {
+      dw[c0 + j] = A(sw[j]);
+      db[c0 + j] = A(sb[j]);
+    }
+  });
+}
+
+}  // namespace normlab::group_norm

@@ -1,0 +1,293 @@
+// CPU kernels of the layer_norm family's ops (schemas: csrc/layer_norm.cpp): argument checks,
+// outputs allocated in torch's layout, the row kernels called (cpu/layer_norm_kernels.cpp).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "cpu/layer_norm_kernels.h"
+
+namespace normlab::ln {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// Whether large fresh outputs are advised onto transparent huge pages: the kernel is in
+// "madvise" mode (in "always" mode they get them anyway), and not NORMLAB_HUGEPAGES=0.
+bool huge_pages() {
+  static const bool on = [] {
+    const char* env = std::getenv("NORMLAB_HUGEPAGES");
+    if (env != nullptr && std::string(env) == "0") return false;
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str().find("[madvise]") != std::string::npos;
+  }();
+  return on;
+}
+
+// at::empty; a buffer of 4 MiB or more first advised onto transparent huge pages (the 4 KiB
+// pages inside it): a fresh large output is otherwise faulted in 4 KiB at a time as the
+// kernel first writes it (64 MB: 28-41 ms against 9-15 ms advised, docs/notes).
+Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  Tensor t = at::empty(sizes, options);
+  const size_t n = t.nbytes();
+  if (n >= (size_t(1) << 22) && huge_pages()) {
+    constexpr uintptr_t page = 4096;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t lo = (start + page - 1) / page * page, hi = (start + n) / page * page;
+    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint: failure is harmless
+  }
+  return t;
+}
+
+Dtype dtype_of(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return Dtype::f32;
+    case at::kDouble: return Dtype::f64;
+    case at::kBFloat16: return Dtype::bf16;
+    default: return Dtype::f16;
+  }
+}
+
+at::ScalarType acc_of(at::ScalarType s) { return s == at::kDouble ? at::kDouble : at::kFloat; }
+
+// (n_rows, n_cols) of x normalised over its trailing `shape` dims, with the checks.
+std::pair<int64_t, int64_t> row_shape(const char* op, const Tensor& x, at::IntArrayRef shape) {
+  const auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf, op,
+              ": expected a float32, float64, bfloat16 or float16 input, got ", st);
+  TORCH_CHECK(x.device().is_cpu(), op, ": expected a CPU tensor, got one on ", x.device());
+  const int64_t k = int64_t(shape.size()), d = x.dim();
+  TORCH_CHECK(k > 0 && d >= k && x.sizes().slice(d - k) == shape, op, ": expected an input of shape [*, ",
+              shape, "], got ", x.sizes());
+  int64_t n_cols = 1, n_rows = 1;
+  for (int64_t s : shape) n_cols *= s;
+  for (int64_t i = 0; i < d - k; ++i) n_rows *= x.size(i);
+  return {n_rows, n_cols};
+}
+
+// A weight or bias as the kernel reads it: contiguous, G * n_cols values (G = 1, or grouped).
+int64_t param_rows(const char* op, const char* name, const Tensor& p, int64_t n_rows, int64_t n_cols) {
+  TORCH_CHECK(p.device().is_cpu(), op, ": expected ", name, " on the CPU, got ", p.device());
+  const int64_t numel = p.numel();
+  TORCH_CHECK(numel == n_cols || (n_cols > 0 && numel % n_cols == 0 && numel / n_cols > 0 &&
+                                  n_rows % (numel / n_cols) == 0),
+              op, ": expected ", name, " of ", n_cols, " values (or G * ", n_cols,
+              " grouped values, G dividing the ", n_rows, " rows), got ", name, " of shape ", p.sizes());
+  return n_cols > 0 ? std::max<int64_t>(1, numel / n_cols) : 1;
+}
+
+struct Params {
+  Tensor w, b;  // contiguous, in `dt` (undefined: none)
+  Dtype dt;
+  int64_t n_w = 1, n_b = 1;
+};
+
+// The weight as applied (w + offset, in the accumulation dtype) and the bias, in x's dtype when
+// both are (no copy), else both in the accumulation dtype.
+Params params(const char* op, const Tensor& x, const OptTensor& w_, const OptTensor& b_, double offset,
+              int64_t n_rows, int64_t n_cols) {
+  Params p;
+  const auto st = x.scalar_type(), acc = acc_of(st);
+  p.w = w_.has_value() ? *w_ : Tensor();
+  p.b = b_.has_value() ? *b_ : Tensor();
+  if (p.w.defined()) p.n_w = param_rows(op, "weight", p.w, n_rows, n_cols);
+  if (p.b.defined()) p.n_b = param_rows(op, "bias", p.b, n_rows, n_cols);
+  if (p.w.defined() && offset != 0.0) p.w = p.w.to(acc) + offset;  // added in the accumulation dtype
+  const bool own = (!p.w.defined() || p.w.scalar_type() == st) && (!p.b.defined() || p.b.scalar_type() == st);
+  const auto pdt = own ? st : acc;
+  for (Tensor* t : {&p.w, &p.b}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->is_floating_point(), op, ": expected a floating-point weight and bias, got ", t->scalar_type());
+    if (t->scalar_type() != pdt) *t = t->to(pdt);
+    if (!t->is_contiguous()) *t = t->contiguous();
+  }
+  p.dt = dtype_of(pdt);
+  return p;
+}
+
+struct Fwd {
+  Tensor y, h, mean, rstd;
+};
+
+Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArrayRef shape, const OptTensor& w_,
+            const OptTensor& b_, double eps, bool center, double offset, bool cast_x_hat, bool stats) {
+  auto [n_rows, n_cols] = row_shape(op, x_, shape);
+  Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
+  Tensor res;
+  if (res_.has_value()) {
+    res = *res_;
+    TORCH_CHECK(res.sizes() == x.sizes() && res.scalar_type() == x.scalar_type() && res.device() == x.device(), op,
+                ": expected a residual of the input's shape ", x.sizes(), " and dtype ", x.scalar_type(),
+                ", got ", res.sizes(), " ", res.scalar_type(), " on ", res.device());
+    if (!res.is_contiguous()) res = res.contiguous();
+  }
+  Params p = params(op, x, w_, b_, offset, n_rows, n_cols);
+  const auto acc = acc_of(x.scalar_type());
+  Fwd out;
+  out.y = empty_out(x.sizes(), x.options());
+  if (res.defined()) out.h = empty_out(x.sizes(), x.options());
+  if (stats) {
+    if (center) out.mean = at::empty({n_rows}, x.options().dtype(acc));
+    out.rstd = at::empty({n_rows}, x.options().dtype(acc));
+  }
+  if (n_rows * n_cols == 0) {  // nothing to normalise: empty rows, or rows of no value
+    if (res.defined()) at::add_out(out.h, x, res);
+    if (stats) {
+      if (center) out.mean.fill_(std::numeric_limits<double>::quiet_NaN());
+      out.rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+    return out;
+  }
+  FwdArgs a{};
+  a.x = x.const_data_ptr();
+  a.res = res.defined() ? res.const_data_ptr() : nullptr;
+  a.h = res.defined() ? out.h.data_ptr() : nullptr;
+  a.w = p.w.defined() ? p.w.const_data_ptr() : nullptr;
+  a.b = p.b.defined() ? p.b.const_data_ptr() : nullptr;
+  a.y = out.y.data_ptr();
+  a.mean = out.mean.defined() ? out.mean.data_ptr() : nullptr;
+  a.rstd = out.rstd.defined() ? out.rstd.data_ptr() : nullptr;
+  a.n_rows = n_rows;
+  a.n_cols = n_cols;
+  a.n_w = p.n_w;
+  a.n_b = p.n_b;
+  a.eps = eps;
+  a.center = center;
+  a.cast_x_hat = cast_x_hat;
+  norm_fwd(dtype_of(x.scalar_type()), p.dt, a);
+  if (!center) {  // torch's rms_norm gives its output the input's suggested memory format
+    const auto fmt = x_.suggest_memory_format();
+    if (fmt != at::MemoryFormat::Contiguous) out.y = out.y.contiguous(fmt);
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, const Tensor& x_, at::IntArrayRef shape,
+                                            const OptTensor& w_, const Tensor& mean, const Tensor& rstd,
+                                            const OptTensor& dh_, bool need_wb, bool center, double offset,
+                                            bool cast_x_hat) {
+  auto [n_rows, n_cols] = row_shape(op, x_, shape);
+  Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
+  const auto st = x.scalar_type(), acc = acc_of(st);
+  TORCH_CHECK(dy_.sizes() == x.sizes(), op, ": expected dy of the input's shape ", x.sizes(), ", got ", dy_.sizes());
+  Tensor dy = dy_.scalar_type() == st ? dy_ : dy_.to(st);
+  if (!dy.is_contiguous()) dy = dy.contiguous();
+  Tensor dh;
+  if (dh_.has_value() && dh_->defined()) {
+    dh = *dh_;
+    TORCH_CHECK(dh.sizes() == x.sizes(), op, ": expected dh of the input's shape ", x.sizes(), ", got ", dh.sizes());
+    if (dh.scalar_type() != st) dh = dh.to(st);
+    if (!dh.is_contiguous()) dh = dh.contiguous();
+  }
+  Params p = params(op, x, w_, std::nullopt, offset, n_rows, n_cols);
+  const int64_t n_w = p.w.defined() ? p.n_w : 1;
+  TORCH_CHECK(rstd.numel() == n_rows && rstd.scalar_type() == acc && (!center || (mean.numel() == n_rows &&
+              mean.scalar_type() == acc)), op, ": expected (", n_rows, ",) statistics in ", acc,
+              ", got rstd ", rstd.sizes(), " ", rstd.scalar_type());
+  Tensor dx = empty_out(x.sizes(), x.options());
+  Tensor dw, db;
+  if (need_wb) {
+    std::vector<int64_t> s = w_.has_value() && w_->defined() ? w_->sizes().vec() : shape.vec();
+    dw = at::empty(s, x.options().dtype(acc));
+    db = at::empty(s, x.options().dtype(acc));
+  } else {
+    dw = at::empty({0}, x.options().dtype(acc));
+    db = at::empty({0}, x.options().dtype(acc));
+  }
+  if (n_rows * n_cols == 0) {
+    if (dh.defined()) dx.copy_(dh);
+    if (need_wb) { dw.zero_(); db.zero_(); }
+    return {dx, dw, db};
+  }
+  Tensor m = center ? mean.contiguous() : Tensor(), r = rstd.contiguous();
+  BwdArgs a{};
+  a.dy = dy.const_data_ptr();
+  a.x = x.const_data_ptr();
+  a.w = p.w.defined() ? p.w.const_data_ptr() : nullptr;
+  a.mean = center ? m.const_data_ptr() : nullptr;
+  a.rstd = r.const_data_ptr();
+  a.dh = dh.defined() ? dh.const_data_ptr() : nullptr;
+  a.dx = dx.data_ptr();
+  a.dw = need_wb ? dw.data_ptr() : nullptr;
+  a.db = need_wb ? db.data_ptr() : nullptr;
+  a.n_rows = n_rows;
+  a.n_cols = n_cols;
+  a.n_w = n_w;
+  a.center = center;
+  a.cast_x_hat = cast_x_hat;
+  norm_bwd(dtype_of(st), p.dt, a);
+  return {dx, dw, db};
+}
+
+// ---- the ops ----
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
+                                                  const OptTensor& b, double eps) {
+  Fwd o = forward("layer_norm", x, std::nullopt, shape, w, b, eps, true, 0.0, false, true);
+  return {o.y, o.mean, o.rstd};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, double eps,
+                                        double offset, bool cast_x_hat) {
+  Fwd o = forward("rms_norm", x, std::nullopt, shape, w, std::nullopt, eps, false, offset, cast_x_hat, true);
+  return {o.y, o.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd(const Tensor& x, const Tensor& res,
+                                                              at::IntArrayRef shape, const OptTensor& w,
+                                                              const OptTensor& b, double eps) {
+  Fwd o = forward("add_layer_norm", x, res, shape, w, b, eps, true, 0.0, false, true);
+  return {o.y, o.h, o.mean, o.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd(const Tensor& x, const Tensor& res, at::IntArrayRef shape,
+                                                    const OptTensor& w, double eps, double offset,
+                                                    bool cast_x_hat) {
+  Fwd o = forward("add_rms_norm", x, res, shape, w, std::nullopt, eps, false, offset, cast_x_hat, true);
+  return {o.y, o.h, o.rstd};
+}
+
+std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& res, at::IntArrayRef shape,
+                                          const OptTensor& w, const OptTensor& b, double eps, bool center,
+                                          double offset, bool cast_x_hat) {
+  Fwd o = forward(center ? "layer_norm" : "rms_norm", x, res, shape, w, center ? b : std::nullopt, eps, center,
+                  offset, cast_x_hat, false);
+  return {o.y, o.h};
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape,
+                                                  const OptTensor& w, const Tensor& mean, const Tensor& rstd,
+                                                  const OptTensor& dh, bool need_wb) {
+  return backward("layer_norm_bwd", dy, x, shape, w, mean, rstd, dh, need_wb, true, 0.0, false);
+}
+
+std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
+                                        const Tensor& rstd, const OptTensor& dh, bool need_dw, double offset,
+                                        bool cast_x_hat) {
+  auto [dx, dw, db] = backward("rms_norm_bwd", dy, x, shape, w, Tensor(), rstd, dh, need_dw, false, offset,
+                               cast_x_hat);
+  return {dx, dw};
+}
+
+}  // namespace
+}  // namespace normlab::ln
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  using namespace normlab::ln;
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("rms_norm_fwd", &rms_norm_fwd);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd);
+  m.impl("rms_norm_bwd", &rms_norm_bwd);
+  m.impl("row_norm_infer", &row_norm_infer);
+}

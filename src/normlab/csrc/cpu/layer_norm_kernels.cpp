@@ -1,0 +1,331 @@
+// LayerNorm / RMSNorm row kernels: docs/derivations/layer_norm.md ("Statistics", "Backward").
+//
+// One row kernel serves four ops. RMSNorm is LayerNorm without centring (center = false: the
+// shift and the mean are 0, there is no bias, and the backward loses the mean(g) term); the
+// fused residual add normalises h = x + res, written first (res != nullptr); the Llama-style
+// RMSNorm rounds x_hat to the storage dtype before the weight multiplies it (cast_x_hat).
+// Statistics and sums in the accumulation type (float32 for the half types, float64 for
+// float64), the output rounded once. Each pass reads the row again (from L1 or L2): no scratch.
+// Sums cross lanes only through hsum (numerics/vec.h): one order of additions for every run.
+#include "cpu/layer_norm_kernels.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "numerics/chunks.h"
+#include "numerics/moments.h"
+#include "numerics/vec.h"
+
+namespace normlab::ln {
+namespace {
+
+// s / n in the accumulation type. float32: for n <= 2**24 (exact in float32) the float32
+// quotient equals the float64 quotient rounded to float32 (float64 carries more than twice
+// float32's digits), and one divss is shorter than the round trip through float64.
+template <class A> inline A over_n(A s, int64_t n) {
+  if constexpr (sizeof(A) == 4) {
+    if (n > 16777216) return A(double(s) / double(n));
+  }
+  return s / A(n);
+}
+
+// v rounded to storage S and back, lane by lane (the identity for float32 / float64).
+template <class S> inline vacc<S> vround(vacc<S> v) {
+  if constexpr (sizeof(S) == 2) {
+    S t[vlanes<S>];
+    vstore(t, v);
+    return vload(t);
+  } else {
+    return v;
+  }
+}
+
+// h = x + res over one row, rounded to storage S as torch.add rounds it.
+template <class S> inline void add_row(const S* xr, const S* rr, S* hr, int64_t n) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(hr + j, vload(xr + j) + vload(rr + j));
+  for (; j < n; ++j) hr[j] = from_acc<S>(to_acc(xr[j]) + to_acc(rr[j]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: rows [lo, hi) of norm_fwd.
+//
+//   x     (n_rows, n_cols)  S        res, h: the same (fused add: h = x + res, then normalise h)
+//   w, b  (n_w, n_cols)     W        row i uses weight row i / (n_rows / n_w); absent: 1 / 0
+//   y     (n_rows, n_cols)  S
+//   mean, rstd (n_rows,)    acc_t<S> (nullptr: not kept -- inference)
+//
+// Statistics by the shifted two passes (numerics/moments.h):
+//   d = x - x[0];  mean = x[0] + mean(d);  xc = d - mean(d);  var = mean(xc^2)  (biased)
+//   y = (xc * rstd) * w + b,  rstd = 1 / sqrt(var + eps)
+// RMSNorm: shift = mean(d) = 0, var = mean(x^2), y = (x * rstd) * w.
+// ---------------------------------------------------------------------------------------------
+template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t n = a.n_cols;
+  const S* X = static_cast<const S*>(a.x);
+  const S* R = static_cast<const S*>(a.res);
+  S* H = static_cast<S*>(a.h);
+  S* Y = static_cast<S*>(a.y);
+  const W* Wt = static_cast<const W*>(a.w);
+  const W* Bs = static_cast<const W*>(a.b);
+  A* M = static_cast<A*>(a.mean);
+  A* RS = static_cast<A*>(a.rstd);
+  const int64_t rpw = a.n_rows / (a.n_w > 0 ? a.n_w : 1);  // rows per weight row
+  const int64_t rpb = a.n_rows / (a.n_b > 0 ? a.n_b : 1);
+  const A eps = A(a.eps);
+  const bool center = a.center, cast = a.cast_x_hat;
+  for (int64_t i = lo; i < hi; ++i) {
+    const S* xr = X + i * n;
+    if (R != nullptr) {  // the fused add: h's row, then normalise it (from L1)
+      add_row(xr, R + i * n, H + i * n, n);
+      xr = H + i * n;
+    }
+    const W* wr = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n;
+    const W* br = Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n;
+    A shift = A(0), md = A(0);
+    if (center) {
+      shift = to_acc(xr[0]);
+      md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
+    }
+    const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
+    const A rs = A(1) / std::sqrt(var + eps);
+    if (M != nullptr) M[i] = shift + md;
+    if (RS != nullptr) RS[i] = rs;
+    S* yr = Y + i * n;
+    const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
+    int64_t j = 0;
+    for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
+      vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
+      if (cast) v = vround<S>(v);
+      if (wr != nullptr) v = v * vload(wr + j);
+      if (br != nullptr) v = v + vload(br + j);
+      vstore(yr + j, v);
+    }
+    for (; j < n; ++j) {
+      A v = ((to_acc(xr[j]) - shift) - md) * rs;
+      if (cast) v = round_as<S>(v);
+      if (wr != nullptr) v = v * to_acc(wr[j]);
+      if (br != nullptr) v = v + to_acc(br[j]);
+      yr[j] = from_acc<S>(v);
+    }
+  }
+}
+
+// A half-precision weight or bias in float32, for calls of many rows: each row would
+// otherwise convert it again (the same values: the conversion is exact).
+template <class W> std::vector<float> widened(const void* p, int64_t n) {
+  std::vector<float> out(p == nullptr ? 0 : n);
+  const W* q = static_cast<const W*>(p);
+  for (int64_t j = 0; j < int64_t(out.size()); ++j) out[j] = to_float(q[j]);
+  return out;
+}
+constexpr int64_t kWidenRows = 8;  // rows from which the widened weight pays
+
+template <class S, class W> void fwd(const FwdArgs& a) {
+  if constexpr (sizeof(W) == 2) {
+    if (a.n_rows >= kWidenRows) {
+      std::vector<float> w = widened<W>(a.w, a.n_w * a.n_cols), b = widened<W>(a.b, a.n_b * a.n_cols);
+      FwdArgs f = a;
+      f.w = a.w == nullptr ? nullptr : w.data();
+      f.b = a.b == nullptr ? nullptr : b.data();
+      for_rows(f.n_rows, f.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, float>(f, lo, hi); });
+      return;
+    }
+  }
+  for_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, W>(a, lo, hi); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: rows [lo, hi) of norm_bwd; pw / pb (n_cols,) gather this chunk's dw / db (nullptr:
+// not needed).
+//
+//   dy, x, dh, dx (n_rows, n_cols) S;  w (n_w, n_cols) W;  mean, rstd (n_rows,) acc_t<S>
+//
+// With g = dy * w and x_hat = (x - mean) * rstd:
+//   dx = rstd * ( g                          term 1: through x directly
+//                 - mean(g)                  term 2: through the mean (LayerNorm only)
+//                 - x_hat * mean(g * x_hat)) term 3: through the variance
+//        (+ dh for the fused add: h's own gradient)
+//   dw = sum over rows of dy * x_hat  (cast_x_hat: dy * round(x_hat), what the weight saw;
+//                                      the rounding counts as the identity in dx)
+//   db = sum over rows of dy
+// ---------------------------------------------------------------------------------------------
+template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t hi, acc_t<S>* pw, acc_t<S>* pb) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t n = a.n_cols;
+  const S* DY = static_cast<const S*>(a.dy);
+  const S* X = static_cast<const S*>(a.x);
+  const S* DH = static_cast<const S*>(a.dh);
+  S* DX = static_cast<S*>(a.dx);
+  const W* Wt = static_cast<const W*>(a.w);
+  const A* M = static_cast<const A*>(a.mean);
+  const A* RS = static_cast<const A*>(a.rstd);
+  const int64_t rpw = a.n_rows / (a.n_w > 0 ? a.n_w : 1);
+  const bool center = a.center, cast = a.cast_x_hat;
+  for (int64_t i = lo; i < hi; ++i) {
+    const S* xr = X + i * n;
+    const S* dyr = DY + i * n;
+    const S* dhr = DH == nullptr ? nullptr : DH + i * n;
+    S* dxr = DX + i * n;
+    const W* wr = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n;
+    const A m = center ? M[i] : A(0);
+    const A rs = RS[i];
+    const vec<A> vm = vset1<A>(m), vr = vset1<A>(rs);
+    // sum(g) and sum(g * x_hat): two chains each, lanes added by hsum, then the tail
+    vec<A> s1a = vzero<A>(), s1b = vzero<A>(), s2a = vzero<A>(), s2b = vzero<A>();
+    int64_t j = 0;
+    for (; j + 2 * L <= n; j += 2 * L) {
+      vec<A> xa = (vload(xr + j) - vm) * vr, xb = (vload(xr + j + L) - vm) * vr;
+      vec<A> ga = vload(dyr + j), gb = vload(dyr + j + L);
+      if (wr != nullptr) { ga = ga * vload(wr + j); gb = gb * vload(wr + j + L); }
+      s1a += ga; s1b += gb;
+      s2a += ga * xa; s2b += gb * xb;
+    }
+    if (j + L <= n) {
+      vec<A> xa = (vload(xr + j) - vm) * vr, ga = vload(dyr + j);
+      if (wr != nullptr) ga = ga * vload(wr + j);
+      s1a += ga; s2a += ga * xa;
+      j += L;
+    }
+    A sum_g = hsum<A>(s1a + s1b), sum_gx = hsum<A>(s2a + s2b);
+    for (; j < n; ++j) {
+      A xh = (to_acc(xr[j]) - m) * rs, g = to_acc(dyr[j]);
+      if (wr != nullptr) g = g * to_acc(wr[j]);
+      sum_g += g;
+      sum_gx += g * xh;
+    }
+    const A mean_g = center ? over_n(sum_g, n) : A(0);  // term 2
+    const A mean_gx = over_n(sum_gx, n);                // term 3's factor
+    const vec<A> vg = vset1<A>(mean_g), vgx = vset1<A>(mean_gx);
+    j = 0;
+    for (; j + L <= n; j += L) {
+      vec<A> xh = (vload(xr + j) - vm) * vr, dyv = vload(dyr + j), g = dyv;
+      if (wr != nullptr) g = g * vload(wr + j);
+      vec<A> d = vr * ((g - vg) - xh * vgx);
+      if (dhr != nullptr) d = d + vload(dhr + j);
+      vstore(dxr + j, d);
+      if (pw != nullptr) {
+        vec<A> seen = cast ? vround<S>(xh) : xh;
+        vstore(pw + j, vload(pw + j) + dyv * seen);
+        vstore(pb + j, vload(pb + j) + dyv);
+      }
+    }
+    for (; j < n; ++j) {
+      A xh = (to_acc(xr[j]) - m) * rs, dyv = to_acc(dyr[j]), g = dyv;
+      if (wr != nullptr) g = g * to_acc(wr[j]);
+      A d = rs * ((g - mean_g) - xh * mean_gx);
+      if (dhr != nullptr) d = d + to_acc(dhr[j]);
+      dxr[j] = from_acc<S>(d);
+      if (pw != nullptr) {
+        A seen = cast ? round_as<S>(xh) : xh;
+        pw[j] = pw[j] + dyv * seen;
+        pb[j] = pb[j] + dyv;
+      }
+    }
+  }
+}
+
+// dw / db over fixed chunks of rows (each weight row's rows cut into chunks of their own),
+// the chunks' partials merged in chunk order in float64: the same bits for any thread count.
+template <class S, class W> void bwd_t(const BwdArgs& a);
+
+template <class S, class W> void bwd(const BwdArgs& a) {
+  if constexpr (sizeof(W) == 2) {
+    if (a.n_rows >= kWidenRows && a.w != nullptr) {
+      std::vector<float> w = widened<W>(a.w, a.n_w * a.n_cols);
+      BwdArgs f = a;
+      f.w = w.data();
+      return bwd_t<S, float>(f);
+    }
+  }
+  bwd_t<S, W>(a);
+}
+
+template <class S, class W> void bwd_t(const BwdArgs& a) {
+  using A = acc_t<S>;
+  const int64_t n = a.n_cols, n_w = a.n_w > 0 ? a.n_w : 1;
+  A* dw = static_cast<A*>(a.dw);
+  A* db = static_cast<A*>(a.db);
+  if (dw == nullptr) {
+    for_rows(a.n_rows, n, [&](int64_t lo, int64_t hi) { bwd_rows<S, W>(a, lo, hi, nullptr, nullptr); });
+    return;
+  }
+  const int64_t rpw = a.n_rows / n_w;
+  const int64_t rows = bwd_rows_per_chunk(rpw, n);
+  const int64_t per_w = (rpw + rows - 1) / rows;  // chunks per weight row
+  const int64_t n_chunks = n_w * per_w;
+  if (n_chunks == 1) {  // one chunk: its partials are the sums
+    for (int64_t j = 0; j < n; ++j) dw[j] = db[j] = A(0);
+    bwd_rows<S, W>(a, 0, a.n_rows, dw, db);
+    return;
+  }
+  std::unique_ptr<A[]> part(new A[2 * n_chunks * n]);  // per chunk: dw's partial row, then db's
+  for_rows(n_chunks, rows * n, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      A* pw = part.get() + 2 * c * n;
+      A* pb = pw + n;
+      for (int64_t j = 0; j < 2 * n; ++j) pw[j] = A(0);
+      const int64_t gw = c / per_w;
+      const int64_t lo = gw * rpw + (c - gw * per_w) * rows;
+      const int64_t hi = std::min(lo + rows, (gw + 1) * rpw);
+      bwd_rows<S, W>(a, lo, hi, pw, pb);
+    }
+  });
+  constexpr int64_t B = 256;  // columns per merge task
+  const int64_t n_blk = (n + B - 1) / B;
+  for_rows(n_w * n_blk, B * per_w, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t gw = t / n_blk, j0 = (t - gw * n_blk) * B, j1 = std::min(n, j0 + B);
+      double sw[B] = {}, sb[B] = {};
+      for (int64_t c = gw * per_w; c < (gw + 1) * per_w; ++c) {
+        const A* pw = part.get() + 2 * c * n;
+        const A* pb = pw + n;
+        for (int64_t j = j0; j < j1; ++j) {
+          sw[j - j0] += double(pw[j]);
+          sb[j - j0] += double(pb[j]);
+        }
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        dw[gw * n + j] = A(sw[j - j0]);
+        db[gw * n + j] = A(sb[j - j0]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int64_t bwd_rows_per_chunk(int64_t n_rows, int64_t n_cols) {
+  // about 65536 values and at least 16 rows a chunk, enlarged up to 256 rows while at least
+  // 32 chunks remain (fewer partial rows to write and merge for long tensors)
+  int64_t rows = std::max<int64_t>(16, (65536 + std::max<int64_t>(n_cols, 1) - 1) / std::max<int64_t>(n_cols, 1));
+  rows = std::max<int64_t>(1, std::min(rows, n_rows));
+  return std::max(rows, std::min<int64_t>(256, n_rows / 32));
+}
+
+void norm_fwd(Dtype x, Dtype w, const FwdArgs& a) {
+  if (a.n_rows <= 0 || a.n_cols <= 0) return;
+  switch (x) {
+    case Dtype::f32: return fwd<float, float>(a);
+    case Dtype::f64: return fwd<double, double>(a);
+    case Dtype::bf16: return w == Dtype::bf16 ? fwd<bf16, bf16>(a) : fwd<bf16, float>(a);
+    case Dtype::f16: return w == Dtype::f16 ? fwd<f16, f16>(a) : fwd<f16, float>(a);
+  }
+}
+
+void norm_bwd(Dtype x, Dtype w, const BwdArgs& a) {
+  if (a.n_rows <= 0 || a.n_cols <= 0) return;
+  switch (x) {
+    case Dtype::f32: return bwd<float, float>(a);
+    case Dtype::f64: return bwd<double, double>(a);
+    case Dtype::bf16: return w == Dtype::bf16 ? bwd<bf16, bf16>(a) : bwd<bf16, float>(a);
+    case Dtype::f16: return w == Dtype::f16 ? bwd<f16, f16>(a) : bwd<f16, float>(a);
+  }
+}
+
+}  // namespace normlab::ln

@@ -1,0 +1,122 @@
+"""The "cpu" kernels give the same bits on 1 and 2 threads, on both sides of the size at which
+work is split (torch's grain, 32768 values), for every family: rows are independent, and every
+reduction across rows or samples is cut at fixed chunk boundaries merged in a fixed order.
+
+The oracle is the kernels themselves on one thread: no tolerance, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab
+import normlab.functional as F
+
+pytestmark = pytest.mark.skipif("cpu" not in normlab.available_backends(), reason="no cpu backend")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+
+
+def _leaf(t):
+    return t.detach().clone().requires_grad_()
+
+
+def _run(fn, inputs, threads):
+    """Outputs, then the gradient of every input, with ``threads`` torch threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        leaves = [_leaf(t) if t is not None and t.is_floating_point() else t for t in inputs]
+        with normlab.use_backend("cpu"):
+            out = fn(*leaves)
+            outs = out if isinstance(out, tuple) else (out,)
+            g = torch.Generator().manual_seed(1)
+            dys = [torch.randn(o.shape, generator=g).to(o.dtype) for o in outs]
+            torch.autograd.backward(outs, dys)
+        return [o.detach() for o in outs] + [t.grad for t in leaves if t is not None and t.requires_grad]
+    finally:
+        torch.set_num_threads(old)
+
+
+def _bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _same_bits(fn, inputs):
+    one, two = _run(fn, inputs, 1), _run(fn, inputs, 2)
+    for i, (a, b) in enumerate(zip(one, two)):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(_bits(a), _bits(b)), f"result {i} differs between 1 and 2 threads"
+
+
+def _randn(*shape, dtype, scale=1.0, shift=0.0, memory_format=torch.contiguous_format):
+    g = torch.Generator().manual_seed(sum(shape))
+    return (torch.randn(*shape, generator=g) * scale + shift).to(dtype).contiguous(memory_format=memory_format)
+
+
+# rows x cols around the split: below the grain, at it, and several tasks of it
+ROW_SHAPES = [(31, 1024), (33, 1024), (700, 96), (4096, 64), (9, 5000)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=str)
+def test_layer_norm_and_rms_norm(shape, dtype):
+    n = shape[-1]
+    x, w, b = _randn(*shape, dtype=dtype, shift=3.0), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+    _same_bits(lambda x, w, b: F.layer_norm(x, (n,), w, b), [x, w, b])
+    _same_bits(lambda x, w: F.rms_norm(x, (n,), w), [x, w])
+    r = _randn(*shape, dtype=dtype, scale=0.5)
+    _same_bits(lambda x, r, w, b: F.add_layer_norm(x, r, (n,), w, b), [x, r, w, b])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(4, 8, 30, 30), (64, 16, 6, 6), (300, 64), (2, 3, 4, 4), (8, 32, 16, 16)], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_batch_norm_train_and_its_running_statistics(shape, dtype, layout):
+    if layout == torch.channels_last and len(shape) != 4:
+        pytest.skip("channels_last is 4-D")
+    c = shape[1]
+    x = _randn(*shape, dtype=dtype, shift=2.0, memory_format=layout)
+    w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    stats = []
+
+    def fn(x, w, b):
+        rm, rv = torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype)
+        y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+        stats.append((rm, rv))
+        return y
+
+    _same_bits(fn, [x, w, b])
+    (m1, v1), (m2, v2) = stats
+    assert torch.equal(m1, m2) and torch.equal(v1, v2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,groups", [((4, 8, 30, 30), 4), ((64, 32, 6, 6), 8), ((16, 64, 9, 9), 32),
+                                          ((4096, 16), 4)], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_group_norm(shape, groups, dtype, layout):
+    if layout == torch.channels_last and len(shape) != 4:
+        pytest.skip("channels_last is 4-D")
+    c = shape[1]
+    x = _randn(*shape, dtype=dtype, shift=1.0, memory_format=layout)
+    w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    _same_bits(lambda x, w, b: F.group_norm(x, groups, w, b), [x, w, b])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(4, 8, 30, 30), (64, 32, 6, 6)], ids=str)
+def test_instance_norm(shape, dtype):
+    c = shape[1]
+    x, w, b = _randn(*shape, dtype=dtype, shift=1.0), _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    _same_bits(lambda x, w, b: F.instance_norm(x, None, None, w, b), [x, w, b])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 64, 16, 16), (4, 96, 30, 30), (1, 768, 7, 7)], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_layer_norm2d(shape, dtype, layout):
+    c = shape[1]
+    x = _randn(*shape, dtype=dtype, shift=1.0, memory_format=layout)
+    w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    _same_bits(lambda x, w, b: F.layer_norm2d(x, w, b), [x, w, b])
