@@ -82,6 +82,10 @@ def _extensions():
     level = _level()
     flags = ["-O3", "-std=c++20", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden",
              "-Wno-c++20-extensions"]
+    # torch's at::parallel_for is inline OpenMP where torch was built with it: without -fopenmp the
+    # header's loop runs on one thread
+    omp = ["-fopenmp"] if getattr(torch._C, "has_openmp", False) else []
+    flags += omp
     if level:
         flags.append(f"-march={LEVELS[level][0]}")
     link = []
@@ -93,7 +97,7 @@ def _extensions():
             "sanitize": bool(link)}
     sources = sorted(glob.glob(os.path.join(CSRC, "**", "*.cpp"), recursive=True))
     ext = CppExtension("normlab._C", sources, include_dirs=[os.path.join(HERE, CSRC)],
-                       extra_compile_args=flags, extra_link_args=link)
+                       extra_compile_args=flags, extra_link_args=link + omp)
 
     class Build(BuildExtension):
         """The build, then ``_C_build.json`` beside the library: what it was built for."""

@@ -93,13 +93,13 @@ def test_half_within_twice_the_rounding_error(dtype):
 @pytest.mark.parametrize("n,calls", [(12, 1), (10, 2)])
 def test_one_batch_norm_kernel_call_for_the_full_virtual_batches(monkeypatch, n, calls):
     seen = []
-    real = bn_op._forward
+    real = bn_op._eager
 
     def spy(*args):
         seen.append(args[0].shape)
         return real(*args)
 
-    monkeypatch.setattr(bn_op, "_forward", spy)
+    monkeypatch.setattr(bn_op, "_eager", spy)
     m = normlab.nn.GhostBatchNorm2d(3, 4)
     with normlab.use_backend("cpu"):
         m(torch.randn(n, 3, 5, 5))

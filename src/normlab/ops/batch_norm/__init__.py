@@ -2,18 +2,18 @@
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the running-statistic update, the autograd Functions (backend ``"ref"``).
-- ``kernels.py``: the Numba kernels (backend ``"cpu"``), imported on first use.
-- ``op.py``: what is the kernels' own -- launchers, custom ops
-  (``normlab::batch_norm_train_fwd``, ``normlab::batch_norm_eval_fwd``,
-  ``normlab::batch_norm_bwd``, ``normlab::batch_norm_update_stats``), the eager
-  and transform forms, declared to ``ops/_register`` -- and the entry point of
-  backend ``"cpu"``; the ``"ref"`` one is ``reference.ref_batch_norm``.
+- ``op.py``: the entry point of backend ``"cpu"`` on the C++ ops
+  ``torch.ops.normlab.batch_norm_*`` (``csrc/batch_norm.cpp``, ``csrc/cpu/``,
+  ``csrc/autograd/``, ``csrc/meta/``) and the transform Function; the ``"ref"``
+  one is ``reference.ref_batch_norm``.
+- ``sync.py``: SyncBatchNorm (the only caller of ``torch.distributed``);
+  ``ghost.py``, ``renorm.py``: GhostBatchNorm, BatchRenorm on BatchNorm's ops.
 
 Importing this package enters ``batch_norm`` in the backend table (``"cpu"``
-when numba is installed, checked without importing numba).
+when the C++ extension is installed).
 """
 
-from .. import _register
+from .. import _register, extension
 from . import op
 from .reference import (  # noqa: F401 (private names: those of the room's former single module)
     BatchNormEvalFunction,
@@ -48,4 +48,4 @@ __all__ = [
     "ref_batch_norm",
 ]
 
-_register.implement("batch_norm", ref=ref_batch_norm, cpu=op.batch_norm)
+_register.implement("batch_norm", ref=ref_batch_norm, cpu=op.batch_norm, available=extension.available)

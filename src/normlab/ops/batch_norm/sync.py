@@ -39,10 +39,10 @@ then); every later pack repeats the header, so a dtype that differs later is
 caught too. Collective failures (a rank that crashed, or did not answer within
 the group's timeout) are re-raised naming this rank and the cure.
 
-Backends: ``"cpu"`` uses the Numba kernels of ``op.py`` for the local
-statistics (the training forward kernel; its output is discarded), the
-normalisation with the global statistics (the evaluation forward kernel) and
-the local backward sums; ``dx`` is then a few elementwise torch ops.
+Backends: ``"cpu"`` uses BatchNorm's C++ ops (``torch.ops.normlab``) for the local
+statistics (``batch_norm_stats``: no output written), the normalisation with the
+global statistics (``batch_norm_eval_fwd``) and the local backward sums
+(``batch_norm_bwd``); ``dx`` is then a few elementwise torch ops.
 ``"ref"`` (and any tensor the kernels do not serve, e.g. CUDA) uses the
 reference math of ``reference.py``.
 
@@ -64,8 +64,8 @@ from torch.autograd.function import once_differentiable
 
 from ... import _backend
 from .._common import acc_dtype
-from .. import _register
-from . import launch as _launch
+from .. import _register, extension
+from . import op as _op
 from .reference import _channel_sum, _mean_var_xc, _memory_format, _stat_shape, batch_norm_eval_ref
 from .reference import update_running_stats
 
@@ -170,7 +170,7 @@ def _empty_vectors(x: Tensor, c: int):
 def _kernel_stats(x: Tensor):
     """``(mean, M2)`` of this rank from the training kernel's statistics (its output y is not used)."""
     n = x.numel() // x.shape[1]
-    _, sn = _launch._forward(x, None, None, None, None, True, 0.0)
+    sn = torch.ops.normlab.batch_norm_stats(x).numpy()  # (2, C): mean, biased var
     return sn[0], sn[1] * n
 
 
@@ -275,8 +275,7 @@ def merge_moments(count: int, mean: Optional[Tensor], m2: Optional[Tensor], num_
 
 def _kernel_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
     """The evaluation kernel with the global statistics as its "running" ones."""
-    y, _ = _launch._forward(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), False, eps)
-    return y
+    return torch.ops.normlab.batch_norm_eval_fwd(x, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), w, b, eps)
 
 
 def _torch_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
@@ -294,8 +293,8 @@ def _forward(x: Tensor, w, b, eps: float, group, check: bool, parts):
 
 
 def _kernel_sums(dy: Tensor, x: Tensor, w, stats):
-    _, dw, db = _launch._backward_arrays(dy, x, w, stats[:3], False, False, True)
-    return db, dw
+    _, dw, db = torch.ops.normlab.batch_norm_bwd(dy, x, w, torch.from_numpy(stats[:3]), False, False, True)
+    return db.numpy(), dw.numpy()
 
 
 def _torch_sums(dy: Tensor, x: Tensor, w, stats):
@@ -326,7 +325,7 @@ class Parts(NamedTuple):
     canonical: Callable  # x -> the layout the computations take
 
 
-KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, _launch._canonical)
+KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, _op._canonical)
 TORCH_PARTS = Parts(_torch_stats, _torch_normalize, _torch_sums, lambda x: x)
 
 
@@ -373,8 +372,7 @@ def _update(running_mean: Tensor, running_var: Tensor, stats, momentum: float) -
     """Blend the global statistics into the running ones, in place (unbiased variance ``M2 / (N - 1)``)."""
     n = int(stats[3, 0])
     if isinstance(stats, np.ndarray) and running_mean.dtype in DTYPE_CODES and running_var.dtype in DTYPE_CODES:
-        _launch._update_running(running_mean, running_var, stats[:3], n, momentum)
-        _register.written(running_mean, running_var)
+        _op.update_running(running_mean, running_var, torch.from_numpy(stats[:3]), n, momentum)
     else:
         stats = torch.as_tensor(stats, device=running_mean.device)
         update_running_stats(running_mean, running_var, stats[0], stats[1], n, momentum)
@@ -439,7 +437,7 @@ def _arrays(t: Tensor):
 def _cast(dw, db, w, b_dtype, need):
     """The local float64 ``dw``/``db`` (arrays or tensors) in the parameters' dtypes, None where not needed."""
     def to(a, dtype):
-        return _launch._to(a, dtype) if isinstance(a, np.ndarray) else a.to(dtype)
+        return torch.from_numpy(a).to(dtype) if isinstance(a, np.ndarray) else a.to(dtype)
     return (to(dw, w.dtype) if need[1] and w is not None else None,
             to(db, b_dtype) if need[2] and b_dtype is not None else None)
 
@@ -530,4 +528,4 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
     return y
 
 
-_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS)
+_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS, available=extension.available)

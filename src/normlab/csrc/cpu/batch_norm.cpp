@@ -1,0 +1,203 @@
+// BatchNorm's CPU kernels of the ops (schemas in csrc/batch_norm.cpp): tensors in, checks,
+// outputs allocated in torch's memory format, the raw-pointer kernels of batch_norm_kernels.cpp.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cpu/batch_norm.h"
+#include "cpu/batch_norm_kernels.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace normlab::bn {
+
+namespace {
+
+Dt dtype_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return Dt::f32;
+    case at::kDouble: return Dt::f64;
+    case at::kBFloat16: return Dt::bf16;
+    case at::kHalf: return Dt::f16;
+    default:
+      TORCH_CHECK(false, "normlab batch_norm: expected ", what, " of dtype float32, float64, bfloat16 or float16, got ",
+                  t.scalar_type());
+  }
+}
+
+void check_chan(const std::optional<at::Tensor>& t, int64_t c, const char* what) {
+  if (!t.has_value() || !t->defined()) return;
+  TORCH_CHECK(t->device().is_cpu(), "normlab batch_norm: expected ", what, " on the CPU, got ", t->device());
+  TORCH_CHECK(t->dim() == 1 && t->size(0) == c, "normlab batch_norm: expected ", what, " of shape (", c,
+              ",) (one value per channel, C = input.shape[1]), got ", t->sizes());
+  dtype_of(*t, what);
+}
+
+Chan chan(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return {};
+  return {t->data_ptr(), dtype_of(*t, "a per-channel tensor"), t->stride(0)};
+}
+
+void check_input(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "normlab batch_norm: expected a CPU input, got ", x.device());
+  TORCH_CHECK(x.dim() >= 2, "normlab batch_norm: expected an input of at least 2 dims (N, C, *), got ", x.dim(),
+              " dims");
+  dtype_of(x, "the input");
+}
+
+// The kernels' 2-D view of a canonical x (contiguous in memory format fmt).
+View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
+  const int64_t c = x.size(1), numel = x.numel();
+  if (fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d)
+    return {numel / c, c, 1, c};  // rows (N * spatial, C)
+  const int64_t n = x.size(0);
+  return {n, numel / n, numel / (n * c), c};  // planes (N, C * S)
+}
+
+// Outputs of at least this many bytes are advised onto transparent huge pages (numpy's
+// threshold for its own arrays): a fresh large buffer is otherwise faulted in 4 KiB at a time.
+constexpr int64_t kHugeMin = int64_t(1) << 22;
+
+bool huge_pages_help() {
+  static const bool on = [] {
+    const char* env = std::getenv("NORMLAB_HUGEPAGES");
+    if (env && std::string(env) == "0") return false;
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return mode.find("[madvise]") != std::string::npos;
+  }();
+  return on;
+}
+
+}  // namespace
+
+at::MemoryFormat memory_format(const at::Tensor& x) { return x.suggest_memory_format(); }
+
+at::Tensor canonical(const at::Tensor& x) { return x.contiguous(x.suggest_memory_format()); }
+
+at::Tensor empty_output(const at::Tensor& x, at::MemoryFormat fmt) {
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(fmt));
+  const int64_t n = out.numel() * out.element_size();
+  if (n >= kHugeMin && huge_pages_help()) {
+    constexpr uintptr_t page = 4096;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(out.data_ptr());
+    const uintptr_t lo = (start + page - 1) / page * page, hi = (start + n) / page * page;
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint: failure is harmless
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> train_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+                                                 const std::optional<at::Tensor>& b, double eps) {
+  check_input(x_in);
+  const int64_t c = x_in.size(1);
+  check_chan(w, c, "weight");
+  check_chan(b, c, "bias");
+  TORCH_CHECK(x_in.numel() > c || x_in.numel() == 0,
+              "Expected more than 1 value per channel when training, got input size ", x_in.sizes());
+  const at::MemoryFormat fmt = memory_format(x_in);
+  at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor y = empty_output(x, fmt);
+  at::Tensor stats = at::empty({3, c}, x.options().dtype(at::kDouble));
+  if (x.numel() == 0) return {y, stats.fill_(std::numeric_limits<double>::quiet_NaN())};
+  forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), {}, {},
+          stats.data_ptr<double>(), view_of(x, fmt), eps, true);
+  return {y, stats};
+}
+
+at::Tensor eval_fwd_cpu(const at::Tensor& x_in, const at::Tensor& rm, const at::Tensor& rv,
+                        const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b, double eps) {
+  check_input(x_in);
+  const int64_t c = x_in.size(1);
+  check_chan(rm, c, "running_mean");
+  check_chan(rv, c, "running_var");
+  check_chan(w, c, "weight");
+  check_chan(b, c, "bias");
+  const at::MemoryFormat fmt = memory_format(x_in);
+  at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor y = empty_output(x, fmt);
+  if (x.numel() == 0) return y;
+  thread_local std::vector<double> buf;  // the running statistics as float64, and rstd: not returned
+  if (int64_t(buf.size()) < 3 * c) buf.resize(3 * c);
+  double* stats = buf.data();
+  forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), chan(rm), chan(rv), stats,
+          view_of(x, fmt), eps, false);
+  return y;
+}
+
+at::Tensor stats_cpu(const at::Tensor& x_in) {
+  check_input(x_in);
+  const int64_t c = x_in.size(1);
+  const at::MemoryFormat fmt = memory_format(x_in);
+  at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor stats = at::empty({2, c}, x.options().dtype(at::kDouble));
+  if (x.numel() == 0) return stats.zero_();
+  std::vector<double> s(3 * c);  // mean, var, rstd (with eps 0: not returned)
+  forward(dtype_of(x, "the input"), x.const_data_ptr(), nullptr, {}, {}, {}, {}, s.data(), view_of(x, fmt), 0.0,
+          true);
+  std::copy(s.begin(), s.begin() + 2 * c, stats.data_ptr<double>());
+  return stats;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy_in, const at::Tensor& x_in,
+                                                       const std::optional<at::Tensor>& w, const at::Tensor& stats_in,
+                                                       bool training, bool need_dx, bool need_wb) {
+  check_input(x_in);
+  const int64_t c = x_in.size(1);
+  check_chan(w, c, "weight");
+  TORCH_CHECK(dy_in.sizes() == x_in.sizes(), "normlab batch_norm backward: expected a gradient of shape ",
+              x_in.sizes(), ", got ", dy_in.sizes());
+  TORCH_CHECK(stats_in.dim() == 2 && stats_in.size(0) >= 3 && stats_in.size(1) == c,
+              "normlab batch_norm backward: expected statistics of shape (3, ", c, "), got ", stats_in.sizes());
+  const at::MemoryFormat fmt = memory_format(x_in);
+  at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
+  at::Tensor stats = stats_in.to(at::kDouble).contiguous();
+  const int64_t n_out = (training || need_wb) ? c : 0;
+  at::Tensor dx = need_dx ? empty_output(x, fmt) : at::empty({0}, x.options());
+  at::Tensor dw = at::empty({n_out}, x.options().dtype(at::kDouble));
+  at::Tensor db = at::empty({n_out}, x.options().dtype(at::kDouble));
+  if (x.numel() == 0) {
+    dw.zero_();
+    db.zero_();
+    return {dx, dw, db};
+  }
+  backward(dtype_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+           chan(w), stats.const_data_ptr<double>(), dw.data_ptr<double>(), db.data_ptr<double>(), view_of(x, fmt),
+           training, need_dx, need_wb);
+  return {dx, dw, db};
+}
+
+void update_running_raw(const at::Tensor& rm, const at::Tensor& rv, const double* mean, const double* var, int64_t n,
+                        double momentum) {
+  const int64_t c = rm.size(0);
+  update_running({rm.data_ptr(), dtype_of(rm, "running_mean"), rm.stride(0)},
+                 {rv.data_ptr(), dtype_of(rv, "running_var"), rv.stride(0)}, mean, var, c, n, momentum);
+}
+
+void update_stats_cpu(const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& stats_in, int64_t n,
+                      const at::Tensor& momentum) {
+  const int64_t c = rm.numel();
+  check_chan(rm, c, "running_mean");
+  check_chan(rv, c, "running_var");
+  TORCH_CHECK(stats_in.dim() == 2 && stats_in.size(0) >= 2 && stats_in.size(1) == c,
+              "normlab batch_norm_update_stats: expected statistics of shape (2 or 3, ", c, "), got ",
+              stats_in.sizes());
+  at::Tensor stats = stats_in.to(at::kDouble).contiguous();
+  const double* s = stats.const_data_ptr<double>();
+  update_running_raw(rm, rv, s, s + c, n, momentum.item<double>());
+}
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  m.impl("batch_norm_train_fwd", &train_fwd_cpu);
+  m.impl("batch_norm_eval_fwd", &eval_fwd_cpu);
+  m.impl("batch_norm_stats", &stats_cpu);
+  m.impl("batch_norm_bwd", &bwd_cpu);
+  m.impl("batch_norm_update_stats", &update_stats_cpu);
+}
+
+}  // namespace normlab::bn

@@ -1,0 +1,821 @@
+// BatchNorm's CPU kernels: docs/derivations/batch_norm.md, "The cpu kernels" (statistics,
+// normalisation, backward). Shapes of the arguments are given at each function; the view is
+// (R, W) = (n_rows, width) after folding, channel c at columns f*C*S + c*S .. + S of a row.
+#include "cpu/batch_norm_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "numerics/chunks.h"
+#include "numerics/moments.h"
+#include "numerics/vec.h"
+
+namespace normlab::bn {
+
+// ----------------------------------------------------------------------------------------------
+// Per-channel vectors of any dtype
+// ----------------------------------------------------------------------------------------------
+
+double Chan::at(int64_t c) const {
+  const int64_t i = c * stride;
+  switch (dt) {
+    case Dt::f32: return static_cast<const float*>(p)[i];
+    case Dt::f64: return static_cast<const double*>(p)[i];
+    case Dt::bf16: return to_float(static_cast<const bf16*>(p)[i]);
+    case Dt::f16: return to_float(static_cast<const f16*>(p)[i]);
+  }
+  return 0.0;
+}
+
+double MutChan::at(int64_t c) const { return Chan{p, dt, stride}.at(c); }
+
+void MutChan::set(int64_t c, double v) const {
+  const int64_t i = c * stride;
+  switch (dt) {  // one rounding from float64 (half types: through float32, as torch's copy_ does)
+    case Dt::f32: static_cast<float*>(p)[i] = float(v); break;
+    case Dt::f64: static_cast<double*>(p)[i] = v; break;
+    case Dt::bf16: static_cast<bf16*>(p)[i] = to_bf16(float(v)); break;
+    case Dt::f16: static_cast<f16*>(p)[i] = to_f16(float(v)); break;
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Geometry (the shape alone decides it: the same bits for any number of threads)
+// ----------------------------------------------------------------------------------------------
+
+Constants& constants() {
+  static Constants k;
+  return k;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_elems) {
+  const Constants& k = constants();
+  int64_t fold = 1;
+  const int64_t fw = n_rows * width >= k.fold_small_elems ? k.fold_width : k.fold_width_small;
+  for (int64_t f = std::min(n_rows, std::max<int64_t>(1, fw / width)); f > 1; --f)
+    if (n_rows % f == 0) { fold = f; break; }
+  n_rows /= fold;
+  width *= fold;
+  const int64_t n_ch = width / s_len;
+  const int64_t per_block = std::max<int64_t>(
+      1, std::min({n_ch, local_elems / std::max<int64_t>(1, n_rows * s_len), cdiv(k.column_block, s_len)}));
+  if (fold == 1 && n_rows * s_len <= local_elems && per_block * s_len >= k.min_local_run) {
+    const int64_t n_blocks = cdiv(n_ch, per_block);
+    const int64_t cw = cdiv(n_ch, n_blocks) * s_len;  // whole channels, split evenly
+    const int64_t sub = std::max<int64_t>(1, std::min({k.max_chunk_rows, n_rows, k.chunk_elems / cw}));
+    return {fold, cw, sub, cdiv(n_rows, sub), true};
+  }
+  const int64_t n_cb = std::max<int64_t>(1, cdiv(width, k.column_block));
+  const int64_t cw = std::max<int64_t>(1, cdiv(width, n_cb));
+  const int64_t sub = std::max<int64_t>(1, std::min({k.max_chunk_rows, n_rows, k.chunk_elems / cw}));
+  const int64_t group = std::max<int64_t>(1, k.task_elems / (sub * cw));
+  return {fold, cw, sub, group, false};
+}
+
+namespace {
+
+// This thread's float64 scratch for per-task partials (kept between calls, only grows: fresh
+// pages each call would be faulted in again).
+double* scratch(int64_t n) {
+  thread_local std::vector<double> buf;
+  if (int64_t(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// This thread's scratch arrays for per-channel and per-column constants (slot: which one; kept
+// between calls, uninitialised: no allocation or zeroing on a small call).
+template <class T> T* buffer(int slot, int64_t n) {
+  thread_local std::vector<T> bufs[8];
+  std::vector<T>& b = bufs[slot];
+  if (int64_t(b.size()) < n) b.resize(n);
+  return b.data();
+}
+
+template <class A> inline A acc_cast(double v) { return A(v); }
+
+// out[c - c0] = t[c] as float64 for c in [c0, c1) (absent: `absent`), rounded through the
+// accumulation dtype A first (as the kernels' weight and bias: torch's mixed-precision rule).
+template <class A> void load_chan(const Chan& t, double* out, int64_t c0, int64_t c1, double absent) {
+  const int64_t n = c1 - c0;
+  if (!t.p) { for (int64_t i = 0; i < n; ++i) out[i] = absent; return; }
+  if (t.dt == Dt::f32 && t.stride == 1) {
+    const float* p = static_cast<const float*>(t.p) + c0;
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(p[i]));
+  } else if (t.dt == Dt::f64 && t.stride == 1) {
+    const double* p = static_cast<const double*>(t.p) + c0;
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(p[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = double(A(t.at(c0 + i)));
+  }
+}
+
+// Tasks: phase 0, (row group g, column block) of `rows` rows by `cw` columns; phase 1, whole
+// rows, about phase1_values values each.
+struct Span { int64_t g, r0, r1, c0, n; };
+
+inline int64_t n_tasks(int64_t n_rows, int64_t width, int64_t rows, int64_t cw, int phase) {
+  if (phase == 0) return cdiv(n_rows, rows) * cdiv(width, cw);
+  return cdiv(n_rows, std::max<int64_t>(1, constants().phase1_values / width));
+}
+
+inline Span span(int64_t task, int phase, int64_t n_rows, int64_t width, int64_t rows, int64_t cw) {
+  if (phase == 0) {
+    const int64_t n_cb = cdiv(width, cw), g = task / n_cb, c0 = (task - g * n_cb) * cw, r0 = g * rows;
+    return {g, r0, std::min(r0 + rows, n_rows), c0, std::min(cw, width - c0)};
+  }
+  const int64_t per = std::max<int64_t>(1, constants().phase1_values / width), r0 = task * per;
+  return {0, r0, std::min(r0 + per, n_rows), 0, width};
+}
+
+template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, const F& f) {
+  for_rows(n, values_per_task, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) f(t);
+  });
+}
+
+// Per-column loops over u in [0, n): body(u) on a vector of L columns, then tail(u) one by one.
+template <class S, class V, class T> inline void columns(int64_t n, const V& body, const T& tail) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t u = 0;
+  for (; u + L <= n; u += L) body(u);
+  for (; u < n; ++u) tail(u);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Statistics: per column over a chunk of rows (the corrected two-pass algorithm)
+// ----------------------------------------------------------------------------------------------
+
+// s1[u] += sum_i (x[i, u] - sh[u]) over rows r0..r1 of the block at x (row stride ld), four rows
+// at a time summed in pairs.  x: (R, ld) storage; sh, s1: (n,) accumulation dtype.
+template <class S>
+void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* sh, acc_t<S>* s1) {
+  using A = acc_t<S>;
+  int64_t i = r0;
+  for (; i + 4 <= r1; i += 4) {
+    const S *xa = x + i * ld, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
+    columns<S>(n, [&](int64_t u) {
+      vec<A> m = vload(sh + u);
+      vstore(s1 + u, vload(s1 + u) + (((vload(xa + u) - m) + (vload(xb + u) - m)) +
+                                       ((vload(xc + u) - m) + (vload(xd + u) - m))));
+    }, [&](int64_t u) {
+      A m = sh[u];
+      s1[u] += ((to_acc(xa[u]) - m) + (to_acc(xb[u]) - m)) + ((to_acc(xc[u]) - m) + (to_acc(xd[u]) - m));
+    });
+  }
+  for (; i < r1; ++i) {
+    const S* xa = x + i * ld;
+    columns<S>(n, [&](int64_t u) { vstore(s1 + u, vload(s1 + u) + (vload(xa + u) - vload(sh + u))); },
+               [&](int64_t u) { s1[u] += to_acc(xa[u]) - sh[u]; });
+  }
+}
+
+// With d = x[i, u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d (pass 2).
+template <class S>
+void acc_centred(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* m, acc_t<S>* s1,
+                 acc_t<S>* s2) {
+  using A = acc_t<S>;
+  int64_t i = r0;
+  for (; i + 4 <= r1; i += 4) {
+    const S *xa = x + i * ld, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
+    columns<S>(n, [&](int64_t u) {
+      vec<A> mu = vload(m + u);
+      vec<A> da = vload(xa + u) - mu, db = vload(xb + u) - mu, dc = vload(xc + u) - mu, dd = vload(xd + u) - mu;
+      vstore(s1 + u, vload(s1 + u) + ((da + db) + (dc + dd)));
+      vstore(s2 + u, vload(s2 + u) + ((da * da + db * db) + (dc * dc + dd * dd)));
+    }, [&](int64_t u) {
+      A mu = m[u];
+      A da = to_acc(xa[u]) - mu, db = to_acc(xb[u]) - mu, dc = to_acc(xc[u]) - mu, dd = to_acc(xd[u]) - mu;
+      s1[u] += (da + db) + (dc + dd);
+      s2[u] += (da * da + db * db) + (dc * dc + dd * dd);
+    });
+  }
+  for (; i < r1; ++i) {
+    const S* xa = x + i * ld;
+    columns<S>(n, [&](int64_t u) {
+      vec<A> d = vload(xa + u) - vload(m + u);
+      vstore(s1 + u, vload(s1 + u) + d);
+      vstore(s2 + u, vload(s2 + u) + d * d);
+    }, [&](int64_t u) {
+      A d = to_acc(xa[u]) - m[u];
+      s1[u] += d;
+      s2[u] += d * d;
+    });
+  }
+}
+
+// Per-column mean (tm) and M2 (tq), float64, of rows t0..t1 of the block at x (columns 0..n):
+// each chunk of `sub` rows by two passes, the chunks merged in order (Chan).
+// x: (R, ld) storage, offset to the block's first column; tm, tq: (n,) float64 out.
+template <class S>
+void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub, double* tm, double* tq) {
+  using A = acc_t<S>;
+  std::vector<A> buf(3 * n);
+  A *sh = buf.data(), *s1 = sh + n, *s2 = s1 + n;
+  int64_t n_a = 0;
+  for (int64_t r0 = t0; r0 < t1; r0 += sub) {
+    const int64_t r1 = std::min(r0 + sub, t1), k = r1 - r0;
+    const S* x0 = x + r0 * ld;
+    for (int64_t u = 0; u < n; ++u) { sh[u] = to_acc(x0[u]); s1[u] = 0; }
+    acc_shifted(x, ld, r0, r1, n, sh, s1);  // pass 1
+    const A inv_k = acc_cast<A>(1.0 / double(k));
+    for (int64_t u = 0; u < n; ++u) { sh[u] = sh[u] + s1[u] * inv_k; s1[u] = 0; s2[u] = 0; }  // m
+    acc_centred(x, ld, r0, r1, n, sh, s1, s2);  // pass 2
+    // chunk: mean = m + s1 / k, M2 = s2 - s1^2 / k (float64); Chan into the task's
+    const double inv = 1.0 / double(k), f_b = double(k) / double(n_a + k), f_ab = double(n_a) * f_b;
+    for (int64_t u = 0; u < n; ++u) {
+      const double d1 = s1[u];
+      double q = double(s2[u]) - d1 * d1 * inv;
+      q = q < 0.0 ? 0.0 : q;  // rounding; NaN stays NaN
+      const double cm = double(sh[u]) + d1 * inv;
+      if (n_a == 0) {
+        tm[u] = cm;
+        tq[u] = q;
+      } else {
+        const double delta = cm - tm[u];
+        tm[u] += delta * f_b;
+        tq[u] += q + delta * delta * f_ab;
+      }
+    }
+    n_a += k;
+  }
+}
+
+// sum_j (x[j] - shift) over k values in float64 (shift_row64): from x for float32, whose
+// differences round; from the exact differences d (accumulation dtype) otherwise.
+// Also writes d[j] = x[j] - shift.  x: (k,) storage; d: (k,) scratch.
+template <class S> double shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<S> shift) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  int64_t j = 0;
+  vec<A> vs = vset1<A>(shift);
+  for (; j + L <= k; j += L) vstore(d + j, vload(x + j) - vs);
+  for (; j < k; ++j) d[j] = to_acc(x[j]) - shift;
+  constexpr int64_t D = lanes<double>;
+  typedef A half_t __attribute__((vector_size(D * sizeof(A))));
+  vec<double> s0 = vzero<double>(), s1 = vzero<double>();
+  auto load64 = [&](const A* p) {
+    half_t h;
+    std::memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, vec<double>);
+  };
+  if constexpr (std::is_same_v<S, float>) {
+    const float* src = x;
+    for (j = 0; j + 2 * D <= k; j += 2 * D) { s0 += load64(src + j); s1 += load64(src + j + D); }
+    if (j + D <= k) { s0 += load64(src + j); j += D; }
+    double s = hsum<double>(s0 + s1);
+    for (; j < k; ++j) s += double(src[j]);
+    return s - double(k) * double(shift);
+  } else {
+    for (j = 0; j + 2 * D <= k; j += 2 * D) { s0 += load64(d + j); s1 += load64(d + j + D); }
+    if (j + D <= k) { s0 += load64(d + j); j += D; }
+    double s = hsum<double>(s0 + s1);
+    for (; j < k; ++j) s += double(d[j]);
+    return s;
+  }
+}
+
+// Channel c's mean m, or torch's where the shift made it NaN: +-inf for a channel holding
+// infinities of one sign and no NaN. Channel c: columns f*period + c*S .. + S of every row.
+// x: (R, W) storage.
+template <class S>
+double inf_mean(const S* x, int64_t n_rows, int64_t width, double m, int64_t c, int64_t s_len, int64_t period) {
+  if (!std::isnan(m)) return m;
+  bool nan = false, pos = false, neg = false;
+  for (int64_t i = 0; i < n_rows; ++i)
+    for (int64_t lo = c * s_len; lo < width; lo += period)
+      for (int64_t t = 0; t < s_len; ++t) {
+        const double v = to_acc(x[i * width + lo + t]);
+        nan |= std::isnan(v);
+        pos |= v == std::numeric_limits<double>::infinity();
+        neg |= v == -std::numeric_limits<double>::infinity();
+      }
+  if (!nan && pos && !neg) return std::numeric_limits<double>::infinity();
+  if (!nan && neg && !pos) return -std::numeric_limits<double>::infinity();
+  return m;
+}
+
+// Mean and biased variance (float64) of each channel of a task holding every row r0..r1 of
+// whole planes (columns c0..c0+n, multiples of S >= plane_min), into mean/var from channel ch0:
+// each plane in pieces of at most plane_piece values, the shifted two passes of a piece (its
+// sum in float64), pieces merged in row and piece order in float64, shifted by the channel's
+// first value ref:  mean = ref + sum(k * dev) / N,  M2 = sum(M2_piece) + sum(k * dev^2) - N * mean(dev)^2.
+// x: (R, W) storage.
+template <class S>
+void task_stats_planes(const S* x, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
+                       double* mean, double* var, int64_t ch0) {
+  using A = acc_t<S>;
+  const int64_t n_pl = n / s_len, piece = constants().plane_piece;
+  std::vector<double> acc(4 * n_pl, 0.0);  // per plane: ref, sum k*dev, sum k*dev^2, sum of M2
+  std::vector<A> d(std::min(s_len, piece));
+  for (int64_t i = r0; i < r1; ++i) {
+    const S* xr = x + i * width + c0;
+    for (int64_t p = 0; p < n_pl; ++p) {
+      const S* xp = xr + p * s_len;
+      if (i == r0) acc[p] = to_acc(xp[0]);
+      const double ref = acc[p];
+      for (int64_t lo = 0; lo < s_len; lo += piece) {
+        const int64_t k = std::min(piece, s_len - lo);
+        const A sh = to_acc(xp[lo]);
+        const double s = shifted_sum64(xp + lo, d.data(), k, sh);  // pass 1
+        const A md = acc_cast<A>(s / double(k));
+        const double sk = s / double(k), corr = sk - double(md);  // md's rounding
+        const double q = double(shifted_sqdev<A>(d.data(), k, A(0), md)) - double(k) * corr * corr;  // pass 2
+        const double dev = (double(sh) - ref) + sk;
+        acc[n_pl + p] += double(k) * dev;
+        acc[2 * n_pl + p] += double(k) * dev * dev;
+        acc[3 * n_pl + p] += q < 0.0 ? 0.0 : q;  // rounding; NaN stays NaN
+      }
+    }
+  }
+  const double cnt = double((r1 - r0) * s_len);
+  for (int64_t p = 0; p < n_pl; ++p) {
+    const double dm = acc[n_pl + p] / cnt;
+    mean[ch0 + p] = acc[p] + dm;
+    const double m2 = acc[3 * n_pl + p] + (acc[2 * n_pl + p] - acc[n_pl + p] * dm);
+    var[ch0 + p] = (m2 < 0.0 ? 0.0 : m2) / cnt;
+  }
+}
+
+// (mean, biased var) of a channel from its columns' (mean, M2), each of n_rows values: columns
+// start + r*period .. + S for r < fold (equal counts: the mean of the means shifted by the
+// first, and M2 plus the spread of the means).  tm, tq: per-column float64.
+inline void channel_stats(const double* tm, const double* tq, int64_t start, int64_t s_len, int64_t fold,
+                          int64_t period, int64_t n_rows, double* mu_out, double* var_out) {
+  const double n_col = double(fold * s_len), ref = tm[start];
+  double tot = 0.0;
+  for (int64_t r = 0; r < fold; ++r) {
+    const double* t = tm + start + r * period;
+    double s = 0.0;
+    for (int64_t j = 0; j < s_len; ++j) s += t[j] - ref;  // in order: a constant channel gives 0
+    tot += s;
+  }
+  const double mu = ref + tot / n_col;
+  double m2 = 0.0, spread = 0.0;
+  for (int64_t r = 0; r < fold; ++r) {
+    const int64_t lo = start + r * period;
+    double a = 0.0, b = 0.0;
+    for (int64_t j = 0; j < s_len; ++j) a += tq[lo + j];
+    for (int64_t j = 0; j < s_len; ++j) { const double e = tm[lo + j] - mu; b += e * e; }
+    m2 += a;
+    spread += b;
+  }
+  *mu_out = mu;
+  *var_out = (m2 + double(n_rows) * spread) / (double(n_rows) * n_col);
+}
+
+// A channel's sums over its columns (as channel_stats), in order.
+inline void channel_sums(const double* ty, const double* tx, int64_t start, int64_t s_len, int64_t fold,
+                         int64_t period, double* sy, double* sx) {
+  double a = 0.0, b = 0.0;
+  for (int64_t r = 0; r < fold; ++r) {
+    const int64_t lo = start + r * period;
+    double p = 0.0, q = 0.0;
+    for (int64_t j = 0; j < s_len; ++j) p += ty[lo + j];
+    for (int64_t j = 0; j < s_len; ++j) q += tx[lo + j];
+    a += p;
+    b += q;
+  }
+  *sy = a;
+  *sx = b;
+}
+
+// Per-channel constants of the normalisation, channels [c0, c1): rstd = 1 / sqrt(var + eps);
+// y = ((x - hi) - lo) * a + b = (x - hi) * a + b2 with hi = the mean rounded to the accumulation
+// dtype, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once).
+template <class A> struct Affine {
+  A *hi, *a, *b2;
+  explicit Affine(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), b2(buffer<A>(2, c)) {}
+  void set(int64_t c0, int64_t c1, const double* mean, const double* var, double eps, const Chan& w, const Chan& b,
+           double* rstd) {
+    double wb[2 * 64];
+    for (int64_t s0 = c0; s0 < c1; s0 += 64) {  // blocks of 64 channels: w, b read once as float64
+      const int64_t s1 = std::min(c1, s0 + 64), n = s1 - s0;
+      load_chan<A>(w, wb, s0, s1, 1.0);
+      load_chan<A>(b, wb + 64, s0, s1, 0.0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t c = s0 + i;
+        const double rs = 1.0 / std::sqrt(var[c] + eps);
+        rstd[c] = rs;
+        const A h = acc_cast<A>(mean[c]);
+        const double f = rs * wb[i];
+        hi[c] = h;
+        a[c] = acc_cast<A>(f);
+        b2[c] = acc_cast<A>(wb[64 + i] - (mean[c] - double(h)) * f);
+      }
+    }
+  }
+};
+
+// Per-column copies of per-channel values for S == 1 (column u of a folded row: channel u % C),
+// in scratch slot `slot`.
+template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, int slot) {
+  A* e = buffer<A>(slot, width);
+  for (int64_t u = 0; u < width; u += n_ch) std::copy(v, v + n_ch, e + u);
+  return e;
+}
+
+// y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
+// (hi, a, b2 indexed by column - c0); S > 1: whole planes from channel ch0 (per-channel).
+// x, y: (R, W) storage.
+template <class S>
+void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
+               int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
+  using A = acc_t<S>;
+  for (int64_t i = r0; i < r1; ++i) {
+    const S* xr = x + i * width + c0;
+    S* yr = y + i * width + c0;
+    if (s_len == 1) {
+      columns<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
+                 [&](int64_t u) { yr[u] = from_acc<S>((to_acc(xr[u]) - hi[u]) * a[u] + b2[u]); });
+    } else {
+      int64_t c = ch0;
+      for (int64_t p0 = 0; p0 < n; p0 += s_len) {
+        const S* xp = xr + p0;
+        S* yp = yr + p0;
+        const A h = hi[c], f = a[c], bc = b2[c];
+        vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
+        columns<S>(s_len, [&](int64_t t) { vstore(yp + t, (vload(xp + t) - vh) * vf + vb); },
+                   [&](int64_t t) { yp[t] = from_acc<S>((to_acc(xp[t]) - h) * f + bc); });
+        c = c + 1 < n_ch ? c + 1 : 0;
+      }
+    }
+  }
+}
+
+template <class S>
+void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps, bool train) {
+  using A = acc_t<S>;
+  const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
+  const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems);
+  const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
+  const int64_t rows = g.sub * g.group, n_rg = cdiv(n_rows, rows);
+  double *mean = stats, *var = stats + n_ch, *rstd = stats + 2 * n_ch;
+  Affine<A> k(n_ch);
+  const bool local = g.local && train;
+  if (train) {
+    double* pmean = scratch(2 * n_rg * width);  // (G, W) per-task, per-column partial means
+    double* pm2 = pmean + n_rg * width;          // (G, W) ... M2
+    const int64_t plane_min = constants().plane_min;
+    run_tasks(n_tasks(n_rows, width, rows, g.cw, 0), rows * g.cw, [&](int64_t task) {
+      const Span sp = span(task, 0, n_rows, width, rows, g.cw);
+      if (local) {  // whole channels, every row: finish them here, then normalise while in cache
+        const int64_t ch0 = sp.c0 / s_len;
+        if (s_len >= plane_min) {
+          task_stats_planes(x, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, mean, var, ch0);
+        } else {
+          double* tm = pmean + sp.g * width + sp.c0;
+          double* tq = pm2 + sp.g * width + sp.c0;
+          task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, tm, tq);
+          for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c)
+            channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, period, n_rows, &mean[c], &var[c]);
+        }
+        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
+        k.set(ch0, ch0 + sp.n / s_len, mean, var, eps, w, b, rstd);
+        if (y) {
+          const int64_t off = s_len == 1 ? sp.c0 : 0;
+          normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off);
+        }
+      } else {
+        task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, pmean + sp.g * width + sp.c0,
+                   pm2 + sp.g * width + sp.c0);
+      }
+    });
+    if (local) return;
+    // per column: the row groups' partials in order (into row group 0)
+    int64_t n_a = std::min(rows, n_rows);
+    for (int64_t gi = 1; gi < n_rg; ++gi) {
+      const int64_t kk = std::min(rows, n_rows - gi * rows);
+      const double f_b = double(kk) / double(n_a + kk), f_ab = double(n_a) * f_b;
+      const double *pg = pmean + gi * width, *qg = pm2 + gi * width;
+      for (int64_t u = 0; u < width; ++u) {
+        const double delta = pg[u] - pmean[u];
+        pmean[u] += delta * f_b;
+        pm2[u] += qg[u] + delta * delta * f_ab;
+      }
+      n_a += kk;
+    }
+    for (int64_t c = 0; c < n_ch; ++c) {  // per channel: its F * S columns
+      channel_stats(pmean, pm2, c * s_len, s_len, g.fold, period, n_rows, &mean[c], &var[c]);
+      mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
+    }
+  } else {
+    load_chan<double>(rm, mean, 0, n_ch, 0.0);
+    load_chan<double>(rv, var, 0, n_ch, 1.0);
+  }
+  k.set(0, n_ch, mean, var, eps, w, b, rstd);
+  if (!y) return;
+  const A *ph = k.hi, *pa = k.a, *pb = k.b2;
+  if (s_len == 1 && width != n_ch) {
+    ph = tiled(k.hi, n_ch, width, 3); pa = tiled(k.a, n_ch, width, 4); pb = tiled(k.b2, n_ch, width, 5);
+  }
+  run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
+    const Span sp = span(task, 1, n_rows, width, rows, g.cw);
+    normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Backward
+// ----------------------------------------------------------------------------------------------
+
+// Per-channel constants of dx, channel c (docs/derivations/batch_norm.md, "Backward"):
+//   train: dx = a * ((dy - m1) - xc * m2) = (a * dy - k2 * (x - hi)) - k0,
+//          m1 = mean(dy) (term 2), m2 = rstd^2 * mean(dy * xc) (term 3), k2 = a * m2, k0 = a * m1 - k2 * lo
+//   eval:  dx = a * dy,  a = rstd * w (term 1)
+template <class A> struct GradConst {
+  A *hi, *a, *k2, *k0;
+  explicit GradConst(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), k2(buffer<A>(2, c)), k0(buffer<A>(3, c)) {}
+  // hi, a of every channel; k2 = k0 = 0 (eval)
+  void init(int64_t n_ch, const Chan& w, const double* mean, const double* rstd) {
+    double wb[64];
+    for (int64_t s0 = 0; s0 < n_ch; s0 += 64) {
+      const int64_t s1 = std::min(n_ch, s0 + 64);
+      load_chan<A>(w, wb, s0, s1, 1.0);
+      for (int64_t c = s0; c < s1; ++c) {
+        hi[c] = acc_cast<A>(mean[c]);
+        a[c] = acc_cast<A>(rstd[c] * wb[c - s0]);
+        k2[c] = 0;
+        k0[c] = 0;
+      }
+    }
+  }
+  // train: k2, k0 of channel c from its sums
+  void set_train(int64_t c, const Chan& w, const double* mean, const double* rstd, double sum_dy, double sum_dyxc,
+                 double cnt) {
+    const double rs = rstd[c];
+    const double f = rs * (w.p ? double(acc_cast<A>(w.at(c))) : 1.0);
+    const double q2 = f * (rs * rs * sum_dyxc / cnt);
+    k2[c] = acc_cast<A>(q2);
+    k0[c] = acc_cast<A>(f * (sum_dy / cnt) - q2 * (mean[c] - double(hi[c])));
+  }
+};
+
+// Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
+// (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
+// dx = dy * ea[u].  dy, x, dx: (R, ld) storage at the block's first column; eh, ea: (n,).
+template <class S>
+void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub,
+                    const acc_t<S>* eh, const acc_t<S>* ea, double* ty, double* tx, bool fused) {
+  using A = acc_t<S>;
+  std::vector<A> buf(2 * n);
+  A *s1 = buf.data(), *s2 = s1 + n;
+  std::fill(ty, ty + n, 0.0);
+  std::fill(tx, tx + n, 0.0);
+  for (int64_t r0 = t0; r0 < t1; r0 += sub) {
+    const int64_t r1 = std::min(r0 + sub, t1);
+    std::fill(s1, s1 + 2 * n, A(0));
+    for (int64_t i = r0; i < r1; ++i) {
+      const S *xa = x + i * ld, *ga = dy + i * ld;
+      columns<S>(n, [&](int64_t u) {
+        vec<A> g = vload(ga + u);
+        vstore(s1 + u, vload(s1 + u) + g);
+        vstore(s2 + u, vload(s2 + u) + g * (vload(xa + u) - vload(eh + u)));
+      }, [&](int64_t u) {
+        A g = to_acc(ga[u]);
+        s1[u] += g;
+        s2[u] += g * (to_acc(xa[u]) - eh[u]);
+      });
+      if (fused) {
+        S* o = dx + i * ld;
+        columns<S>(n, [&](int64_t u) { vstore(o + u, vload(ga + u) * vload(ea + u)); },
+                   [&](int64_t u) { o[u] = from_acc<S>(to_acc(ga[u]) * ea[u]); });
+      }
+    }
+    for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
+  }
+}
+
+// (sum dy, sum dy * (x - m)) over k values of a plane piece, in the accumulation dtype, split
+// into SIMD lanes.  g, x: (k,) storage.
+template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_t<S> m, acc_t<S>* o1, acc_t<S>* o2) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> a[4], q[4], vm = vset1<A>(m);  // four chains each: the adds overlap, and short partial sums
+  for (int i = 0; i < 4; ++i) a[i] = q[i] = vzero<A>();
+  int64_t j = 0;
+  for (; j + 4 * L <= k; j += 4 * L)
+    for (int i = 0; i < 4; ++i) {
+      vec<A> gi = vload(g + j + i * L);
+      a[i] += gi;
+      q[i] += gi * (vload(x + j + i * L) - vm);
+    }
+  for (int i = 0; j + L <= k; j += L, ++i) {
+    vec<A> gi = vload(g + j);
+    a[i] += gi;
+    q[i] += gi * (vload(x + j) - vm);
+  }
+  A s1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3])), s2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
+  for (; j < k; ++j) { A v = to_acc(g[j]); s1 += v; s2 += v * (to_acc(x[j]) - m); }
+  *o1 = s1;
+  *o2 = s2;
+}
+
+// task_grad_sums for a task of whole planes (columns c0..c0+n, multiples of S >= plane_min):
+// per row and plane, the sums over the plane in pieces of at most plane_piece (SIMD lanes),
+// added in float64 into the plane's first column of ty/tx. fused: also dx = dy * a[c].
+// dy, x, dx: (R, W) storage; ty, tx: (n,) float64 at column c0.
+template <class S>
+void task_grad_sums_planes(const S* dy, const S* x, S* dx, int64_t width, int64_t t0, int64_t t1, int64_t c0,
+                           int64_t n, int64_t s_len, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, double* ty,
+                           double* tx, bool fused, bool local) {
+  using A = acc_t<S>;
+  const int64_t piece = constants().plane_piece;
+  // local (the task finishes its channels, reading first columns only): zero only those
+  for (int64_t u = 0; u < n; u += local ? s_len : 1) { ty[u] = 0.0; tx[u] = 0.0; }
+  const int64_t ch0 = (c0 / s_len) % n_ch;
+  for (int64_t i = t0; i < t1; ++i) {
+    const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
+    int64_t c = ch0;
+    for (int64_t p0 = 0; p0 < n; p0 += s_len) {
+      const S *xp = xr + p0, *gp = gr + p0;
+      double sy = 0.0, sx = 0.0;
+      for (int64_t lo = 0; lo < s_len; lo += piece) {
+        A s1, s2;
+        grad_sums(gp + lo, xp + lo, std::min(piece, s_len - lo), hi[c], &s1, &s2);
+        sy += double(s1);
+        sx += double(s2);
+      }
+      ty[p0] += sy;
+      tx[p0] += sx;
+      if (fused) {
+        S* op = dx + i * width + c0 + p0;
+        vec<A> vf = vset1<A>(a[c]);
+        const A f = a[c];
+        columns<S>(s_len, [&](int64_t t) { vstore(op + t, vload(gp + t) * vf); },
+                   [&](int64_t t) { op[t] = from_acc<S>(to_acc(gp[t]) * f); });
+      }
+      c = c + 1 < n_ch ? c + 1 : 0;
+    }
+  }
+}
+
+// dx over rows r0..r1, columns c0..c0+n: (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval).
+// S == 1: per-column constants (indexed by column - c0); S > 1: planes from channel ch0.
+template <class S>
+void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n,
+            int64_t s_len, int64_t ch0, int64_t n_ch, const acc_t<S>* a, const acc_t<S>* hi, const acc_t<S>* k2,
+            const acc_t<S>* k0, bool train) {
+  using A = acc_t<S>;
+  for (int64_t i = r0; i < r1; ++i) {
+    const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
+    S* o = dx + i * width + c0;
+    if (s_len == 1) {
+      if (train)
+        columns<S>(n, [&](int64_t u) {
+          vstore(o + u, (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u));
+        }, [&](int64_t u) { o[u] = from_acc<S>((a[u] * to_acc(gr[u]) - k2[u] * (to_acc(xr[u]) - hi[u])) - k0[u]); });
+      else
+        columns<S>(n, [&](int64_t u) { vstore(o + u, vload(gr + u) * vload(a + u)); },
+                   [&](int64_t u) { o[u] = from_acc<S>(to_acc(gr[u]) * a[u]); });
+    } else {
+      int64_t c = ch0;
+      for (int64_t p0 = 0; p0 < n; p0 += s_len) {
+        const S *xp = xr + p0, *gp = gr + p0;
+        S* op = o + p0;
+        const A f = a[c];
+        vec<A> vf = vset1<A>(f);
+        if (train) {
+          const A h = hi[c], q2 = k2[c], q0 = k0[c];
+          vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
+          columns<S>(s_len, [&](int64_t t) { vstore(op + t, (vf * vload(gp + t) - v2 * (vload(xp + t) - vh)) - v0); },
+                     [&](int64_t t) { op[t] = from_acc<S>((f * to_acc(gp[t]) - q2 * (to_acc(xp[t]) - h)) - q0); });
+        } else {
+          columns<S>(s_len, [&](int64_t t) { vstore(op + t, vload(gp + t) * vf); },
+                     [&](int64_t t) { op[t] = from_acc<S>(to_acc(gp[t]) * f); });
+        }
+        c = c + 1 < n_ch ? c + 1 : 0;
+      }
+    }
+  }
+}
+
+template <class S>
+void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
+                   bool train, bool need_dx, bool need_wb) {
+  using A = acc_t<S>;
+  const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
+  const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
+  const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
+  const int64_t rows = g.sub * g.group, n_rg = cdiv(n_rows, rows);
+  const double *mean = stats, *rstd = stats + 2 * n_ch;
+  const bool need_sums = train || need_wb;
+  const bool fused = need_dx && need_wb && !train;  // eval: dx in the same pass as the sums
+  const double cnt = double(n_rows * g.fold * s_len);  // values per channel
+  GradConst<A> k(n_ch);
+  k.init(n_ch, w, mean, rstd);
+  const bool local = g.local && need_sums;
+  const int64_t plane_min = constants().plane_min;
+  auto finish = [&](int64_t c, double sy, double sx) {
+    const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
+    db[c] = sy;
+    dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
+    if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, cnt);
+  };
+  if (need_sums) {
+    double* pdy = scratch(2 * n_rg * width);  // (G, W) per-task, per-column sums of dy
+    double* pdx = pdy + n_rg * width;          // (G, W) ... of dy * (x - hi)
+    run_tasks(n_tasks(n_rows, width, rows, g.cw, 0), rows * g.cw, [&](int64_t task) {
+      const Span sp = span(task, 0, n_rows, width, rows, g.cw);
+      double* ty = pdy + sp.g * width + sp.c0;
+      double* tx = pdx + sp.g * width + sp.c0;
+      const bool planes = s_len >= plane_min && sp.c0 % s_len == 0 && sp.n % s_len == 0;
+      if (planes) {
+        task_grad_sums_planes(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, n_ch, k.hi, k.a, ty,
+                              tx, fused, local);
+      } else {
+        std::vector<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
+        for (int64_t u = 0; u < sp.n; ++u) {
+          const int64_t c = ((sp.c0 + u) % period) / s_len;
+          eh[u] = k.hi[c];
+          ea[u] = k.a[c];
+        }
+        task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, g.sub, eh.data(),
+                       ea.data(), ty, tx, fused);
+      }
+      if (local) {  // whole channels, every row: finish them here, then dx while in cache
+        const int64_t ch0 = sp.c0 / s_len;
+        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
+          const int64_t u = (c - ch0) * s_len;
+          double sy, sx;
+          if (planes) { sy = ty[u]; sx = tx[u]; }  // a plane's sums sit in its first column
+          else channel_sums(ty, tx, u, s_len, 1, period, &sy, &sx);
+          finish(c, sy, sx);
+        }
+        if (need_dx && !fused) {
+          const int64_t off = s_len == 1 ? sp.c0 : 0;
+          grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off, k.k2 + off,
+                 k.k0 + off, train);
+        }
+      }
+    });
+    if (local) return;
+    for (int64_t gi = 1; gi < n_rg; ++gi) {  // per column, over tasks in order
+      const double *yg = pdy + gi * width, *xg = pdx + gi * width;
+      for (int64_t u = 0; u < width; ++u) { pdy[u] += yg[u]; pdx[u] += xg[u]; }
+    }
+    for (int64_t c = 0; c < n_ch; ++c) {  // per channel, over its columns in order
+      double sy, sx;
+      channel_sums(pdy, pdx, c * s_len, s_len, g.fold, period, &sy, &sx);
+      finish(c, sy, sx);
+    }
+  }
+  if (!need_dx || fused) return;
+  const A *pa = k.a, *ph = k.hi, *p2 = k.k2, *p0 = k.k0;
+  if (s_len == 1 && width != n_ch) {
+    pa = tiled(k.a, n_ch, width, 4); ph = tiled(k.hi, n_ch, width, 5);
+    p2 = tiled(k.k2, n_ch, width, 6); p0 = tiled(k.k0, n_ch, width, 7);
+  }
+  run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
+    const Span sp = span(task, 1, n_rows, width, rows, g.cw);
+    grad_x(dy, x, dx, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, pa, ph, p2, p0, train);
+  });
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Entry points: the storage dtype chosen once
+// ----------------------------------------------------------------------------------------------
+
+template <class F> static void by_dtype(Dt dt, const F& f) {
+  switch (dt) {
+    case Dt::f32: f(float{}); break;
+    case Dt::f64: f(double{}); break;
+    case Dt::bf16: f(bf16{}); break;
+    case Dt::f16: f(f16{}); break;
+  }
+}
+
+void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps,
+             bool train) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    forward_impl<S>(static_cast<const S*>(x), static_cast<S*>(y), w, b, rm, rv, stats, v, eps, train);
+  });
+}
+
+void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
+              View v, bool train, bool need_dx, bool need_wb) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    backward_impl<S>(static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<S*>(dx), w, stats, dw, db, v,
+                     train, need_dx, need_wb);
+  });
+}
+
+void update_running(MutChan rm, MutChan rv, const double* mean, const double* var, int64_t n_ch, int64_t n,
+                    double momentum) {
+  const double keep = 1.0 - momentum, bessel = double(n) / (double(n) - 1.0);
+  for (int64_t c = 0; c < n_ch; ++c) {
+    rm.set(c, keep * rm.at(c) + momentum * mean[c]);
+    rv.set(c, keep * rv.at(c) + momentum * (var[c] * bessel));
+  }
+}
+
+}  // namespace normlab::bn

@@ -1,0 +1,91 @@
+// BatchNorm's CPU kernels on raw pointers (docs/derivations/batch_norm.md, "The cpu kernels").
+//
+// Every input reaches the kernels as one 2-D view (n_rows, width): rows (M, C) for (N, C) and
+// channels-last tensors (S = 1), planes (N, C * S) for contiguous (N, C, *spatial) -- channel c
+// at columns c*S .. c*S+S of each row. Narrow rows are folded (F consecutive rows read as one).
+// Statistics per column per chunk by the shifted two passes, merged with Chan's formula in
+// float64 in a fixed order; planes of S >= PLANE_MIN values per piece, summed in float64. The
+// chunk and task boundaries depend on the shape only: the same bits for any thread count.
+//
+// No torch headers here beyond <ATen/Parallel.h> (via chunks.h, in the .cpp): this compiles in
+// about a second.
+#pragma once
+
+#include <cstdint>
+
+namespace normlab::bn {
+
+// Storage dtypes the kernels take (for x, y, dy, dx and for the per-channel vectors).
+enum class Dt : int8_t { f32, f64, bf16, f16 };
+
+// A (C,) per-channel vector of any storage dtype, strided; p == nullptr: absent.
+struct Chan {
+  const void* p = nullptr;
+  Dt dt = Dt::f32;
+  int64_t stride = 1;
+  double at(int64_t c) const;  // element c as float64 (exact)
+};
+
+// A (C,) buffer written in place (running statistics): each store rounded once to its dtype.
+struct MutChan {
+  void* p = nullptr;
+  Dt dt = Dt::f32;
+  int64_t stride = 1;
+  double at(int64_t c) const;
+  void set(int64_t c, double v) const;
+};
+
+// The 2-D view of a canonical input: (n_rows, width = C * S), s_len = S.
+struct View {
+  int64_t n_rows, width, s_len, n_ch;
+};
+
+// The work split, from the shape alone (kernels' geometry; launch.py's before the port).
+struct Geometry {
+  int64_t fold;  // rows read as one (F)
+  int64_t cw;    // columns per task (of the folded view)
+  int64_t sub;   // rows per chunk (two passes in cache)
+  int64_t group; // chunks per task
+  bool local;    // a task holds every row of whole channels: statistics, then normalise, in cache
+};
+
+// The constants of the geometry (settable for tests: tiny values put chunk, task and
+// column-block boundaries everywhere).
+struct Constants {
+  int64_t fold_width = 2048;       // narrow rows folded into rows of at most this many values
+  int64_t fold_width_small = 256;  // ... in tensors below fold_small_elems
+  int64_t fold_small_elems = 1 << 17;
+  int64_t column_block = 2048;     // columns per task
+  int64_t chunk_elems = 65536;     // values per chunk (two passes in cache)
+  int64_t max_chunk_rows = 256;
+  int64_t task_elems = 1 << 19;    // values per task
+  int64_t local_elems = 1 << 18;   // a block of whole channels of at most this many values is local
+  int64_t min_local_run = 1024;    // ... read in runs of at least this many values per row
+  int64_t plane_min = 256;         // planes of at least this many values: per-plane sums
+  int64_t plane_piece = 4096;      // ... in pieces of at most this many values
+  int64_t phase1_values = 65536;   // values per task of the elementwise passes
+};
+Constants& constants();
+
+// Geometry of the (n_rows, width) view with S = s_len; local_elems: constants().local_elems for
+// the forward, half of it for the backward (which reads x and dy).
+Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_elems);
+
+// Forward. x, y: the view (n_rows, width) in storage dt; y == nullptr: statistics only.
+// w, b: (C,) (absent: ones, zeros); rm, rv: (C,) running statistics (evaluation only).
+// stats: (3, C) float64 out: rows mean, biased var, rstd (the batch's in training, the running
+// ones in evaluation).
+void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps,
+             bool train);
+
+// Backward. dy, x, dx: the view; stats: the forward's (3, C). dx written if need_dx.
+// db = sum(dy), dw = sum(dy * x_hat): (C,) float64, written if train or need_wb.
+void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
+              View v, bool train, bool need_dx, bool need_wb);
+
+// running = (1 - momentum) * running + momentum * stat (float64, rounded once to the buffer),
+// with the unbiased variance var * n / (n - 1). mean, var: (C,) float64.
+void update_running(MutChan rm, MutChan rv, const double* mean, const double* var, int64_t n_ch, int64_t n,
+                    double momentum);
+
+}  // namespace normlab::bn
