@@ -308,7 +308,7 @@ def test_gradcheck_and_gradgradcheck(layout, training, affine):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["rows", "planes_local", "planes", "channels_last"])
 def test_bitwise_identical_for_1_and_2_threads(dtype, layout):
-    # above the serial threshold (_launch.SERIAL_ELEMS), with several tasks: row groups
+    # above torch's grain (32768 values, where the work is split), with several tasks: row groups
     # and column blocks merged after (rows, planes, channels_last), or channel blocks
     # finished by their task (planes_local)
     shape = {"rows": (8192, 96), "planes_local": (12, 40, 17, 19), "planes": (600, 8, 20, 24),
