@@ -171,7 +171,7 @@ template <class S, class W> void fwd(const FwdArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Backward: rows [lo, hi) of norm_bwd; pw / pb (n_cols,) gather this chunk's dw / db (nullptr:
-// not needed).
+// not needed; pb is nullptr for RMSNorm, which has no bias).
 //
 //   dy, x, dh, dx (n_rows, n_cols) S;  w (n_w, n_cols) W;  mean, rstd (n_rows,) acc_t<S>
 //
@@ -242,7 +242,7 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
       if (pw != nullptr) {
         vec<A> seen = cast ? vround<S>(xh) : xh;
         vstore(pw + j, vload(pw + j) + dyv * seen);
-        vstore(pb + j, vload(pb + j) + dyv);
+        if (pb != nullptr) vstore(pb + j, vload(pb + j) + dyv);
       }
     }
     for (; j < n; ++j) {
@@ -254,7 +254,7 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
       if (pw != nullptr) {
         A seen = cast ? round_as<S>(xh) : xh;
         pw[j] = pw[j] + dyv * seen;
-        pb[j] = pb[j] + dyv;
+        if (pb != nullptr) pb[j] = pb[j] + dyv;
       }
     }
   }
@@ -291,7 +291,7 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
   const int64_t n_chunks = n_w * per_w;
   if (n_chunks == 1) {  // one chunk: its partials are the sums
     for (int64_t j = 0; j < n; ++j) dw[j] = db[j] = A(0);
-    bwd_rows<S, W>(a, 0, a.n_rows, dw, db);
+    bwd_rows<S, W>(a, 0, a.n_rows, dw, a.center ? db : nullptr);
     return;
   }
   std::unique_ptr<A[]> part(new A[2 * n_chunks * n]);  // per chunk: dw's partial row, then db's
@@ -299,11 +299,11 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
     for (int64_t c = cb; c < ce; ++c) {
       A* pw = part.get() + 2 * c * n;
       A* pb = pw + n;
-      for (int64_t j = 0; j < 2 * n; ++j) pw[j] = A(0);
+      for (int64_t j = 0; j < (a.center ? 2 * n : n); ++j) pw[j] = A(0);
       const int64_t gw = c / per_w;
       const int64_t lo = gw * rpw + (c - gw * per_w) * rows;
       const int64_t hi = std::min(lo + rows, (gw + 1) * rpw);
-      bwd_rows<S, W>(a, lo, hi, pw, pb);
+      bwd_rows<S, W>(a, lo, hi, pw, a.center ? pb : nullptr);
     }
   });
   constexpr int64_t B = 256;  // columns per merge task
@@ -317,7 +317,7 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
         const A* pb = pw + n;
         for (int64_t j = j0; j < j1; ++j) {
           sw[j - j0] += double(pw[j]);
-          sb[j - j0] += double(pb[j]);
+          if (a.center) sb[j - j0] += double(pb[j]);
         }
       }
       for (int64_t j = j0; j < j1; ++j) {
