@@ -1,0 +1,249 @@
+// GroupNorm with S == 1 (e.g. a 2-D (N, C) input) and small groups: Cg a power of two, 2 <= Cg <= a
+// vector's lanes. Each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups;
+// every step runs on whole vectors (the algorithm of the Numba block kernels: a block of values
+// vectorised across channels, the groups' sums by pairwise halvings, each group's values spread to its
+// channels), here inside registers:
+//   group_sum   a butterfly: v += v with lanes swapped at distance 1, 2, ..., Cg / 2: every lane
+//               ends with its group's sum, a pairwise tree (additions commute: the lanes of a group
+//               hold the same bits);
+//   spread      a group's first value (the shift) broadcast to its lanes by one shuffle.
+// A task takes whole samples (at::parallel_for via for_rows / for_chunks), a sample as C / lanes
+// vectors and a tail of whole groups; the statistics of a group depend on its values alone, and
+// dw/db take bwd_nhwc's per-run partials (runs of kRun samples, merged in run order in float64):
+// the same bits for any number of threads. Layouts and conventions: group_norm_kernels.h.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/group_norm_kernels.h"
+#include "cpu/group_norm_sums.h"
+#include "numerics/chunks.h"
+#include "numerics/vec.h"
+
+namespace normlab::group_norm {
+
+namespace {
+
+template <class A> struct ivec_of;
+template <> struct ivec_of<float> { typedef int32_t type __attribute__((vector_size(NORMLAB_VEC_BYTES))); };
+template <> struct ivec_of<double> { typedef int64_t type __attribute__((vector_size(NORMLAB_VEC_BYTES))); };
+template <class A> using ivec = typename ivec_of<A>::type;
+
+template <class A, int H> inline ivec<A> xor_mask() {
+  ivec<A> m;
+  for (int k = 0; k < int(lanes<A>); ++k) m[k] = k ^ H;
+  return m;
+}
+template <class A, int CG> inline ivec<A> first_mask() {
+  ivec<A> m;
+  for (int k = 0; k < int(lanes<A>); ++k) m[k] = k & ~(CG - 1);
+  return m;
+}
+template <class A, int CG> inline ivec<A> group_mask() {  // lane k -> k / CG (a vector of group values)
+  ivec<A> m;
+  for (int k = 0; k < int(lanes<A>); ++k) m[k] = k / CG;
+  return m;
+}
+
+// Every lane: the sum of its group's CG lanes, as the pairwise tree ((v0 + v1) + (v2 + v3)) + ...
+template <class A, int CG> inline vec<A> group_sum(vec<A> v) {
+  if constexpr (CG >= 2) v = v + __builtin_shuffle(v, xor_mask<A, 1>());
+  if constexpr (CG >= 4) v = v + __builtin_shuffle(v, xor_mask<A, 2>());
+  if constexpr (CG >= 8) v = v + __builtin_shuffle(v, xor_mask<A, 4>());
+  if constexpr (CG >= 16) v = v + __builtin_shuffle(v, xor_mask<A, 8>());
+  return v;
+}
+
+// sqrt lane by lane (IEEE, as std::sqrt), one instruction where the vector width has one.
+template <class A> inline vec<A> vsqrt(vec<A> v) {
+#if defined(__AVX512F__) && NORMLAB_VEC_BYTES == 64
+  if constexpr (std::is_same_v<A, float>) return (vec<A>)_mm512_sqrt_ps((__m512)v);
+  else return (vec<A>)_mm512_sqrt_pd((__m512d)v);
+#elif defined(__AVX__) && NORMLAB_VEC_BYTES == 32
+  if constexpr (std::is_same_v<A, float>) return (vec<A>)_mm256_sqrt_ps((__m256)v);
+  else return (vec<A>)_mm256_sqrt_pd((__m256d)v);
+#else
+  for (int k = 0; k < int(lanes<A>); ++k) v[k] = std::sqrt(v[k]);
+  return v;
+#endif
+}
+
+template <class A> inline vec<A> vrsqrt_eps(vec<A> v, A eps) {  // 1 / sqrt(v + eps), lane by lane
+  return vset1<A>(A(1)) / vsqrt<A>(v + eps);
+}
+
+// x, y (N, C); w, b (C,); mean, var, rstd (N*G,) out or null. docs/derivations/group_norm.md, "The
+// grouped view" and "Numerics": per group shift = its first value, md = mean(x - shift),
+// var = mean(((x - shift) - md)^2), rstd = 1 / sqrt(var + eps), y = ((x - shift) - md) * (rstd * w) + b.
+template <class S, int CG>
+void fwd_s1(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var, acc_t<S>* rstd,
+            int64_t n, int64_t c, double eps) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const A aeps = A(eps);
+  const vec<A> count = vset1<A>(A(CG));
+  for_rows(n, c, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const S* xi = x + i * c;
+      S* yi = y + i * c;
+      for (int64_t j = 0; j < c; j += L) {
+        const int64_t nv = std::min<int64_t>(L, c - j);  // a multiple of CG
+        const vec<A> v = nv == L ? vload(xi + j) : vload_n(xi + j, nv);
+        const vec<A> sh = __builtin_shuffle(v, first_mask<A, CG>());
+        const vec<A> d = v - sh;
+        const vec<A> md = group_sum<A, CG>(d) / count;  // = over_count: CG is exact
+        const vec<A> e = d - md;
+        const vec<A> va = group_sum<A, CG>(e * e) / count;
+        const vec<A> rs = vrsqrt_eps<A>(va, aeps);
+        const vec<A> out = e * (rs * vload(w + j)) + vload(b + j);  // w, b: C + L values (padded)
+        if (nv == L) vstore(yi + j, out);
+        else vstore_n(yi + j, out, nv);
+        if (mean != nullptr) {
+          const int64_t g0 = (i * c + j) / CG;
+          for (int64_t k = 0; k < nv / CG; ++k) {
+            A m = sh[k * CG] + md[k * CG];
+            if (m != m) m = torch_mean(m, inf_mask(xi + j + k * CG, 1, 0, CG));
+            mean[g0 + k] = m;
+            var[g0 + k] = va[k * CG];
+            rstd[g0 + k] = rs[k * CG];
+          }
+        }
+      }
+    }
+  });
+}
+
+typedef float fhalf __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));  // half a vector of float
+
+// t2 = rstd * sg / CG and t3 = (sgx * rstd) / CG * rstd^2 in float64, rounded once to A (bwd_nhwc's
+// formula), lane by lane: a float vector as two float64 vectors.
+template <class A, int CG>
+inline void terms23(vec<A> sg, vec<A> sgxr, vec<A> vr, vec<A> vr2, vec<A>& t2, vec<A>& t3) {
+  if constexpr (std::is_same_v<A, double>) {
+    t2 = sg / double(CG) * vr;
+    t3 = sgxr / double(CG) * vr2;
+  } else {
+    vec<float>* outs[2] = {&t2, &t3};
+    const vec<float> a[2] = {sg, sgxr}, m[2] = {vr, vr2};
+    for (int o = 0; o < 2; ++o) {
+      fhalf lo_a, hi_a, lo_m, hi_m;
+      std::memcpy(&lo_a, &a[o], sizeof lo_a);
+      std::memcpy(&hi_a, reinterpret_cast<const char*>(&a[o]) + sizeof lo_a, sizeof hi_a);
+      std::memcpy(&lo_m, &m[o], sizeof lo_m);
+      std::memcpy(&hi_m, reinterpret_cast<const char*>(&m[o]) + sizeof lo_m, sizeof hi_m);
+      const vec<double> lo = __builtin_convertvector(lo_a, vec<double>) / double(CG) *
+                             __builtin_convertvector(lo_m, vec<double>);
+      const vec<double> hi = __builtin_convertvector(hi_a, vec<double>) / double(CG) *
+                             __builtin_convertvector(hi_m, vec<double>);
+      const fhalf rlo = __builtin_convertvector(lo, fhalf), rhi = __builtin_convertvector(hi, fhalf);
+      std::memcpy(outs[o], &rlo, sizeof rlo);
+      std::memcpy(reinterpret_cast<char*>(outs[o]) + sizeof rlo, &rhi, sizeof rhi);
+    }
+  }
+}
+
+// dy, x, dx (N, C); w (C + L, padded); mean, rstd (N*G,); dw, db (C,) out. docs/derivations/group_norm.md,
+// "The input" and "The parameters" (the terms as bwd_nhwc writes them):
+//   dx = dy * (rstd * w) - (x - mean) * t3 - t2,  t2 = rstd * mean_grp(dy * w),
+//   t3 = rstd^3 * mean_grp(dy * w * (x - mean)) -- t2, t3 in float64 from the group sums, as bwd_nhwc;
+//   dw/db partials per run of kRun samples: tw[c] += dy * (x - mean) * rstd, tb[c] += dy, in sample order.
+template <class S, int CG>
+void bwd_s1(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+            acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t spc, int64_t run) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t n_stats = n * (c / CG);
+  for_chunks(n, spc, 2 * c, [&](int64_t, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      A* tw = pw + (i / run) * c;
+      A* tb = pb + (i / run) * c;
+      const S* xi = x + i * c;
+      const S* dyi = dy + i * c;
+      for (int64_t j = 0; j < c; j += L) {
+        const int64_t nv = std::min<int64_t>(L, c - j), g0 = (i * c + j) / CG;
+        const bool full = nv == L;
+        // the vector's groups' statistics: a whole vector from g0 where the array holds one (lanes past
+        // nv / CG unused), else the nv / CG values alone
+        const bool whole = g0 + L <= n_stats;
+        const vec<A> vm = __builtin_shuffle(whole ? vload(mean + g0) : vload_n(mean + g0, nv / CG), group_mask<A, CG>());
+        const vec<A> vr = __builtin_shuffle(whole ? vload(rstd + g0) : vload_n(rstd + g0, nv / CG), group_mask<A, CG>());
+        const vec<A> g = full ? vload(dyi + j) : vload_n(dyi + j, nv);
+        const vec<A> xm = (full ? vload(xi + j) : vload_n(xi + j, nv)) - vm;
+        const vec<A> d = g * xm;
+        const vec<A> wv = vload(w + j);
+        if (full) {
+          vstore(tw + j, vload(tw + j) + d * vr);
+          vstore(tb + j, vload(tb + j) + g);
+        } else {
+          vstore_n(tw + j, vload_n(tw + j, nv) + d * vr, nv);
+          vstore_n(tb + j, vload_n(tb + j, nv) + g, nv);
+        }
+        if (dx == nullptr) continue;
+        const vec<A> sg = group_sum<A, CG>(wv * g), sgx = group_sum<A, CG>(wv * d);
+        vec<A> t2, t3;
+        terms23<A, CG>(sg, sgx * vr, vr, vr * vr, t2, t3);
+        const vec<A> out = (g * (vr * wv) - xm * t3) - t2;
+        if (full) vstore(dx + i * c + j, out);
+        else vstore_n(dx + i * c + j, out, nv);
+      }
+    }
+  });
+}
+
+template <class A> std::vector<A> padded(const A* p, int64_t c) {  // (C,) and L zeros: whole-vector loads
+  std::vector<A> out(c + lanes<A>, A(0));
+  std::copy(p, p + c, out.begin());
+  return out;
+}
+
+}  // namespace
+
+template <class S> bool s1_packed(int64_t c, int64_t g) {
+  const int64_t cg = c / g;
+  return cg >= 2 && cg <= vlanes<S> && (cg & (cg - 1)) == 0;
+}
+
+template <class S>
+void fwd_s1_packed(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
+                   acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, double eps) {
+  const auto wp = padded(w, c), bp = padded(b, c);
+  switch (c / g) {
+    case 2: fwd_s1<S, 2>(x, wp.data(), bp.data(), y, mean, var, rstd, n, c, eps); break;
+    case 4: fwd_s1<S, 4>(x, wp.data(), bp.data(), y, mean, var, rstd, n, c, eps); break;
+    case 8: fwd_s1<S, 8>(x, wp.data(), bp.data(), y, mean, var, rstd, n, c, eps); break;
+    case 16:
+      if constexpr (vlanes<S> >= 16) fwd_s1<S, 16>(x, wp.data(), bp.data(), y, mean, var, rstd, n, c, eps);
+      break;
+  }
+}
+
+template <class S>
+void bwd_s1_packed(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+                   acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t g, int64_t spc, int64_t run) {
+  const auto wp = padded(w, c);
+  switch (c / g) {
+    case 2: bwd_s1<S, 2>(dy, x, wp.data(), mean, rstd, dx, pw, pb, n, c, spc, run); break;
+    case 4: bwd_s1<S, 4>(dy, x, wp.data(), mean, rstd, dx, pw, pb, n, c, spc, run); break;
+    case 8: bwd_s1<S, 8>(dy, x, wp.data(), mean, rstd, dx, pw, pb, n, c, spc, run); break;
+    case 16:
+      if constexpr (vlanes<S> >= 16) bwd_s1<S, 16>(dy, x, wp.data(), mean, rstd, dx, pw, pb, n, c, spc, run);
+      break;
+  }
+}
+
+#define NORMLAB_GN_S1(S)                                                                                        \
+  template bool s1_packed<S>(int64_t, int64_t);                                                               \
+  template void fwd_s1_packed<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*,        \
+                                 acc_t<S>*, int64_t, int64_t, int64_t, double);                              \
+  template void bwd_s1_packed<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,   \
+                                 acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, int64_t);
+NORMLAB_GN_S1(float)
+NORMLAB_GN_S1(double)
+NORMLAB_GN_S1(bf16)
+NORMLAB_GN_S1(f16)
+#undef NORMLAB_GN_S1
+
+}  // namespace normlab::group_norm
