@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/group_norm_kernels.h"
@@ -84,7 +85,7 @@ void fwd_s1(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* me
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const A aeps = A(eps);
-  const vec<A> count = vset1<A>(A(CG));
+  const vec<A> inv = vset1<A>(A(1) / A(CG));  // / CG as * (1 / CG): a power of two, the same bits
   for_rows(n, c, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const S* xi = x + i * c;
@@ -94,9 +95,9 @@ void fwd_s1(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* me
         const vec<A> v = nv == L ? vload(xi + j) : vload_n(xi + j, nv);
         const vec<A> sh = __builtin_shuffle(v, first_mask<A, CG>());
         const vec<A> d = v - sh;
-        const vec<A> md = group_sum<A, CG>(d) / count;  // = over_count: CG is exact
+        const vec<A> md = group_sum<A, CG>(d) * inv;  // = over_count
         const vec<A> e = d - md;
-        const vec<A> va = group_sum<A, CG>(e * e) / count;
+        const vec<A> va = group_sum<A, CG>(e * e) * inv;
         const vec<A> rs = vrsqrt_eps<A>(va, aeps);
         const vec<A> out = e * (rs * vload(w + j)) + vload(b + j);  // w, b: C + L values (padded)
         if (nv == L) vstore(yi + j, out);
@@ -116,32 +117,40 @@ void fwd_s1(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* me
   });
 }
 
-typedef float fhalf __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));  // half a vector of float
+// Half a float vector (lanes 0 .. H-1 or H .. 2H-1) and back.
+template <size_t... I> inline auto half_lo(vec<float> v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, I...);
+}
+template <size_t... I> inline auto half_hi(vec<float> v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
+template <class H, size_t... I> inline vec<float> join(H lo, H hi, std::index_sequence<I...>) {
+  return __builtin_shufflevector(lo, hi, I...);
+}
 
 // t2 = rstd * sg / CG and t3 = (sgx * rstd) / CG * rstd^2 in float64, rounded once to A (bwd_nhwc's
-// formula), lane by lane: a float vector as two float64 vectors.
+// formula; / CG as * (1 / CG): a power of two, the same bits), lane by lane: a float vector as two
+// float64 vectors.
 template <class A, int CG>
 inline void terms23(vec<A> sg, vec<A> sgxr, vec<A> vr, vec<A> vr2, vec<A>& t2, vec<A>& t3) {
+  constexpr double inv = 1.0 / CG;
   if constexpr (std::is_same_v<A, double>) {
-    t2 = sg / double(CG) * vr;
-    t3 = sgxr / double(CG) * vr2;
+    t2 = sg * inv * vr;
+    t3 = sgxr * inv * vr2;
   } else {
-    vec<float>* outs[2] = {&t2, &t3};
-    const vec<float> a[2] = {sg, sgxr}, m[2] = {vr, vr2};
-    for (int o = 0; o < 2; ++o) {
-      fhalf lo_a, hi_a, lo_m, hi_m;
-      std::memcpy(&lo_a, &a[o], sizeof lo_a);
-      std::memcpy(&hi_a, reinterpret_cast<const char*>(&a[o]) + sizeof lo_a, sizeof hi_a);
-      std::memcpy(&lo_m, &m[o], sizeof lo_m);
-      std::memcpy(&hi_m, reinterpret_cast<const char*>(&m[o]) + sizeof lo_m, sizeof hi_m);
-      const vec<double> lo = __builtin_convertvector(lo_a, vec<double>) / double(CG) *
-                             __builtin_convertvector(lo_m, vec<double>);
-      const vec<double> hi = __builtin_convertvector(hi_a, vec<double>) / double(CG) *
-                             __builtin_convertvector(hi_m, vec<double>);
-      const fhalf rlo = __builtin_convertvector(lo, fhalf), rhi = __builtin_convertvector(hi, fhalf);
-      std::memcpy(outs[o], &rlo, sizeof rlo);
-      std::memcpy(reinterpret_cast<char*>(outs[o]) + sizeof rlo, &rhi, sizeof rhi);
-    }
+    constexpr size_t H = lanes<float> / 2;
+    using idx = std::make_index_sequence<H>;
+    auto f = [&](vec<float> a, vec<float> m) {
+      const vec<double> lo = __builtin_convertvector(half_lo(a, idx{}), vec<double>) * inv *
+                             __builtin_convertvector(half_lo(m, idx{}), vec<double>);
+      const vec<double> hi = __builtin_convertvector(half_hi(a, idx{}), vec<double>) * inv *
+                             __builtin_convertvector(half_hi(m, idx{}), vec<double>);
+      using half_t = decltype(half_lo(a, idx{}));
+      return join(__builtin_convertvector(lo, half_t), __builtin_convertvector(hi, half_t),
+                  std::make_index_sequence<2 * H>{});
+    };
+    t2 = f(sg, vr);
+    t3 = f(sgxr, vr2);
   }
 }
 
