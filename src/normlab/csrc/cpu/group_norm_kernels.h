@@ -47,9 +47,8 @@ template <class S>
 void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
               acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns);
 
-// S == 1 with small groups (group_norm_s1_kernels.cpp): whether Cg = C / G is a power of two, 2 <= Cg <=
-// a vector's lanes; then the forward of x (N, C) (statistics (N*G,) or null), and the backward
-// (dx may be null) with dw/db partials pw, pb (runs of `run` samples, C) added into (zeroed by the
+// S == 1 with small groups (group_norm_s1_kernels.cpp): whether 2 <= Cg = C / G <= a vector's lanes;
+// then the forward of x (N, C) (statistics (N*G,) or null), and the backward (dx may be null) with dw/db partials pw, pb (runs of `run` samples, C) added into (zeroed by the
 // caller), a task taking `spc` samples (a multiple of `run`) at a time.
 template <class S> bool s1_packed(int64_t c, int64_t g);
 template <class S>

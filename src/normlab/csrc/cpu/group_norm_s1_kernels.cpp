@@ -1,6 +1,6 @@
-// GroupNorm with S == 1 (e.g. a 2-D (N, C) input) and small groups: Cg a power of two, 2 <= Cg <= a
-// vector's lanes. Each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups;
-// every step runs on whole vectors (the algorithm of the Numba block kernels: a block of values
+// GroupNorm with S == 1 (e.g. a 2-D (N, C) input) and small groups, 2 <= Cg <= a vector's lanes. Cg a
+// power of two: packed, below; any other Cg: blocks of lanes groups read transposed (fwd_s1_odd).
+// Packed: each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups; every step runs on whole vectors (the algorithm of the Numba block kernels: a block of values
 // vectorised across channels, the groups' sums by pairwise halvings, each group's values spread to its
 // channels), here inside registers:
 //   group_sum   a butterfly: v += v with lanes swapped at distance 1, 2, ..., Cg / 2: every lane
@@ -208,16 +208,204 @@ template <class A> std::vector<A> padded(const A* p, int64_t c) {  // (C,) and L
   return out;
 }
 
+// ---- Cg not a power of two (3 <= Cg < lanes): a block of L = lanes groups (Cg vectors of values) at
+// a time, copied to float scratch and read back transposed (lane l: group l, one gather per channel
+// k of the group), so that every step runs on vectors of L groups; the sums run over k in order,
+// from zero, as the scalar loops of the row kernels (group_norm_kernels.cpp) and of bwd_nhwc: the
+// same bits as they give. The groups' values are spread back to the block's Cg value vectors by
+// one permute each (lane l of value vector q: group (q * L + l) / Cg). Groups past the last whole
+// block of a task: the scalar loops.
+
+template <class A> inline vec<A> vgather(const A* base, ivec<A> idx) {  // base[idx[l]] lane by lane
+#if defined(__AVX512F__) && NORMLAB_VEC_BYTES == 64
+  if constexpr (std::is_same_v<A, float>) return (vec<A>)_mm512_i32gather_ps((__m512i)idx, base, 4);
+#endif
+  vec<A> v;
+  for (int l = 0; l < int(lanes<A>); ++l) v[l] = base[idx[l]];
+  return v;
+}
+
+// The block's Cg value vectors widened to A in scratch (Cg * L values).
+template <class S> inline void to_scratch(const S* p, int64_t cg, acc_t<S>* buf) {
+  constexpr int64_t L = vlanes<S>;
+  for (int64_t q = 0; q < cg; ++q) vstore(buf + q * L, vload(p + q * L));
+}
+
+template <class A> struct Spread {  // the permutes of one Cg: lane l of value vector q -> group (q * L + l) / Cg
+  ivec<A> idx[lanes<A>], gat;
+  explicit Spread(int64_t cg) {
+    for (int64_t q = 0; q < cg; ++q)
+      for (int l = 0; l < int(lanes<A>); ++l) idx[q][l] = (q * lanes<A> + l) / cg;
+    for (int l = 0; l < int(lanes<A>); ++l) gat[l] = l * cg;
+  }
+};
+
+template <class A> std::vector<A> tiled(const A* p, int64_t c, int64_t extra) {  // p[k % C], C + extra values
+  std::vector<A> out(c + extra);
+  for (int64_t k = 0; k < c + extra; ++k) out[k] = p[k % c];
+  return out;
+}
+
+template <class S>
+void fwd_s1_odd(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var, acc_t<S>* rstd,
+                int64_t n, int64_t c, int64_t g, double eps) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t cg = c / g;
+  const A aeps = A(eps);
+  const Spread<A> sp(cg);
+  const auto wt = tiled(w, c, L * cg), bt = tiled(b, c, L * cg);
+  const vec<A> count = vset1<A>(A(cg));
+  for_rows(n, c, [&](int64_t i0, int64_t i1) {
+    alignas(64) A buf[L * L];
+    vec<A> v[L];
+    int64_t gb = i0 * g;
+    const int64_t ge = i1 * g;
+    for (; gb + L <= ge; gb += L) {
+      const int64_t j0 = gb * cg, jc = j0 % c;
+      to_scratch(x + j0, cg, buf);
+      for (int64_t k = 0; k < cg; ++k) v[k] = vgather<A>(buf + k, sp.gat);
+      const vec<A> sh = v[0];
+      vec<A> sum = vzero<A>();
+      for (int64_t k = 0; k < cg; ++k) sum += v[k] - sh;
+      const vec<A> md = sum / count;  // = over_count (for float: one rounding, Cg exact)
+      vec<A> sq = vzero<A>();
+      for (int64_t k = 0; k < cg; ++k) {
+        const vec<A> e = (v[k] - sh) - md;
+        sq += e * e;
+      }
+      const vec<A> va = sq / count;
+      const vec<A> rs = vrsqrt_eps<A>(va, aeps);
+      if (mean != nullptr) {
+        vstore(var + gb, va);
+        vstore(rstd + gb, rs);
+        vec<A> m = sh + md;
+        for (int l = 0; l < int(L); ++l)
+          if (m[l] != m[l]) m[l] = torch_mean(m[l], inf_mask(x + j0 + l * cg, 1, 0, cg));
+        vstore(mean + gb, m);
+      }
+      for (int64_t q = 0; q < cg; ++q) {
+        const vec<A> shq = __builtin_shuffle(sh, sp.idx[q]), mdq = __builtin_shuffle(md, sp.idx[q]);
+        const vec<A> rsq = __builtin_shuffle(rs, sp.idx[q]);
+        vstore(y + j0 + q * L,
+               ((vload(buf + q * L) - shq) - mdq) * (rsq * vload(wt.data() + jc + q * L)) + vload(bt.data() + jc + q * L));
+      }
+    }
+    for (; gb < ge; ++gb) {  // the last groups of the task, one at a time
+      const int64_t j0 = gb * cg, jc = j0 % c;
+      const S* xr = x + j0;
+      const A shift = to_acc(xr[0]);
+      A sum = A(0);
+      for (int64_t k = 0; k < cg; ++k) sum += to_acc(xr[k]) - shift;
+      const A md = over_count(sum, cg);
+      A sq = A(0);
+      for (int64_t k = 0; k < cg; ++k) {
+        const A e = (to_acc(xr[k]) - shift) - md;
+        sq += e * e;
+      }
+      const A va = over_count(sq, cg), rs = A(1) / std::sqrt(va + aeps);
+      if (mean != nullptr) {
+        A m = shift + md;
+        if (m != m) m = torch_mean(m, inf_mask(xr, 1, 0, cg));
+        mean[gb] = m;
+        var[gb] = va;
+        rstd[gb] = rs;
+      }
+      for (int64_t k = 0; k < cg; ++k)
+        y[j0 + k] = from_acc<S>(((to_acc(xr[k]) - shift) - md) * (rs * wt[jc + k]) + bt[jc + k]);
+    }
+  });
+}
+
+template <class S>
+void bwd_s1_odd(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+                acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t g, int64_t spc, int64_t run) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t cg = c / g;
+  const Spread<A> sp(cg);
+  const auto wt = tiled(w, c, L * cg);
+  for_chunks(n, spc, 2 * c, [&](int64_t, int64_t i0, int64_t i1) {
+    alignas(64) A bx[L * L], bg[L * L], bw[L * L];
+    int64_t gb = i0 * g;
+    const int64_t ge = i1 * g;
+    for (; gb + L <= ge; gb += L) {
+      const int64_t j0 = gb * cg, jc = j0 % c;
+      to_scratch(x + j0, cg, bx);
+      to_scratch(dy + j0, cg, bg);
+      for (int64_t q = 0; q < cg; ++q) vstore(bw + q * L, vload(wt.data() + jc + q * L));
+      const vec<A> m = vload(mean + gb), rs = vload(rstd + gb);
+      vec<A> sg = vzero<A>(), sgx = vzero<A>();
+      for (int64_t k = 0; k < cg; ++k) {
+        const vec<A> g0 = vgather<A>(bg + k, sp.gat), w0 = vgather<A>(bw + k, sp.gat);
+        sg += w0 * g0;
+        sgx += w0 * (g0 * (vgather<A>(bx + k, sp.gat) - m));
+      }
+      // t2 = rstd * sg / Cg, t3 = (sgx * rstd) / Cg * rstd^2 in float64 (bwd_nhwc's), lane by lane
+      alignas(64) A t2a[L], t3a[L];
+      for (int l = 0; l < int(L); ++l) {
+        t2a[l] = A(double(sg[l]) / double(cg) * double(rs[l]));
+        t3a[l] = A(double(sgx[l] * rs[l]) / double(cg) * double(rs[l] * rs[l]));
+      }
+      const vec<A> t2 = vload(t2a), t3 = vload(t3a);
+      for (int64_t q = 0; q < cg; ++q) {
+        const int64_t j = j0 + q * L;
+        const vec<A> mq = __builtin_shuffle(m, sp.idx[q]), rq = __builtin_shuffle(rs, sp.idx[q]);
+        const vec<A> gq = vload(bg + q * L), xq = vload(bx + q * L) - mq, wq = vload(bw + q * L);
+        const vec<A> d = gq * xq;
+        // dw/db partials of the run of each value's sample, channel by channel in sample order
+        const int64_t i = j / c, c0 = j - i * c;
+        if (c0 + L <= c) {
+          A* tw = pw + (i / run) * c + c0;
+          A* tb = pb + (i / run) * c + c0;
+          vstore(tw, vload(tw) + d * rq);
+          vstore(tb, vload(tb) + gq);
+        } else {  // the vector spans two samples
+          const vec<A> dr = d * rq;
+          for (int l = 0; l < int(L); ++l) {
+            const int64_t jl = j + l, il = jl / c, cl = jl - il * c;
+            pw[(il / run) * c + cl] += dr[l];
+            pb[(il / run) * c + cl] += gq[l];
+          }
+        }
+        if (dx == nullptr) continue;
+        const vec<A> t2q = __builtin_shuffle(t2, sp.idx[q]), t3q = __builtin_shuffle(t3, sp.idx[q]);
+        vstore(dx + j, (gq * (rq * wq) - xq * t3q) - t2q);
+      }
+    }
+    for (; gb < ge; ++gb) {  // the last groups of the task, one at a time (bwd_nhwc's scalar loop)
+      const int64_t j0 = gb * cg, i = j0 / c, c0 = j0 - i * c;
+      A* tw = pw + (i / run) * c;
+      A* tb = pb + (i / run) * c;
+      const A m = mean[gb], rs = rstd[gb];
+      A sg = A(0), sgx = A(0);
+      for (int64_t k = 0; k < cg; ++k) {
+        const A g0 = to_acc(dy[j0 + k]), d0 = g0 * (to_acc(x[j0 + k]) - m);
+        tw[c0 + k] += d0 * rs;
+        tb[c0 + k] += g0;
+        sg += w[c0 + k] * g0;
+        sgx += w[c0 + k] * d0;
+      }
+      if (dx == nullptr) continue;
+      const A t2 = A(double(sg) / double(cg) * double(rs));
+      const A t3 = A(double(sgx * rs) / double(cg) * double(rs * rs));
+      for (int64_t k = 0; k < cg; ++k)
+        dx[j0 + k] = from_acc<S>((to_acc(dy[j0 + k]) * (rs * w[c0 + k]) - (to_acc(x[j0 + k]) - m) * t3) - t2);
+    }
+  });
+}
+
 }  // namespace
 
 template <class S> bool s1_packed(int64_t c, int64_t g) {
   const int64_t cg = c / g;
-  return cg >= 2 && cg <= vlanes<S> && (cg & (cg - 1)) == 0;
+  return cg >= 2 && cg <= vlanes<S>;
 }
 
 template <class S>
 void fwd_s1_packed(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
                    acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, double eps) {
+  if ((c / g) & (c / g - 1)) return fwd_s1_odd<S>(x, w, b, y, mean, var, rstd, n, c, g, eps);
   const auto wp = padded(w, c), bp = padded(b, c);
   switch (c / g) {
     case 2: fwd_s1<S, 2>(x, wp.data(), bp.data(), y, mean, var, rstd, n, c, eps); break;
@@ -232,6 +420,7 @@ void fwd_s1_packed(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
 template <class S>
 void bwd_s1_packed(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
                    acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t g, int64_t spc, int64_t run) {
+  if ((c / g) & (c / g - 1)) return bwd_s1_odd<S>(dy, x, w, mean, rstd, dx, pw, pb, n, c, g, spc, run);
   const auto wp = padded(w, c);
   switch (c / g) {
     case 2: bwd_s1<S, 2>(dy, x, wp.data(), mean, rstd, dx, pw, pb, n, c, spc, run); break;
