@@ -1,8 +1,9 @@
 // GroupNorm with S == 1 (e.g. a 2-D (N, C) input) and small groups, 2 <= Cg <= a vector's lanes. Cg a
 // power of two: packed, below; any other Cg: blocks of lanes groups read transposed (fwd_s1_odd).
-// Packed: each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups; every step runs on whole vectors (the algorithm of the Numba block kernels: a block of values
-// vectorised across channels, the groups' sums by pairwise halvings, each group's values spread to its
-// channels), here inside registers:
+// Packed: each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups; every step
+// runs on whole vectors (the algorithm of the Numba block kernels: a block of values vectorised across
+// channels, the groups' sums by pairwise halvings, each group's values spread to its channels), here
+// inside registers:
 //   group_sum   a butterfly: v += v with lanes swapped at distance 1, 2, ..., Cg / 2: every lane
 //               ends with its group's sum, a pairwise tree (additions commute: the lanes of a group
 //               hold the same bits);
@@ -177,8 +178,10 @@ void bwd_s1(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, co
         // the vector's groups' statistics: a whole vector from g0 where the array holds one (lanes past
         // nv / CG unused), else the nv / CG values alone
         const bool whole = g0 + L <= n_stats;
-        const vec<A> vm = __builtin_shuffle(whole ? vload(mean + g0) : vload_n(mean + g0, nv / CG), group_mask<A, CG>());
-        const vec<A> vr = __builtin_shuffle(whole ? vload(rstd + g0) : vload_n(rstd + g0, nv / CG), group_mask<A, CG>());
+        const vec<A> vm =
+            __builtin_shuffle(whole ? vload(mean + g0) : vload_n(mean + g0, nv / CG), group_mask<A, CG>());
+        const vec<A> vr =
+            __builtin_shuffle(whole ? vload(rstd + g0) : vload_n(rstd + g0, nv / CG), group_mask<A, CG>());
         const vec<A> g = full ? vload(dyi + j) : vload_n(dyi + j, nv);
         const vec<A> xm = (full ? vload(xi + j) : vload_n(xi + j, nv)) - vm;
         const vec<A> d = g * xm;
@@ -287,8 +290,8 @@ void fwd_s1_odd(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>
       for (int64_t q = 0; q < cg; ++q) {
         const vec<A> shq = __builtin_shuffle(sh, sp.idx[q]), mdq = __builtin_shuffle(md, sp.idx[q]);
         const vec<A> rsq = __builtin_shuffle(rs, sp.idx[q]);
-        vstore(y + j0 + q * L,
-               ((vload(buf + q * L) - shq) - mdq) * (rsq * vload(wt.data() + jc + q * L)) + vload(bt.data() + jc + q * L));
+        const vec<A> wq = vload(wt.data() + jc + q * L), bq = vload(bt.data() + jc + q * L);
+        vstore(y + j0 + q * L, ((vload(buf + q * L) - shq) - mdq) * (rsq * wq) + bq);
       }
     }
     for (; gb < ge; ++gb) {  // the last groups of the task, one at a time
