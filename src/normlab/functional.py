@@ -487,6 +487,10 @@ def group_norm(
     >>> NF.group_norm(torch.tensor([[1.0, 3.0, 10.0, 30.0]]), 2)
     tensor([[-1.0000,  1.0000, -1.0000,  1.0000]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        y = _C.group_norm_fast(input, num_groups, weight, bias, eps)
+        if y is not None:
+            return y
     fn = "group_norm"
     if not (
         isinstance(input, torch.Tensor)
@@ -546,6 +550,10 @@ def instance_norm(
     >>> NF.instance_norm(torch.tensor([[[1.0, 2.0, 3.0]]]))
     tensor([[[-1.2247,  0.0000,  1.2247]]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        y = _C.instance_norm_fast(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+        if y is not None:
+            return y
     fn = "instance_norm"
     if not (
         isinstance(input, torch.Tensor)
