@@ -31,8 +31,13 @@ std::optional<at::Tensor> rms_norm_fast(const at::Tensor& x, at::IntArrayRef nor
                                         const std::optional<at::Tensor>& weight, std::optional<double> eps);
 
 inline void bind_layer_norm(pybind11::module_& m) {
-  m.def("layer_norm_fast", &layer_norm_fast, "LayerNorm of arguments the checks accept, else None");
-  m.def("rms_norm_fast", &rms_norm_fast, "RMSNorm (torch's casting) of arguments the checks accept, else None");
+  // eps not converted: an int or a bool is declined (TypeError), and Python's checks word it
+  m.def("layer_norm_fast", &layer_norm_fast, "LayerNorm of arguments the checks accept, else None",
+        pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("eps").noconvert());
+  m.def("rms_norm_fast", &rms_norm_fast, "RMSNorm (torch's casting) of arguments the checks accept, else None",
+        pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("weight"),
+        pybind11::arg("eps").noconvert());
   m.def("row_norm", &row_norm, "LayerNorm / RMSNorm (and the fused residual add) -> (y, h, mean, rstd)",
         pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("residual"), pybind11::arg("weight"),
         pybind11::arg("bias"), pybind11::arg("eps"), pybind11::arg("center"), pybind11::arg("offset"),
