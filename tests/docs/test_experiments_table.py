@@ -43,7 +43,7 @@ def _page_table() -> dict[tuple[str, float], str]:
 
 
 def test_stability_table_is_the_committed_store_under_the_failed_to_train_rule():
-    con = sqlite3.connect(f"file:{STORE}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{STORE}?mode=ro&immutable=1", uri=True)
     rows = con.execute("SELECT config, seed, epochs, final FROM runs WHERE experiment = 'stability'").fetchall()
     con.close()
     assert len(rows) == 250
