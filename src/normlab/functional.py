@@ -267,6 +267,13 @@ def add_layer_norm(
     >>> torch.equal(h, x + r), torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
     (True, True)
     """
+    if _C is not None and _eager_cpu():
+        try:
+            yh = _C.add_norm_fast(x, residual, normalized_shape, weight, bias, eps, True)
+        except TypeError:
+            yh = None
+        if yh is not None:
+            return yh
     fn = "add_layer_norm"
     shape = normalized_shape
     if not (_rows_fit(x, shape, eps, weight, bias) and _residual_fits(x, residual)):
@@ -308,6 +315,13 @@ def add_rms_norm(
     >>> torch.allclose(y, torch.nn.functional.rms_norm(x + r, (6,), eps=1e-6), atol=1e-6)
     True
     """
+    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+        try:
+            yh = _C.add_norm_fast(x, residual, normalized_shape, weight, None, eps, False)
+        except TypeError:
+            yh = None
+        if yh is not None:
+            return yh
     fn = "add_rms_norm"
     shape = normalized_shape
     cast_x_hat, offset = rms_variant(fn, casting, offset, weight)
