@@ -27,6 +27,10 @@ from .functional import (
 from .ops.batch_norm import ghost as _ghost
 from .ops.batch_norm import renorm as _renorm
 from .ops.batch_norm.reference import _memory_format
+from .ops import extension as _extension
+
+_C = _extension.load()
+_eager_cpu = _backend.eager_cpu
 
 __all__ = ["layer_norm2d", "batch_renorm", "ghost_batch_norm"]
 
@@ -61,6 +65,13 @@ def layer_norm2d(
     >>> torch.allclose(NF.layer_norm2d(x), ref, atol=1e-6)
     True
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        try:
+            y = _C.layer_norm2d_fast(input, weight, bias, eps)
+        except TypeError:  # an argument of a type it does not take: the checks below say what
+            y = None
+        if y is not None:
+            return y
     fn = "layer_norm2d"
     if not (  # the fast test first: a few attribute reads, then the checks that raise
         isinstance(input, torch.Tensor)

@@ -269,6 +269,13 @@ def add_layer_norm(
     >>> torch.equal(h, x + r), torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
     (True, True)
     """
+    if _C is not None and _eager_cpu():
+        try:
+            yh = _C.add_norm_fast(x, residual, normalized_shape, weight, bias, eps, True)
+        except TypeError:
+            yh = None
+        if yh is not None:
+            return yh
     fn = "add_layer_norm"
     shape = normalized_shape
     if not (_rows_fit(x, shape, eps, weight, bias) and _residual_fits(x, residual)):
@@ -310,6 +317,13 @@ def add_rms_norm(
     >>> torch.allclose(y, torch.nn.functional.rms_norm(x + r, (6,), eps=1e-6), atol=1e-6)
     True
     """
+    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+        try:
+            yh = _C.add_norm_fast(x, residual, normalized_shape, weight, None, eps, False)
+        except TypeError:
+            yh = None
+        if yh is not None:
+            return yh
     fn = "add_rms_norm"
     shape = normalized_shape
     cast_x_hat, offset = rms_variant(fn, casting, offset, weight)
@@ -496,6 +510,10 @@ def group_norm(
     >>> NF.group_norm(torch.tensor([[1.0, 3.0, 10.0, 30.0]]), 2)
     tensor([[-1.0000,  1.0000, -1.0000,  1.0000]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        y = _C.group_norm_fast(input, num_groups, weight, bias, eps)
+        if y is not None:
+            return y
     fn = "group_norm"
     if not (
         isinstance(input, torch.Tensor)
@@ -555,6 +573,10 @@ def instance_norm(
     >>> NF.instance_norm(torch.tensor([[[1.0, 2.0, 3.0]]]))
     tensor([[[-1.2247,  0.0000,  1.2247]]])
     """
+    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        y = _C.instance_norm_fast(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+        if y is not None:
+            return y
     fn = "instance_norm"
     if not (
         isinstance(input, torch.Tensor)

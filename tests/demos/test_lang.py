@@ -5,22 +5,27 @@ The numbers checked in the Indonesian printouts are the chapters' printed output
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from normlab.demos import _lang, batchnorm, layernorm, shapes
+from normlab.demos import _lang, batchnorm, compare, layernorm, shapes
 
-DEMOS = {"layernorm": layernorm, "batchnorm": batchnorm, "shapes": shapes}
+DEMOS = {"layernorm": layernorm, "batchnorm": batchnorm, "shapes": shapes, "compare": compare}
 # a line of numbers each chapter prints, and Indonesian words the explanation must use
 PRINTED = {
     "layernorm": ["[1.135, 1.666, 0.215, -3.637, 0.277, -1.038]", "[-0.879, 0.704, -0.857, 0.443, 0.878, -0.157]"],
     "batchnorm": ["[-1.3416, -1.3416, -1.3416]", "[0.4, 0.5, 0.6]", "[1.567, 1.567, 1.567]"],
     "shapes": ["torch.Size([32, 10, 512])", "torch.Size([512])"],
+    # torch's own refusal of a one-sample batch in train mode, and (6,) weight and bias of a 6-feature layer
+    "compare": ["Expected more than 1 value per channel when training, got input size torch.Size([1, 6])",
+                "weight [6], bias [6]"],
 }
 WORDS = {"layernorm": ["sampel", "sendirian", "keluaran"], "batchnorm": ["mode eval", "variansi", "sendirian"],
-         "shapes": ["Bentuk", "ukuran batch"]}
+         "shapes": ["Bentuk", "ukuran batch"],
+         "compare": ["sumbu statistik", "teman satu batch", "ukuran batch 1", "tidak (ValueError)", "tanpa buffer"]}
 
 
 def _numbers(result: dict) -> dict:
@@ -65,3 +70,36 @@ def test_cli_lang(args, rc):
         assert "Traceback" not in p.stderr and "--lang" in p.stderr
     with pytest.raises(ValueError, match="--lang"):
         batchnorm.run(lang="fr")
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def test_compare_indonesian_printout_has_the_english_numbers_in_the_same_places():
+    en, id_ = (compare.render(compare.run(lang=lang)).splitlines() for lang in ("en", "id"))
+    assert [NUMBER.findall(line) for line in en] == [NUMBER.findall(line) for line in id_]
+    assert "yes" in " ".join(en) and not re.search(r"\b(yes|no)\b", "\n".join(id_))
+
+
+def test_compare_differences_from_torch_are_explained_in_indonesian():
+    r = compare.run(lang="id")
+    r = {**r, "same_as_torch": False,
+         "differences": [{"layer": "LayerNorm", "row": "depends_eval", "normlab": "yes", "torch": "no"}]}
+    text = compare.render(r)
+    assert "torch.nn berbeda:" in text
+    assert "LayerNorm / output bergantung pada teman satu batch (eval): normlab 'ya', torch.nn 'tidak'" in text
+
+
+@pytest.mark.parametrize("args,rc", [(["--lang", "id"], 0), (["--lang", "en"], 0), (["--lang", "xx"], 2)])
+def test_compare_cli_lang(args, rc):
+    p = subprocess.run([sys.executable, "-m", "normlab", "compare", *args], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == rc, p.stderr
+    if rc == 0:
+        assert "torch.Size([1, 6])" in p.stdout and "weight [6], bias [6]" in p.stdout
+        assert ("diukur pada input (8, 6)" in p.stdout) == (args[1] == "id")
+        assert ("measured on an (8, 6) input" in p.stdout) == (args[1] == "en")
+    else:
+        assert "Traceback" not in p.stderr and "--lang" in p.stderr
+    with pytest.raises(ValueError, match="normlab compare: expected --lang"):
+        compare.run(lang="fr")

@@ -134,9 +134,12 @@ def _cells():
     norms, lrs = ["none", "batch"], [0.1, 2.0, 4.0]
     acc = {("none", 0.1): 0.84, ("none", 2.0): 0.57, ("none", 4.0): 0.6,
            ("batch", 0.1): 0.87, ("batch", 2.0): 0.88, ("batch", 4.0): 0.83}
-    div = {("none", 2.0): 0.75, ("none", 4.0): 1.0, ("batch", 4.0): 0.5}
+    failed = {("none", 2.0): 0.75, ("none", 4.0): 1.0, ("batch", 4.0): 0.5}
+    # the old rule's share, deliberately different: the figure must not draw it
+    diverged = {("none", 0.1): 0.25, ("none", 4.0): 0.5}
     cells = [{"norm": n, "lr": lr, "runs": 4, "acc_mean": acc[n, lr], "acc_std": 0.01,
-              "diverged": div.get((n, lr), 0.0), "seeds": [1, 2, 3, 4]} for n in norms for lr in lrs]
+              "failed": failed.get((n, lr), 0.0), "diverged": diverged.get((n, lr), 0.0),
+              "seeds": [1, 2, 3, 4]} for n in norms for lr in lrs]
     return {"norms": norms, "labels": {"none": "no norm", "batch": "BatchNorm1d"}, "lrs": lrs,
             "seeds": [1, 2, 3, 4], "epochs": 30, "cells": cells}
 
@@ -147,11 +150,46 @@ def test_stability_map_puts_each_cell_in_its_place(tmp_path):
     ax = fig.axes[0]
     shown = np.asarray(ax.images[0].get_array())
     np.testing.assert_allclose(shown, [[0.84, 0.57, 0.6], [0.87, 0.88, 0.83]])
-    hatched = [p for p in ax.patches if p.get_hatch()]
-    assert len(hatched) == 3                        # the three cells where some seed diverged
+    hatched = sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in ax.patches if p.get_hatch())
+    assert hatched == [(1, 0), (2, 0), (2, 1)]      # (lr index, norm index) of the cells where some seed failed
     texts = [t.get_text() for t in ax.texts]
-    assert "0.57 ± 0.01\ndiverged 75%" in texts
+    assert "0.57 ± 0.01\nfailed 75%" in texts
+    assert "0.84 ± 0.01\nfailed 0%" in texts       # diverged 25% by the old rule: not drawn
+    assert not any("diverged" in t for t in texts)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["no norm", "BatchNorm1d"]
+    legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "failed to train" in legend and "diverged" not in legend and "10x" not in legend
+    assert "0.558" in legend                          # 0.5 + 2 * sqrt(0.25 / 300), the chance limit
+
+
+def _record(norm, lr, seed, train_loss, eval_loss, eval_acc):
+    return {"config": {"norm": norm, "lr": lr}, "seed": seed, "epochs": {"train_loss": train_loss},
+            "final": {"eval_loss": eval_loss, "eval_acc": eval_acc, "train_loss": train_loss[-1],
+                      "diverged": False}}
+
+
+def test_stability_map_marks_runs_that_failed_to_train_from_stored_runs(tmp_path):
+    """Stored runs whose fate is known by hand (issue 27's LayerNorm seed 124: chance accuracy,
+    last loss 3x the first, not 10x: 'not diverged' by the old rule, failed to train by the new)."""
+    from normlab.experiments import stability
+
+    runs = [_record("layer", 2.0, 123, [0.71, 0.5, 0.3], 0.3, 0.90),              # trained
+            _record("layer", 2.0, 124, [0.71, 3.0, 2.08], 11.6, 0.50),            # chance: failed
+            _record("layer", 0.1, 123, [0.70, 0.6, 0.4], 0.4, 0.86),              # trained
+            _record("layer", 0.1, 124, [0.70, 0.6, 0.4], 0.4, 0.5 + 2 * math.sqrt(0.25 / 300) + 1e-3),
+            _record("batch", 2.0, 123, [0.60, 0.9, 0.61], 0.5, 0.80),             # last loss above first: failed
+            _record("batch", 2.0, 124, [0.60, float("nan"), 0.5], 0.5, 0.80),     # NaN: failed
+            _record("batch", 0.1, 123, [0.60, 0.5, 0.4], 0.4, 0.87),
+            _record("batch", 0.1, 124, [0.60, 0.5, 0.4], 0.4, 0.5 + 2 * math.sqrt(0.25 / 300))]  # at the limit: failed
+    norms, lrs = ["layer", "batch"], [0.1, 2.0]
+    data = {"norms": norms, "labels": {"layer": "LayerNorm", "batch": "BatchNorm1d"}, "lrs": lrs,
+            "seeds": [123, 124], "epochs": 3, "cells": stability.summarize(runs, norms, lrs)}
+    acc, failed = stability_map.grid(data)
+    np.testing.assert_allclose(failed, [[0.0, 0.5], [0.5, 1.0]])
+    fig = stability_map.draw(data, tmp_path / "s.png")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "0.70 ± 0.28\nfailed 50%" in texts      # LayerNorm at lr 2: (0.9 + 0.5) / 2, sample std sqrt(0.08) over 2 seeds
+    assert "0.80 ± 0.00\nfailed 100%" in texts
 
 
 # --- every figure: readable at a glance ----------------------------------------------------------

@@ -30,9 +30,24 @@ std::optional<at::Tensor> layer_norm_fast(const at::Tensor& x, at::IntArrayRef n
 std::optional<at::Tensor> rms_norm_fast(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                         const std::optional<at::Tensor>& weight, std::optional<double> eps);
 
+// add_layer_norm (center) / add_rms_norm (torch's casting) for arguments the checks accept without
+// a word, the residual of x's shape, dtype and device: (y, h = x + residual). Else None.
+std::optional<std::tuple<at::Tensor, at::Tensor>> add_norm_fast(
+    const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, std::optional<double> eps,
+    bool center);
+
 inline void bind_layer_norm(pybind11::module_& m) {
-  m.def("layer_norm_fast", &layer_norm_fast, "LayerNorm of arguments the checks accept, else None");
-  m.def("rms_norm_fast", &rms_norm_fast, "RMSNorm (torch's casting) of arguments the checks accept, else None");
+  m.def("add_norm_fast", &add_norm_fast, "add_layer_norm / add_rms_norm of arguments the checks accept, else None",
+        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("normalized_shape"), pybind11::arg("weight"),
+        pybind11::arg("bias"), pybind11::arg("eps").noconvert(), pybind11::arg("center"));
+  // eps not converted: an int or a bool is declined (TypeError), and Python's checks word it
+  m.def("layer_norm_fast", &layer_norm_fast, "LayerNorm of arguments the checks accept, else None",
+        pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("eps").noconvert());
+  m.def("rms_norm_fast", &rms_norm_fast, "RMSNorm (torch's casting) of arguments the checks accept, else None",
+        pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("weight"),
+        pybind11::arg("eps").noconvert());
   m.def("row_norm", &row_norm, "LayerNorm / RMSNorm (and the fused residual add) -> (y, h, mean, rstd)",
         pybind11::arg("x"), pybind11::arg("normalized_shape"), pybind11::arg("residual"), pybind11::arg("weight"),
         pybind11::arg("bias"), pybind11::arg("eps"), pybind11::arg("center"), pybind11::arg("offset"),

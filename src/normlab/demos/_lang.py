@@ -77,6 +77,34 @@ ID = {
     "  max abs difference": "  selisih mutlak maksimum",
     "normlab vs torch.nn on the whole batch: allclose(atol=1e-6) {ok}, max abs difference {diff}":
         "normlab vs torch.nn pada seluruh batch: allclose(atol=1e-6) {ok}, selisih mutlak maksimum {diff}",
+    # compare
+    "BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input":
+        "BatchNorm1d vs LayerNorm, diukur pada input ({n}, {d})",
+    "statistics axis (mean 0, var 1)": "sumbu statistik (rata-rata 0, variansi 1)",
+    "output depends on batch mates (train)": "output bergantung pada teman satu batch (train)",
+    "output depends on batch mates (eval)": "output bergantung pada teman satu batch (eval)",
+    "works at batch size 1 (train)": "berjalan pada ukuran batch 1 (train)",
+    "works at batch size 1 (eval)": "berjalan pada ukuran batch 1 (eval)",
+    "keeps running statistics": "menyimpan statistik berjalan",
+    "parameter shapes": "bentuk parameter", "typical use": "penggunaan umum",
+    "dim 0 (per feature, over batch)": "dim 0 (per fitur, sepanjang batch)",
+    "dim 1 (per sample, over features)": "dim 1 (per sampel, sepanjang fitur)",
+    "neither axis": "bukan keduanya",
+    "yes": "ya", "no": "tidak", "no ({error})": "tidak ({error})", "yes: {names}": "ya: {names}",
+    "no buffers": "tanpa buffer", "buffers, not updated": "ada buffer, tidak diperbarui", "none": "tidak ada",
+    "CNNs, batches of tens-hundreds": "CNN, batch berisi puluhan-ratusan sampel",
+    "transformers, RNNs (sequences)": "transformer, RNN (sekuens)",
+    "  {layer}: largest change of one sample's output when its batch mates are replaced: "
+    "train {train}, eval {eval}":
+        "  {layer}: perubahan terbesar output satu sampel ketika teman satu batch-nya diganti: "
+        "train {train}, eval {eval}",
+    "  {layer} at batch size 1 in {mode} mode raised {error}":
+        "  {layer} pada ukuran batch 1 dalam mode {mode} memunculkan {error}",
+    "torch.nn.BatchNorm1d and torch.nn.LayerNorm, probed the same way, give every cell the same.":
+        "torch.nn.BatchNorm1d dan torch.nn.LayerNorm, diuji dengan cara yang sama, memberi isi yang sama "
+        "di setiap sel.",
+    "torch.nn differs:": "torch.nn berbeda:",
+    "  {layer} / {row}: normlab {ours}, torch.nn {theirs}": "  {layer} / {row}: normlab {ours}, torch.nn {theirs}",
 }
 
 
@@ -85,9 +113,9 @@ def say(lang: str, text: str, **fields) -> str:
     return (ID[text] if lang == "id" else text).format(**fields)
 
 
-def check_lang(lang: str) -> str:
+def check_lang(lang: str, command: str = "normlab demo") -> str:
     if lang not in LANGS:
-        raise ValueError(f"normlab demo: expected --lang from {', '.join(LANGS)}, got {lang!r}")
+        raise ValueError(f"{command}: expected --lang from {', '.join(LANGS)}, got {lang!r}")
     return lang
 
 

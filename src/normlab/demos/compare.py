@@ -15,6 +15,7 @@ Source: the closing "BatchNorm vs LayerNorm" section of the LayerNorm chapter
 - typical use: text, from the chapter.
 
 The same probes run on ``torch.nn``'s layers; the report says whether every cell agrees.
+``--lang id`` explains in Bahasa Indonesia (``_lang``); ``run``'s results do not change.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from .. import nn as nl
 from . import source_label
+from ._lang import add_lang_argument, check_lang, say
 from ._report import table, yes_no
 
 CHAPTER = source_label("layernorm", "closing comparison")
@@ -42,6 +44,10 @@ ROWS = (
     ("params", "parameter shapes"),
     ("typical_use", "typical use"),
 )
+
+
+def add_arguments(parser) -> None:
+    add_lang_argument(parser)
 
 
 def _make(impl: str, layer: str, d: int) -> torch.nn.Module:
@@ -128,12 +134,14 @@ def _cells(p: dict, layer: str) -> dict:
 
 
 @torch.no_grad()
-def run(seed: int = 0, n_samples: int = 8, n_features: int = 6) -> dict:
-    """Probe normlab's and torch.nn's BatchNorm1d and LayerNorm on an ``(n_samples, n_features)`` input."""
+def run(seed: int = 0, n_samples: int = 8, n_features: int = 6, lang: str = "en") -> dict:
+    """Probe normlab's and torch.nn's BatchNorm1d and LayerNorm on an ``(n_samples, n_features)`` input
+    (``lang``: the language ``render`` explains in, ``en`` or ``id``)."""
+    check_lang(lang, "normlab compare")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n_samples, n_features, generator=g) * 3.0 + 5.0
     other_mates = torch.randn(3, n_features, generator=g) * 10.0
-    res = {"chapter": CHAPTER, "seed": seed, "input_shape": [n_samples, n_features]}
+    res = {"chapter": CHAPTER, "seed": seed, "input_shape": [n_samples, n_features], "lang": lang}
     cells = {}
     for impl in IMPLS:
         res[impl] = {layer: _probe(impl, layer, x, other_mates) for layer in LAYERS}
@@ -143,32 +151,57 @@ def run(seed: int = 0, n_samples: int = 8, n_features: int = 6) -> dict:
         f"{layer} / {key}: normlab {cells['normlab'][layer][key]!r}, torch.nn {cells['torch'][layer][key]!r}"
         for layer in LAYERS for key, _ in ROWS if cells["normlab"][layer][key] != cells["torch"][layer][key]
     ]
+    res["differences"] = [
+        {"layer": layer, "row": key, "normlab": cells["normlab"][layer][key], "torch": cells["torch"][layer][key]}
+        for layer in LAYERS for key, _ in ROWS if cells["normlab"][layer][key] != cells["torch"][layer][key]
+    ]
     res["same_as_torch"] = not res["differences_from_torch"]
     return res
 
 
+def _cell(lang: str, key: str, text: str) -> str:
+    """One table cell (as ``_cells`` wrote it in English) in ``lang``; names of code stay."""
+    if lang == "en" or key == "params" and text != "none":
+        return text
+    if text.startswith("no (") and text.endswith(")"):
+        return say(lang, "no ({error})", error=text[4:-1])
+    if text.startswith("yes: "):
+        return say(lang, "yes: {names}", names=text[5:])
+    return say(lang, text)
+
+
 def render(r: dict) -> str:
+    lang = r.get("lang", "en")
+
+    def t(text: str, **fields) -> str:
+        return say(lang, text, **fields)
+
     n, d = r["input_shape"]
     lines = [
-        f"BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input",
-        f"source: {r['chapter']}",
+        t("BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input", n=n, d=d),
+        t("source: {chapter}", chapter=r["chapter"]),
         "",
-        table([[label, *(r["table"][key][layer] for layer in LAYERS)] for key, label in ROWS],
+        table([[t(label), *(_cell(lang, key, r["table"][key][layer]) for layer in LAYERS)] for key, label in ROWS],
               header=["", "normlab.nn.BatchNorm1d", "normlab.nn.LayerNorm"]),
         "",
     ]
     for layer in LAYERS:
         p = r["normlab"][layer]
-        lines.append(f"  {layer}: largest change of one sample's output when its batch mates are replaced: "
-                     f"train {p['max_change_train']:.3g}, eval {p['max_change_eval']:.3g}")
+        lines.append(t("  {layer}: largest change of one sample's output when its batch mates are replaced: "
+                       "train {train}, eval {eval}", layer=layer, train=f"{p['max_change_train']:.3g}",
+                       eval=f"{p['max_change_eval']:.3g}"))
         for mode in ("train", "eval"):
             err = p[f"batch_size_1_{mode}"]["error"]
             if err:
-                lines.append(f"  {layer} at batch size 1 in {mode} mode raised {err}")
+                lines.append(t("  {layer} at batch size 1 in {mode} mode raised {error}", layer=layer, mode=mode,
+                               error=err))
     lines.append("")
     if r["same_as_torch"]:
-        lines.append("torch.nn.BatchNorm1d and torch.nn.LayerNorm, probed the same way, give every cell the same.")
+        lines.append(t("torch.nn.BatchNorm1d and torch.nn.LayerNorm, probed the same way, give every cell the same."))
     else:
-        lines.append("torch.nn differs:")
-        lines += [f"  {x}" for x in r["differences_from_torch"]]
+        lines.append(t("torch.nn differs:"))
+        rows = dict(ROWS)
+        lines += [t("  {layer} / {row}: normlab {ours}, torch.nn {theirs}", layer=x["layer"],
+                    row=t(rows[x["row"]]), ours=repr(_cell(lang, x["row"], x["normlab"])),
+                    theirs=repr(_cell(lang, x["row"], x["torch"]))) for x in r.get("differences", [])]
     return "\n".join(lines)

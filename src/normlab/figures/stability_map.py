@@ -4,8 +4,10 @@ The cells come from ``normlab experiment stability`` (``experiments.stability.ru
 chapter's MLP with each norm at each learning rate over several weight seeds, read back
 from a store. By default the quick study (5 norms x lr 0.1, 1, 2, 4 x 4 seeds, a few
 seconds) runs into the store first; runs already there are not trained again.
-Colour: mean final eval accuracy; text: mean ± std and the share of seeds that diverged;
-hatched: at least one seed diverged.
+Colour: mean final eval accuracy; text: mean ± std and the share of seeds that failed to
+train (the cells' ``failed``, by :data:`normlab.experiments._mlp.FAILURE_RULE`: a NaN/inf
+loss, final eval accuracy no better than chance, or a last training loss not below the
+first); hatched: at least one seed failed to train.
 """
 
 from __future__ import annotations
@@ -24,24 +26,26 @@ def compute(store: str, quick: bool = True) -> dict:
 
 
 def grid(data: dict):
-    """(norms x lrs) arrays of mean accuracy and diverged share, NaN where a cell has no runs."""
+    """(norms x lrs) arrays of mean accuracy and the share of runs that failed to train,
+    NaN where a cell has no runs."""
     import numpy as np
 
     acc = np.full((len(data["norms"]), len(data["lrs"])), np.nan)
-    div = np.full_like(acc, np.nan)
+    failed = np.full_like(acc, np.nan)
     for c in data["cells"]:
         i, j = data["norms"].index(c["norm"]), data["lrs"].index(c["lr"])
         if c["runs"]:
-            acc[i, j], div[i, j] = c["acc_mean"], c["diverged"]
-    return acc, div
+            acc[i, j], failed[i, j] = c["acc_mean"], c["failed"]
+    return acc, failed
 
 
 def draw(data: dict, path) -> object:
     from matplotlib.patches import Patch, Rectangle
 
+    from ..experiments._mlp import chance_limit
     from ._plot import new_figure, save
 
-    acc, div = grid(data)
+    acc, failed = grid(data)
     stds = {(c["norm"], c["lr"]): c["acc_std"] for c in data["cells"]}
     fig = new_figure(9, 5.6)
     ax = fig.add_subplot()
@@ -51,10 +55,10 @@ def draw(data: dict, path) -> object:
             if acc[i, j] != acc[i, j]:
                 ax.text(j, i, "no runs", ha="center", va="center", fontsize=8)
                 continue
-            if div[i, j] > 0:
+            if failed[i, j] > 0:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.25", lw=0))
             std = stds.get((norm, lr)) or 0.0
-            ax.text(j, i, f"{acc[i, j]:.2f} ± {std:.2f}\ndiverged {100 * div[i, j]:.0f}%", ha="center",
+            ax.text(j, i, f"{acc[i, j]:.2f} ± {std:.2f}\nfailed {100 * failed[i, j]:.0f}%", ha="center",
                     va="center", fontsize=8, bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1.5})
     ax.set_xticks(range(len(data["lrs"])), [f"{lr:g}" for lr in data["lrs"]])
     ax.set_yticks(range(len(data["norms"])), [data["labels"][n] for n in data["norms"]])
@@ -65,7 +69,9 @@ def draw(data: dict, path) -> object:
                  fontsize=10)
     fig.colorbar(im, ax=ax, label="final eval accuracy (fraction of the 300 points)")
     ax.legend(handles=[Patch(facecolor="white", edgecolor="0.25", hatch="///",
-                             label="some seeds diverged (NaN/inf loss or last loss > 10x first)")],
+                             label="some seeds failed to train: NaN/inf loss, final eval accuracy "
+                                   f"<= {chance_limit():.3f} (chance + 2 SE), or last training loss "
+                                   "not below the first")],
               loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False, fontsize=8)
     fig.suptitle(TITLE, fontsize=11)
     save(fig, path)

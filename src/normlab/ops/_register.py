@@ -1,26 +1,13 @@
-"""One registration path: the plumbing every op of the ``"cpu"`` backend needs, written once.
+"""The Python side of op registration: what the C++ ops (``csrc/``) cannot do themselves.
 
-A family's ``op.py`` declares what is its own -- the launchers (the kernel
-calls), the backward, the forward-mode rule (``jvp``), the ``vmap`` rule, the
-fake shapes -- and hands them to this module, which builds:
-
-- :func:`custom_op`: the ``torch.library`` custom op ``normlab::<name>``
-  (device ``cpu``) with its fake implementation and, for a differentiable op,
-  its autograd formula. ``torch.compile`` traces these as single nodes.
-- :func:`eager`: the op's eager twin, an ``autograd.Function`` named
-  ``<Name>Eager`` applied through the C++ apply (``_launch.fast_apply``): no
-  ``torch.library`` dispatch, which costs tens of microseconds a call -- most of
-  a small LayerNorm. Its statistics may stay numpy arrays on the node.
-- :func:`transform`: the Function named ``<Name>Transform`` that runs under
-  torch.func transforms and forward-mode AD (``ops/_transforms.py``): a
-  ``forward`` without ``ctx``, ``setup_context``, ``backward``, ``jvp`` and a
-  ``vmap`` rule.
-- :func:`route`: which of those runs a call -- one rule for every op.
-- :func:`implement`: the op's entries in the backend table (``_backend``), the
-  ``"ref"`` function from the family's ``reference.py`` and the ``"cpu"`` one
-  from its ``op.py``.
-- :func:`written`: the one rule for running statistics that the kernels write
-  through their address.
+- :func:`implement`: an op's entries in the backend table (``_backend``): ``"ref"`` from the
+  family's ``reference.py``, ``"cpu"`` from its ``op.py`` when the extension is installed.
+- :func:`transform` and :func:`route`: the Python ``autograd.Function`` that runs an op under
+  torch.func transforms and forward-mode AD (a C++ autograd node refuses them), with its
+  ``vmap`` and ``jvp`` rules, and the rule that picks it.
+- :func:`custom_op`, :func:`eager`, :func:`written`: for SyncBatchNorm (``batch_norm/sync.py``),
+  whose collectives run in Python: its ``torch.library`` ops, its eager Function, and the
+  version counters of the running statistics it updates in place.
 """
 
 from __future__ import annotations
@@ -31,8 +18,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from .. import _backend
-from . import _launch
-from ._launch import fast_apply
+from . import extension
 
 # --------------------------------------------------------------------------
 # Which path runs a call
@@ -99,11 +85,25 @@ def custom_op(
     return op
 
 
+def fast_apply(function: type) -> Callable:
+    """``function.apply`` (an ``autograd.Function``) without ``Function.apply``'s Python layer
+    (argument binding and a walk for functorch wrappers, ~4 us a call) when no functorch
+    transform is active; under a transform the full ``apply`` runs."""
+    c_apply = super(torch.autograd.Function, function).apply
+    full_apply = function.apply
+    active = torch._C._are_functorch_transforms_active
+
+    def apply(*args):
+        return full_apply(*args) if active() else c_apply(*args)
+
+    return apply
+
+
 def eager(name: str, forward: Callable, backward: Callable, doc: str = "") -> Callable:
     """The apply of ``<name>Eager``, the autograd.Function of the eager calls: ``forward(ctx, ...)``
     runs the launchers, ``backward(ctx, *grads)`` the backward launcher (or, under
     ``create_graph=True``, the differentiable reference). Applied through the C++ apply when no
-    functorch transform is active (``_launch.fast_apply``)."""
+    functorch transform is active (:func:`fast_apply`)."""
     cls = type(f"{name}Eager", (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward),
         "__doc__": doc or f"{name} on the kernels, for eager calls that autograd records.",
@@ -143,14 +143,14 @@ def transform(
 
 
 def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None,
-              available: Callable[[], bool] = _launch.available) -> None:
+              available: Callable[[], bool] = extension.available) -> None:
     """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
     ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when ``available()`` (the C++ extension:
     ``extension.available``; numba for the kernels not yet ported). Both take the arguments
     ``normlab.functional`` has checked."""
     _backend.register_op(op, "ref", ref)
     if cpu is not None and available():
-        _backend.register_backend("cpu", _launch.serves_cpu)
+        _backend.register_backend("cpu", extension.serves_cpu)
         _backend.register_op(op, "cpu", cpu)
 
 

@@ -1,16 +1,22 @@
-// The group_norm family's autograd: a torch::autograd::Function per differentiable op, the Autograd
-// kernels that use them, and the fast eager entry points (group_norm.h) that call the registered ops
-// through cached dispatcher handles.
+// The group_norm family's autograd: one hand-built node (GroupNormBackward) for every differentiable
+// op, the Autograd kernels that attach it, and the fast eager entry points (group_norm.h): those of
+// normlab.functional (group_norm_fast / instance_norm_fast: the arguments checked here, the node
+// attached here) and those of op.py (the registered ops through cached dispatcher handles).
 //
 // Forward: redispatched below autograd to the forward op (CPU / Meta kernels); only when autograd
 // records the call (grad mode on and an input that requires grad) -- otherwise the op computes the
 // output alone, with no statistics allocated. Backward: the backward op; under create_graph=True
 // the reference backward in differentiable ATen ops (reference.py's formula, statistics recomputed
 // from x), so double backward works. torch.func transforms take the Python Function of op.py
-// (a C++ Function refuses them), which calls the same forward/backward ops.
+// (its vmap and jvp rules), which calls the same forward/backward ops.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
+
+#include <cmath>
 
 
 namespace normlab {
@@ -19,7 +25,6 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The ops, as cached typed dispatcher handles.
@@ -70,145 +75,148 @@ bool records(const Tensor& x, const OptTensor& w, const OptTensor& b) {
 }
 
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-Tensor value(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-struct Saved {
-  int64_t g;
-  double eps;
-  bool fixed;
-};
+// The backward node of GroupNorm (and of InstanceNorm, which is GroupNorm with G = C, and of
+// InstanceNorm with fixed statistics: `fixed_`): the grad of y in, the grads of (x, weight, bias)
+// out, one per edge (an absent parameter has an empty edge). Built by hand as torch's generated
+// autograd code builds its nodes: the saved values are fields, not the IValue dict and variable
+// bookkeeping of torch::autograd::Function (several microseconds a call).
+struct GroupNormBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable x_, w_, mean_, rstd_;
+  int64_t g_ = 1;
+  double eps_ = 0;
+  bool fixed_ = false, has_w_ = false, has_b_ = false;
+  at::ScalarType b_dtype_ = at::kFloat;
 
-std::tuple<Tensor, Tensor, Tensor> grads(AutogradContext* ctx, const Tensor& dy, const Saved& sv) {
-  const auto saved = ctx->get_saved_variables();
-  const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-  // edges: one per defined tensor argument (x, then w and b where given)
-  const bool has_b = ctx->saved_data.find("b_dtype") != ctx->saved_data.end();
-  const bool need_dx = ctx->needs_input_grad(0);
-  const bool need_dw = w.defined() && ctx->needs_input_grad(1);
-  const bool need_db = has_b && ctx->needs_input_grad(w.defined() ? 2 : 1);
-  Tensor dx, dw, db;
-  if (at::GradMode::is_enabled()) {  // create_graph=True: the differentiable reference backward
-    const at::ScalarType acc = acc_dtype(x.scalar_type());
-    const int64_t n = x.size(0), c = x.size(1), g = sv.g;
-    const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
-    const std::vector<int64_t> grouped{n, g, c / g, s};
-    const Tensor xa = x.to(acc).reshape(grouped), dya = dy.to(acc).reshape(grouped);
-    Tensor m, r;
-    if (sv.fixed) {
-      m = mean.reshape({1, g, 1, 1});
-      r = rstd.reshape({1, g, 1, 1});
-    } else {  // the statistics as functions of x (reference.py: group_norm_stats)
-      const Tensor shift = xa.narrow(2, 0, 1).narrow(3, 0, 1);
-      const Tensor d = xa - shift;
-      const Tensor md = d.mean({2, 3}, true);
-      const Tensor xc = d - md;
-      r = ((xc * xc).mean({2, 3}, true) + sv.eps).rsqrt();
-      m = shift + md;
-    }
-    const Tensor x_hat = (xa - m) * r;
-    if (need_dx) {
-      const Tensor gg = w.defined() ? dya * w.to(acc).reshape({g, c / g, 1}) : dya;
-      if (sv.fixed) {
-        dx = r * gg;  // term 1 only
-      } else {
-        const Tensor term2 = gg.mean({2, 3}, true);
-        const Tensor term3 = x_hat * (gg * x_hat).mean({2, 3}, true);
-        dx = r * (gg - term2 - term3);
+  std::string name() const override { return fixed_ ? "InstanceNormEvalBackward" : "GroupNormBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    w_.reset_data();
+    mean_.reset_data();
+    rstd_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads_out) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(3);
+    const Tensor& dy = grads_out[0];
+    if (!dy.defined()) return out;
+    const bool need_dx = should_compute_output(0);
+    const bool need_dw = has_w_ && should_compute_output(1);
+    const bool need_db = has_b_ && should_compute_output(2);
+    if (!(need_dx || need_dw || need_db)) return out;
+    const Tensor x = x_.unpack(getptr()), w = has_w_ ? w_.unpack() : Tensor();
+    const Tensor mean = mean_.unpack(), rstd = rstd_.unpack();
+    Tensor dx, dw, db;
+    if (at::GradMode::is_enabled()) {  // create_graph=True: the differentiable reference backward
+      const at::ScalarType acc = acc_dtype(x.scalar_type());
+      const int64_t n = x.size(0), c = x.size(1), g = g_;
+      const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
+      const std::vector<int64_t> grouped{n, g, c / g, s};
+      const Tensor xa = x.to(acc).reshape(grouped), dya = dy.to(acc).reshape(grouped);
+      Tensor m, r;
+      if (fixed_) {
+        m = mean.reshape({1, g, 1, 1});
+        r = rstd.reshape({1, g, 1, 1});
+      } else {  // the statistics as functions of x (reference.py: group_norm_stats)
+        const Tensor shift = xa.narrow(2, 0, 1).narrow(3, 0, 1);
+        const Tensor d = xa - shift;
+        const Tensor md = d.mean({2, 3}, true);
+        const Tensor xc = d - md;
+        r = ((xc * xc).mean({2, 3}, true) + eps_).rsqrt();
+        m = shift + md;
       }
-      dx = dx.to(x.scalar_type()).reshape(x.sizes());
+      const Tensor x_hat = (xa - m) * r;
+      if (need_dx) {
+        const Tensor gg = w.defined() ? dya * w.to(acc).reshape({g, c / g, 1}) : dya;
+        if (fixed_) {
+          dx = r * gg;  // term 1 only
+        } else {
+          const Tensor term2 = gg.mean({2, 3}, true);
+          const Tensor term3 = x_hat * (gg * x_hat).mean({2, 3}, true);
+          dx = r * (gg - term2 - term3);
+        }
+        dx = dx.to(x.scalar_type()).reshape(x.sizes());
+      }
+      if (need_dw) dw = (dya * x_hat).sum({0, 3}).reshape({c});
+      if (need_db) db = dya.sum({0, 3}).reshape({c});
+    } else {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      auto [dx0, dw0, db0] = fixed_ ? op_eval_bwd().call(dy, x, opt(w), mean, rstd, need_dx)
+                                    : op_bwd().call(dy, x, opt(w), mean, rstd, g_, need_dx);
+      if (need_dx) dx = dx0;
+      if (need_dw) dw = dw0;
+      if (need_db) db = db0;
     }
-    if (need_dw) dw = (dya * x_hat).sum({0, 3}).reshape({c});
-    if (need_db) db = dya.sum({0, 3}).reshape({c});
-  } else {
-    auto [dx0, dw0, db0] = sv.fixed ? op_eval_bwd().call(dy, x, opt(w), mean, rstd, need_dx)
-                                    : op_bwd().call(dy, x, opt(w), mean, rstd, sv.g, need_dx);
-    if (need_dx) dx = dx0;
-    if (need_dw) dw = dw0;
-    if (need_db) db = db0;
-  }
-  if (dw.defined() && dw.scalar_type() != w.scalar_type()) dw = dw.to(w.scalar_type());
-  if (db.defined()) {
-    const auto bt = static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt());
-    if (db.scalar_type() != bt) db = db.to(bt);
-  }
-  return {dx, dw, db};
-}
-
-void setup(AutogradContext* ctx, const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
-           const Tensor& rstd, int64_t g, double eps) {
-  ctx->save_for_backward({x, value(w), mean, rstd});
-  ctx->saved_data["g"] = g;
-  ctx->saved_data["eps"] = eps;
-  if (b.has_value() && b->defined()) ctx->saved_data["b_dtype"] = static_cast<int64_t>(b->scalar_type());
-  ctx->set_materialize_grads(false);
-}
-
-// GroupNorm: (x, w, b, num_groups, eps) -> (y, mean, var, rstd) with kStats, else y alone (fewer
-// outputs to wrap: the group_norm op's); the statistics are not differentiable.
-template <bool kStats>
-struct GroupNormFunction : public torch::autograd::Function<GroupNormFunction<kStats>> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& w, const OptTensor& b,
-                               int64_t g, double eps) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, var, rstd] = op_fwd().call(x, w, b, g, eps);
-    setup(ctx, x, w, b, mean, rstd, g, eps);
-    if (!kStats) return {y};
-    ctx->mark_non_differentiable({mean, var, rstd});
-    return {y, mean, var, rstd};
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
-    const Tensor& dy = grads_out[0];
-    if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-    const Saved sv{ctx->saved_data["g"].toInt(), ctx->saved_data["eps"].toDouble(), false};
-    auto [dx, dw, db] = grads(ctx, dy, sv);
-    return {dx, dw, db, Tensor(), Tensor()};
+    if (dw.defined() && dw.scalar_type() != w.scalar_type()) dw = dw.to(w.scalar_type());
+    if (db.defined() && db.scalar_type() != b_dtype_) db = db.to(b_dtype_);
+    out[0] = dx;
+    out[1] = dw;
+    out[2] = db;
+    return out;
   }
 };
 
-// InstanceNorm with fixed statistics: (x, w, b, mean, rstd) -> y; mean, rstd are constants.
-struct InstanceNormEvalFunction : public torch::autograd::Function<InstanceNormEvalFunction> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& w, const OptTensor& b,
-                               const Tensor& mean, const Tensor& rstd) {
+// A GroupNormBackward node on y, saving x, w and the statistics (mean, rstd).
+void attach(const Tensor& y, const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
+            const Tensor& rstd, int64_t g, double eps, bool fixed) {
+  auto node = c10::make_intrusive<GroupNormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
+  node->g_ = g;
+  node->eps_ = eps;
+  node->fixed_ = fixed;
+  node->has_w_ = w.has_value() && w->defined();
+  node->has_b_ = b.has_value() && b->defined();
+  if (node->has_b_) node->b_dtype_ = b->scalar_type();
+  torch::autograd::set_history(y, node);
+  node->x_ = torch::autograd::SavedVariable(x, false);
+  if (node->has_w_) node->w_ = torch::autograd::SavedVariable(*w, false);
+  node->mean_ = torch::autograd::SavedVariable(mean, false);
+  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+}
+
+// GroupNorm recorded by autograd: the forward op below autograd, then the node on y; the
+// statistics (N, G) are outputs without a gradient.
+std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_recorded(const Tensor& x, const OptTensor& w,
+                                                               const OptTensor& b, int64_t g, double eps) {
+  Tensor y, mean, var, rstd;
+  {
     at::AutoDispatchBelowADInplaceOrView guard;
-    Tensor y = op_eval_fwd().call(x, w, b, mean, rstd);
-    setup(ctx, x, w, b, mean, rstd, x.size(1), 0.0);
-    return {y};
+    std::tie(y, mean, var, rstd) = op_fwd().call(x, w, b, g, eps);
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads_out) {
-    const Tensor& dy = grads_out[0];
-    if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-    const Saved sv{ctx->saved_data["g"].toInt(), 0.0, true};
-    auto [dx, dw, db] = grads(ctx, dy, sv);
-    return {dx, dw, db, Tensor(), Tensor()};
-  }
-};
+  attach(y, x, w, b, mean, rstd, g, eps, false);
+  return {y, mean, var, rstd};
+}
 
 Tensor group_norm_autograd(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b, double eps) {
-  if (records(x, w, b)) return GroupNormFunction<false>::apply(x, w, b, g, eps)[0];
+  if (records(x, w, b)) return std::get<0>(group_norm_recorded(x, w, b, g, eps));
   at::AutoDispatchBelowADInplaceOrView guard;
   return op_group_norm().call(x, g, w, b, eps);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd_autograd(const Tensor& x, const OptTensor& w,
                                                                    const OptTensor& b, int64_t g, double eps) {
-  if (records(x, w, b)) {
-    auto out = GroupNormFunction<true>::apply(x, w, b, g, eps);
-    return {out[0], out[1], out[2], out[3]};
-  }
+  if (records(x, w, b)) return group_norm_recorded(x, w, b, g, eps);
   at::AutoDispatchBelowADInplaceOrView guard;
   return op_fwd().call(x, w, b, g, eps);
 }
 
 Tensor instance_norm_eval_fwd_autograd(const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
                                        const Tensor& rstd) {
-  if (records(x, w, b)) return InstanceNormEvalFunction::apply(x, w, b, mean, rstd)[0];
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return op_eval_fwd().call(x, w, b, mean, rstd);
+  Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    y = op_eval_fwd().call(x, w, b, mean, rstd);
+  }
+  if (records(x, w, b)) attach(y, x, w, b, mean, rstd, x.size(1), 0.0, true);
+  return y;
 }
 
-// The backward ops are not differentiable (the Functions' double backward uses ATen ops instead).
+// The backward ops are not differentiable (the node's double backward uses ATen ops instead).
 std::tuple<Tensor, Tensor, Tensor> group_norm_bwd_autograd(const Tensor& dy, const Tensor& x, const OptTensor& w,
                                                            const Tensor& mean, const Tensor& rstd, int64_t g,
                                                            bool need_dx) {
@@ -235,10 +243,48 @@ void instance_norm_update_stats_autograd(const Tensor& rm, const Tensor& rv, con
     if (!t->is_inference()) torch::autograd::impl::bump_version(*t);
 }
 
+// Whether t is a strided CPU tensor.
+bool cpu_strided(const Tensor& t) { return t.device().is_cpu() && t.layout() == at::kStrided; }
+
+// Whether x is a strided CPU tensor of a served dtype with at least `min_dim` dims and each
+// parameter None or a strided CPU tensor of shape (C,) in x's dtype (or float32 beside half
+// precision): what normlab._checks.cpu_params_fit accepts.
+bool fits_fast(const Tensor& x, int64_t min_dim, std::initializer_list<const OptTensor*> params) {
+  if (!x.defined() || !cpu_strided(x) || x.dim() < min_dim) return false;
+  const auto st = x.scalar_type();
+  const bool half = st == at::kBFloat16 || st == at::kHalf;
+  if (!(half || st == at::kFloat || st == at::kDouble)) return false;
+  const int64_t c = x.size(1);
+  for (const OptTensor* p : params) {
+    if (!p->has_value() || !(*p)->defined()) continue;
+    const Tensor& t = **p;
+    if (!cpu_strided(t) || t.dim() != 1 || t.size(0) != c) return false;
+    if (!(t.scalar_type() == st || (half && t.scalar_type() == at::kFloat))) return false;
+  }
+  return true;
+}
+
+bool plain_eps(double eps) { return std::isfinite(eps) && eps >= 0; }
+
+// GroupNorm without the dispatcher's Autograd step: the node attached here when autograd records.
+Tensor group_norm_direct(const Tensor& x, int64_t num_groups, const OptTensor& w, const OptTensor& b, double eps) {
+  if (records(x, w, b)) return std::get<0>(group_norm_recorded(x, w, b, num_groups, eps));
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op_group_norm().call(x, num_groups, w, b, eps);
+}
+
 }  // namespace
 
 Tensor group_norm_entry(const Tensor& x, int64_t num_groups, const OptTensor& w, const OptTensor& b, double eps) {
   return op_group_norm().call(x, num_groups, w, b, eps);
+}
+
+std::optional<Tensor> group_norm_fast(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b,
+                                      double eps) {
+  if (!plain_eps(eps) || g <= 0 || !fits_fast(x, 2, {&w, &b})) return std::nullopt;
+  const int64_t c = x.size(1), numel = x.numel();
+  if (c % g != 0 || numel == 0 || numel == g) return std::nullopt;  // not divisible, empty, one value a group
+  return group_norm_direct(x, g, w, b, eps);
 }
 
 Tensor instance_norm_entry(const Tensor& x_in, const OptTensor& rm, const OptTensor& rv, const OptTensor& w,
@@ -247,20 +293,39 @@ Tensor instance_norm_entry(const Tensor& x_in, const OptTensor& rm, const OptTen
   const int64_t n = x.size(0), c = x.size(1);
   const bool running = rm.has_value() && rm->defined();
   if (use_input_stats) {
-    if (!running) return op_group_norm().call(x, c, w, b, eps);
-    auto [y, mean, var, rstd] = op_fwd().call(x, w, b, c, eps);
-    if (x.numel() > 0) op_update().call(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
+    if (!running) return group_norm_direct(x, c, w, b, eps);
+    Tensor y, mean, var, rstd;
+    if (records(x, w, b)) {
+      std::tie(y, mean, var, rstd) = group_norm_recorded(x, w, b, c, eps);
+    } else {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(y, mean, var, rstd) = op_fwd().call(x, w, b, c, eps);
+    }
+    if (x.numel() > 0) instance_norm_update_stats_autograd(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
     return y;
   }
   TORCH_CHECK(running, "instance_norm: expected running_mean and running_var when use_input_stats=False, got None");
   const at::ScalarType acc = acc_dtype(x.scalar_type());
+  const bool rec = records(x, w, b);
   Tensor mean, rstd;
   {
     at::NoGradGuard no_grad;  // constants of the map; a copy, safe from later updates of the buffers
-    mean = rm->to(acc, /*non_blocking=*/false, /*copy=*/records(x, w, b));
+    mean = rm->to(acc, /*non_blocking=*/false, /*copy=*/rec);
     rstd = (rv->to(acc) + eps).rsqrt();
   }
-  return op_eval_fwd().call(x, w, b, mean, rstd);
+  return instance_norm_eval_fwd_autograd(x, w, b, mean, rstd);
+}
+
+std::optional<Tensor> instance_norm_fast(const Tensor& x, const OptTensor& rm, const OptTensor& rv,
+                                         const OptTensor& w, const OptTensor& b, bool use_input_stats,
+                                         double momentum, double eps) {
+  if (!plain_eps(eps) || !(momentum >= 0 && momentum <= 1)) return std::nullopt;
+  if (!fits_fast(x, use_input_stats ? 3 : 2, {&rm, &rv, &w, &b})) return std::nullopt;
+  const bool has_rm = rm.has_value() && rm->defined(), has_rv = rv.has_value() && rv->defined();
+  if (has_rm != has_rv || !(has_rm || use_input_stats)) return std::nullopt;
+  const int64_t numel = x.numel();
+  if (numel == 0 || (use_input_stats && numel == x.size(0) * x.size(1))) return std::nullopt;  // empty; S == 1
+  return instance_norm_entry(x, rm, rv, w, b, use_input_stats, momentum, eps);
 }
 
 TORCH_LIBRARY_IMPL(normlab, Autograd, m) {

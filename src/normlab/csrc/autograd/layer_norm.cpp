@@ -295,6 +295,19 @@ std::optional<Tensor> rms_norm_fast(const Tensor& x, at::IntArrayRef shape, cons
   return std::get<0>(row_norm(x, shape, std::nullopt, w, std::nullopt, eps, false, 0.0, false, false));
 }
 
+std::optional<std::tuple<Tensor, Tensor>> add_norm_fast(const Tensor& x, const Tensor& residual, at::IntArrayRef shape,
+                                                        const OptTensor& w, const OptTensor& b,
+                                                        std::optional<double> eps, bool center) {
+  if (eps.has_value() && !plain_eps(*eps)) return std::nullopt;
+  if (!fits_fast(x, shape, w, center ? b : std::nullopt, center)) return std::nullopt;
+  if (!residual.defined() || !residual.device().is_cpu() || residual.layout() != at::kStrided ||
+      residual.scalar_type() != x.scalar_type() || residual.sizes() != x.sizes())
+    return std::nullopt;
+  auto [y, h, mean, rstd] = row_norm(x, shape, OptTensor(residual), w, center ? b : std::nullopt, eps, center, 0.0,
+                                     false, false);
+  return std::make_tuple(y, h);
+}
+
 }  // namespace normlab
 
 TORCH_LIBRARY_IMPL(normlab, Autograd, m) {

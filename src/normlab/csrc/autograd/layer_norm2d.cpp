@@ -1,18 +1,26 @@
-// The layer_norm2d family's Autograd kernel and fast eager entry point.
+// The layer_norm2d family's Autograd kernel and fast eager entry points.
 //
-// normlab::layer_norm2d records a LayerNorm2dFunction when autograd needs it (grad mode on and an
-// input that requires grad): its forward runs layer_norm2d_forward below autograd and saves x,
-// w, mean and rstd; its backward runs layer_norm2d_backward -- or, when the backward must itself
-// be differentiable (create_graph=True), the reference backward in differentiable ATen ops
-// (ops/layer_norm/reference.py: layer_norm_stats, layer_norm_backward_ref on the pixels as rows).
-// Otherwise the call goes straight to the CPU kernel of layer_norm2d: the output and nothing else
-// (no statistics that nobody reads).
+// normlab::layer_norm2d attaches a LayerNorm2dBackward node when autograd needs it (grad mode on
+// and an input that requires grad): the forward runs layer_norm2d_forward below autograd and the
+// node saves x, w, mean and rstd as fields; its backward runs layer_norm2d_backward -- or, when
+// the backward must itself be differentiable (create_graph=True), the reference backward in
+// differentiable ATen ops (ops/layer_norm/reference.py: layer_norm_stats, layer_norm_backward_ref
+// on the pixels as rows). The node is built by hand, as torch's generated autograd code and
+// LayerNorm's RowNormBackward (autograd/layer_norm.cpp) are: torch::autograd::Function's IValue
+// dict and variable bookkeeping cost several microseconds a call. Otherwise the call goes
+// straight to the CPU kernel of layer_norm2d: the output and nothing else (no statistics that
+// nobody reads).
 //
-// torch.func transforms refuse a C++ autograd::Function: under them Python takes the row
+// torch.func transforms refuse C++ autograd nodes of this kind: under them Python takes the row
 // LayerNorm's transform Function instead (ops/layer_norm/op_2d.py).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
+
+#include <cmath>
 
 #include "layer_norm2d_layout.h"
 
@@ -20,7 +28,6 @@ namespace normlab {
 namespace {
 
 using at::Tensor;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptT = std::optional<Tensor>;
 
@@ -77,57 +84,113 @@ std::tuple<Tensor, Tensor, Tensor> reference_backward(const Tensor& dy, const Te
   return {dx, dw, db};
 }
 
-struct LayerNorm2dFunction : public torch::autograd::Function<LayerNorm2dFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, const OptT& w, const OptT& b, double eps) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mean, rstd] = forward_op().call(x, w, b, eps);
-    ctx->save_for_backward({x, given(w) ? *w : Tensor(), mean, rstd});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["has_w"] = given(w);
-    ctx->saved_data["b_dtype"] = given(b) ? int64_t(b->scalar_type()) : int64_t(-1);
-    ctx->set_materialize_grads(false);
-    return y;
+// The backward node of layer_norm2d: the grad of y in, the grads of (x, weight, bias) out, one
+// per edge (an absent parameter has an empty edge).
+struct LayerNorm2dBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable x_, w_, mean_, rstd_;
+  double eps_ = 0;
+  bool has_w_ = false, has_b_ = false;
+  at::ScalarType b_dtype_ = at::kFloat;
+
+  std::string name() const override { return "LayerNorm2dBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    w_.reset_data();
+    mean_.reset_data();
+    rstd_.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(3);
     const Tensor& dy = grads[0];
-    if (!dy.defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    const auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-    const bool has_w = ctx->saved_data["has_w"].toBool();
-    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
-    const bool has_b = b_dtype >= 0;
-    // needs_input_grad counts the tensors given: x, then w, then b
-    const bool need_dx = ctx->needs_input_grad(0);
-    const bool need_dw = has_w && ctx->needs_input_grad(1);
-    const bool need_db = has_b && ctx->needs_input_grad(has_w ? 2 : 1);
+    if (!dy.defined()) return out;
+    const bool need_dx = should_compute_output(0);
+    const bool need_dw = has_w_ && should_compute_output(1);
+    const bool need_db = has_b_ && should_compute_output(2);
+    const Tensor x = x_.unpack(getptr()), w = has_w_ ? w_.unpack() : Tensor();
     Tensor dx, dw, db;
     if (at::GradMode::is_enabled() && x.numel() > 0) {  // create_graph: a backward with a backward
-      std::tie(dx, dw, db) =
-          reference_backward(dy, x, w, ctx->saved_data["eps"].toDouble(), need_dx, need_dw, need_db);
+      std::tie(dx, dw, db) = reference_backward(dy, x, w, eps_, need_dx, need_dw, need_db);
     } else {
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(dx, dw, db) = backward_op().call(dy, x, has_w ? OptT(w) : OptT(), mean, rstd, need_dw || need_db);
+      std::tie(dx, dw, db) =
+          backward_op().call(dy, x, has_w_ ? OptT(w) : OptT(), mean_.unpack(), rstd_.unpack(), need_dw || need_db);
     }
-    dw = need_dw ? (dw.scalar_type() == w.scalar_type() ? dw : dw.to(w.scalar_type())) : Tensor();
-    const auto bt = static_cast<at::ScalarType>(has_b ? b_dtype : 0);
-    db = need_db ? (db.scalar_type() == bt ? db : db.to(bt)) : Tensor();
-    return {need_dx ? dx : Tensor(), dw, db, Tensor()};
+    if (need_dx) out[0] = dx;
+    if (need_dw) out[1] = dw.scalar_type() == w.scalar_type() ? dw : dw.to(w.scalar_type());
+    if (need_db) out[2] = db.scalar_type() == b_dtype_ ? db : db.to(b_dtype_);
+    return out;
   }
 };
 
+// The forward with autograd: layer_norm2d_forward below autograd, then a LayerNorm2dBackward
+// node on y.
+Tensor layer_norm2d_recorded(const Tensor& x, const OptT& w, const OptT& b, double eps) {
+  Tensor y, mean, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(y, mean, rstd) = forward_op().call(x, w, b, eps);
+  }
+  auto node = c10::make_intrusive<LayerNorm2dBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
+  node->has_w_ = given(w);
+  node->has_b_ = given(b);
+  node->eps_ = eps;
+  if (node->has_b_) node->b_dtype_ = b->scalar_type();
+  torch::autograd::set_history(y, node);
+  node->x_ = torch::autograd::SavedVariable(x, false);
+  if (node->has_w_) node->w_ = torch::autograd::SavedVariable(*w, false);
+  node->mean_ = torch::autograd::SavedVariable(mean, false);
+  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+  return y;
+}
+
+bool wants_grad(const Tensor& x, const OptT& w, const OptT& b) {
+  return at::GradMode::is_enabled() &&
+         (x.requires_grad() || (given(w) && w->requires_grad()) || (given(b) && b->requires_grad()));
+}
+
 Tensor layer_norm2d_autograd(const Tensor& x, const OptT& w, const OptT& b, double eps) {
-  const bool record = at::GradMode::is_enabled() &&
-                      (x.requires_grad() || (given(w) && w->requires_grad()) || (given(b) && b->requires_grad()));
-  if (record) return LayerNorm2dFunction::apply(x, w, b, eps);
+  if (wants_grad(x, w, b)) return layer_norm2d_recorded(x, w, b, eps);
   at::AutoDispatchBelowADInplaceOrView guard;  // nothing records: the output alone
   return plain_op().call(x, w, b, eps);
 }
 
+// Whether (x, w, b) are arguments normlab.functional.layer_norm2d's checks accept without a word
+// and the kernels serve: x a strided CPU tensor of a served dtype with a channel dim, each
+// parameter None or a strided CPU tensor of shape (C,) in x's dtype (float32 also beside half
+// precision).
+bool fits_fast(const Tensor& x, const OptT& w, const OptT& b) {
+  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || x.dim() < 2) return false;
+  const auto st = x.scalar_type();
+  const bool half = st == at::kBFloat16 || st == at::kHalf;
+  if (!(half || st == at::kFloat || st == at::kDouble)) return false;
+  const int64_t c = x.size(1);
+  for (const OptT* p : {&w, &b}) {
+    if (!p->has_value() || !(*p)->defined()) continue;
+    const Tensor& t = **p;
+    if (!t.device().is_cpu() || t.layout() != at::kStrided || t.dim() != 1 || t.size(0) != c) return false;
+    if (!(t.scalar_type() == st || (half && t.scalar_type() == at::kFloat))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-// The eager entry of normlab._C (csrc/layer_norm2d.h): the registered op through a cached handle.
+// The eager entries of normlab._C (csrc/layer_norm2d.h). layer_norm2d_call: the registered op
+// through a cached handle. layer_norm2d_fast: the Autograd kernel's work without the dispatcher
+// for arguments that fit (fits_fast), else None.
 Tensor layer_norm2d_call(const Tensor& x, const OptT& w, const OptT& b, double eps) {
+  return plain_op().call(x, w, b, eps);
+}
+
+std::optional<Tensor> layer_norm2d_fast(const Tensor& x, const OptT& w, const OptT& b, double eps) {
+  if (!(std::isfinite(eps) && eps >= 0) || !fits_fast(x, w, b)) return std::nullopt;
+  if (wants_grad(x, w, b)) return layer_norm2d_recorded(x, w, b, eps);
+  at::AutoDispatchBelowADInplaceOrView guard;
   return plain_op().call(x, w, b, eps);
 }
 

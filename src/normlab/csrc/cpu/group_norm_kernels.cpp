@@ -82,6 +82,7 @@ template <class S>
 void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
               acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed) {
   using A = acc_t<S>;
+  if (ns == 1 && !fixed && s1_packed<S>(c, g)) return fwd_s1_packed<S>(x, w, b, y, mean, var, rstd, n, c, g, eps);
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
   // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,

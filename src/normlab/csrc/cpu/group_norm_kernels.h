@@ -47,6 +47,18 @@ template <class S>
 void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
               acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns);
 
+// S == 1 with small groups (group_norm_s1_kernels.cpp): whether 2 <= Cg = C / G <= a vector's lanes;
+// then the forward of x (N, C) (statistics (N*G,) or null), and the backward (dx may be null) with dw/db
+// partials pw, pb (runs of `run` samples, C) added into (zeroed by the caller), a task taking `spc`
+// samples (a multiple of `run`) at a time.
+template <class S> bool s1_packed(int64_t c, int64_t g);
+template <class S>
+void fwd_s1_packed(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
+                   acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, double eps);
+template <class S>
+void bwd_s1_packed(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+                   acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t g, int64_t spc, int64_t run);
+
 // InstanceNorm's running statistics, in place: rm, rv (C,) of storage R with element strides;
 // mean, var (N, C) per-instance means and biased variances in A.
 template <class R, class A>

@@ -143,6 +143,11 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   const int64_t spc = (nhwc_samples_per_chunk(n, ns, c) + kRun - 1) / kRun * kRun;
   const int64_t nrun = n_chunks(n, kRun);
   std::vector<A> pw(nrun * c, A(0)), pb(nrun * c, A(0));  // per run: sums of dy * x_hat, of dy
+  if (ns == 1 && s1_packed<S>(c, g)) {  // small groups packed in vectors (group_norm_s1_kernels.cpp)
+    bwd_s1_packed<S>(dy, x, w, mean, rstd, dx, pw.data(), pb.data(), n, c, g, spc, kRun);
+    merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
+    return;
+  }
   for_chunks(n, spc, 2 * ns * c, [&](int64_t, int64_t i0, int64_t i1) {
     std::vector<A> buf(7 * c + 2 * g);
     A *mc = buf.data(), *rsc = mc + c, *ac = rsc + c, *sdy = ac + c, *sdx = sdy + c, *t2 = sdx + c, *t3 = t2 + c;

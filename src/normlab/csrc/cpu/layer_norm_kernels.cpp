@@ -62,9 +62,47 @@ template <class S> inline void add_row(const S* xr, const S* rr, S* hr, int64_t 
 //   y = (xc * rstd) * w + b,  rstd = 1 / sqrt(var + eps)
 // RMSNorm: shift = mean(d) = 0, var = mean(x^2), y = (x * rstd) * w.
 // ---------------------------------------------------------------------------------------------
+// Half-precision rows longer than this many values are widened once into a float32 scratch row
+// and the passes read that: each pass would otherwise convert the row again. The same values
+// (the conversion is exact), the same vector lanes (vlanes<bf16> == vlanes<float>): the same bits.
+constexpr int64_t kWidenCols = 512;
+
+// One row: xr (n values of P: S, or the float32 scratch of a half row) -> yr (S).
+template <class S, class P, class W>
+inline void fwd_row(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
+                    acc_t<S>* mean, acc_t<S>* rstd) {
+  using A = acc_t<S>;
+  static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
+  constexpr int64_t L = vlanes<S>;
+  A shift = A(0), md = A(0);
+  if (center) {
+    shift = to_acc(xr[0]);
+    md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
+  }
+  const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
+  const A rs = A(1) / std::sqrt(var + eps);
+  if (mean != nullptr) *mean = shift + md;
+  if (rstd != nullptr) *rstd = rs;
+  const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
+    vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
+    if (cast) v = vround<S>(v);
+    if (wr != nullptr) v = v * vload(wr + j);
+    if (br != nullptr) v = v + vload(br + j);
+    vstore(yr + j, v);
+  }
+  for (; j < n; ++j) {
+    A v = ((to_acc(xr[j]) - shift) - md) * rs;
+    if (cast) v = round_as<S>(v);
+    if (wr != nullptr) v = v * to_acc(wr[j]);
+    if (br != nullptr) v = v + to_acc(br[j]);
+    yr[j] = from_acc<S>(v);
+  }
+}
+
 template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
   using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
   const int64_t n = a.n_cols;
   const S* X = static_cast<const S*>(a.x);
   const S* R = static_cast<const S*>(a.res);
@@ -78,6 +116,10 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
   const int64_t rpb = a.n_rows / (a.n_b > 0 ? a.n_b : 1);
   const A eps = A(a.eps);
   const bool center = a.center, cast = a.cast_x_hat;
+  std::unique_ptr<float[]> scratch;  // half rows longer than kWidenCols, widened
+  if constexpr (sizeof(S) == 2) {
+    if (n > kWidenCols) scratch.reset(new float[n]);
+  }
   for (int64_t i = lo; i < hi; ++i) {
     const S* xr = X + i * n;
     if (R != nullptr) {  // the fused add: h's row, then normalise it (from L1)
@@ -86,32 +128,20 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
     }
     const W* wr = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n;
     const W* br = Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n;
-    A shift = A(0), md = A(0);
-    if (center) {
-      shift = to_acc(xr[0]);
-      md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
+    A* mi = M == nullptr ? nullptr : M + i;
+    A* ri = RS == nullptr ? nullptr : RS + i;
+    if constexpr (sizeof(S) == 2) {
+      if (scratch) {
+        float* f = scratch.get();
+        constexpr int64_t L = vlanes<S>;
+        int64_t j = 0;
+        for (; j + L <= n; j += L) vstore(f + j, vload(xr + j));
+        for (; j < n; ++j) f[j] = to_acc(xr[j]);
+        fwd_row<S, float, W>(f, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
+        continue;
+      }
     }
-    const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
-    const A rs = A(1) / std::sqrt(var + eps);
-    if (M != nullptr) M[i] = shift + md;
-    if (RS != nullptr) RS[i] = rs;
-    S* yr = Y + i * n;
-    const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
-    int64_t j = 0;
-    for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
-      vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
-      if (cast) v = vround<S>(v);
-      if (wr != nullptr) v = v * vload(wr + j);
-      if (br != nullptr) v = v + vload(br + j);
-      vstore(yr + j, v);
-    }
-    for (; j < n; ++j) {
-      A v = ((to_acc(xr[j]) - shift) - md) * rs;
-      if (cast) v = round_as<S>(v);
-      if (wr != nullptr) v = v * to_acc(wr[j]);
-      if (br != nullptr) v = v + to_acc(br[j]);
-      yr[j] = from_acc<S>(v);
-    }
+    fwd_row<S, S, W>(xr, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
   }
 }
 
@@ -141,7 +171,7 @@ template <class S, class W> void fwd(const FwdArgs& a) {
 
 // ---------------------------------------------------------------------------------------------
 // Backward: rows [lo, hi) of norm_bwd; pw / pb (n_cols,) gather this chunk's dw / db (nullptr:
-// not needed).
+// not needed; pb is nullptr for RMSNorm, which has no bias).
 //
 //   dy, x, dh, dx (n_rows, n_cols) S;  w (n_w, n_cols) W;  mean, rstd (n_rows,) acc_t<S>
 //
@@ -212,7 +242,7 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
       if (pw != nullptr) {
         vec<A> seen = cast ? vround<S>(xh) : xh;
         vstore(pw + j, vload(pw + j) + dyv * seen);
-        vstore(pb + j, vload(pb + j) + dyv);
+        if (pb != nullptr) vstore(pb + j, vload(pb + j) + dyv);
       }
     }
     for (; j < n; ++j) {
@@ -224,7 +254,7 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
       if (pw != nullptr) {
         A seen = cast ? round_as<S>(xh) : xh;
         pw[j] = pw[j] + dyv * seen;
-        pb[j] = pb[j] + dyv;
+        if (pb != nullptr) pb[j] = pb[j] + dyv;
       }
     }
   }
@@ -261,7 +291,7 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
   const int64_t n_chunks = n_w * per_w;
   if (n_chunks == 1) {  // one chunk: its partials are the sums
     for (int64_t j = 0; j < n; ++j) dw[j] = db[j] = A(0);
-    bwd_rows<S, W>(a, 0, a.n_rows, dw, db);
+    bwd_rows<S, W>(a, 0, a.n_rows, dw, a.center ? db : nullptr);
     return;
   }
   std::unique_ptr<A[]> part(new A[2 * n_chunks * n]);  // per chunk: dw's partial row, then db's
@@ -269,11 +299,11 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
     for (int64_t c = cb; c < ce; ++c) {
       A* pw = part.get() + 2 * c * n;
       A* pb = pw + n;
-      for (int64_t j = 0; j < 2 * n; ++j) pw[j] = A(0);
+      for (int64_t j = 0; j < (a.center ? 2 * n : n); ++j) pw[j] = A(0);
       const int64_t gw = c / per_w;
       const int64_t lo = gw * rpw + (c - gw * per_w) * rows;
       const int64_t hi = std::min(lo + rows, (gw + 1) * rpw);
-      bwd_rows<S, W>(a, lo, hi, pw, pb);
+      bwd_rows<S, W>(a, lo, hi, pw, a.center ? pb : nullptr);
     }
   });
   constexpr int64_t B = 256;  // columns per merge task
@@ -287,7 +317,7 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
         const A* pb = pw + n;
         for (int64_t j = j0; j < j1; ++j) {
           sw[j - j0] += double(pw[j]);
-          sb[j - j0] += double(pb[j]);
+          if (a.center) sb[j - j0] += double(pb[j]);
         }
       }
       for (int64_t j = j0; j < j1; ++j) {
