@@ -45,7 +45,11 @@ _BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
 # (op, backend) -> the function that runs op on that backend: the one table
 _IMPL: dict[tuple[str, str], Callable] = {}
 
-_state = threading.local()
+class _State(threading.local):
+    choice: str | None = None  # a class default: reading it unset raises nothing (an AttributeError costs ~1 us)
+
+
+_state = _State()
 _global_choice: str | None = None
 _ENV_CHOICE = os.environ.get("NORMLAB_BACKEND", "").strip() or "auto"  # see get_backend
 # op -> (name, predicate, function) of the backends implementing it, highest priority
@@ -168,7 +172,7 @@ def eager_cpu() -> bool:
     or ``"cpu"``, the backend is installed, and no transform, forward-mode AD, compile, export or
     trace is running. ``normlab.functional``'s fast paths ask this before the C++ entry points
     (which check the arguments themselves and decline what they do not serve)."""
-    choice = getattr(_state, "choice", None) or _global_choice or _ENV_CHOICE
+    choice = _state.choice or _global_choice or _ENV_CHOICE
     return ((choice == "auto" or choice == "cpu") and "cpu" in _BACKENDS and not _functorch_active()
             and _fwad._current_level < 0 and not _is_compiling() and not _is_exporting() and not _is_tracing())
 

@@ -32,6 +32,8 @@ from .ops._common import acc_dtype
 
 _C = _extension.load()
 _eager_cpu = _backend.eager_cpu
+# BatchNorm's C++ entry (a module global: one lookup a call; tests spy on it)
+_batch_norm_fast = _C.batch_norm_fast if _C is not None else None
 
 __all__ = [
     "layer_norm",
@@ -440,6 +442,13 @@ def batch_norm(
     >>> rm, rv
     (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
+    if _batch_norm_fast is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+        try:
+            y = _batch_norm_fast(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        except TypeError:  # an argument of a type it does not take: the checks below say what
+            y = None
+        if y is not None:
+            return y
     fn = "batch_norm"
     if training and isinstance(eps, numbers.Real) and not eps > 0:
         raise ValueError(

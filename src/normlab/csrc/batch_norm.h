@@ -20,6 +20,30 @@ at::Tensor batch_norm_entry(const at::Tensor& x, const std::optional<at::Tensor>
                             const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& running_mean,
                             const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps);
 
+// normlab.functional.batch_norm for arguments that its checks accept without a word (x a CPU
+// tensor of a served dtype, (N, C, *) with N * prod(*) > 1 in training and numel > 0, each
+// per-channel tensor absent or (C,) in x's dtype (float32 beside half precision), the running
+// pair both or neither (both in evaluation), momentum in [0, 1], eps finite, > 0 in training,
+// >= 0 otherwise): y, the running statistics updated in training. Anything else: None, and
+// Python runs its checks (which raise with the message) and its backend choice.
+std::optional<at::Tensor> batch_norm_fast(const at::Tensor& x, const std::optional<at::Tensor>& running_mean,
+                                          const std::optional<at::Tensor>& running_var,
+                                          const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
+                                          bool training, double momentum, double eps);
+
+// normlab.nn's BatchNorm forward (nn/batch_norm.py) as one call: the input rank (bit x.dim() of
+// `dims`) and channel checks, which statistics to use and with what momentum
+// (momentum=None: 1 / (num_batches_tracked + 1)), batch_norm_fast, then num_batches_tracked + 1
+// (training with track_running_stats). None where Python must run it (it then raises, or
+// serves the case), nothing changed.
+std::optional<at::Tensor> batch_norm_module(const at::Tensor& x, const std::optional<at::Tensor>& w,
+                                            const std::optional<at::Tensor>& b,
+                                            const std::optional<at::Tensor>& running_mean,
+                                            const std::optional<at::Tensor>& running_var,
+                                            const std::optional<at::Tensor>& num_batches_tracked, bool training,
+                                            bool track_running_stats, std::optional<double> momentum, double eps,
+                                            int64_t num_features, int64_t dims);
+
 // running = (1 - momentum) * running + momentum * stat, stats (2 or 3, C) float64 rows mean,
 // biased var; n values per channel (unbiased var); version counters moved.
 void batch_norm_update_entry(const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& stats,
@@ -70,6 +94,18 @@ inline std::tuple<int64_t, int64_t, int64_t, int64_t, bool> geometry_of(int64_t 
 inline void bind_batch_norm(pybind11::module_& m) {
   m.def("batch_norm", &bn::batch_norm_entry, "BatchNorm forward (eager): normlab::batch_norm_train_fwd / _eval_fwd "
         "and the running-statistics update");
+  namespace py = pybind11;
+  // noconvert: an int, bool or tensor momentum / eps / training is Python's to check (TypeError -> None)
+  m.def("batch_norm_fast", &bn::batch_norm_fast, "BatchNorm of arguments the checks accept, else None",
+        py::arg("input"), py::arg("running_mean").none(true), py::arg("running_var").none(true),
+        py::arg("weight").none(true), py::arg("bias").none(true), py::arg("training").noconvert(),
+        py::arg("momentum").noconvert(), py::arg("eps").noconvert());
+  m.def("batch_norm_module", &bn::batch_norm_module, "normlab.nn BatchNorm forward, else None", py::arg("input"),
+        py::arg("weight").none(true), py::arg("bias").none(true), py::arg("running_mean").none(true),
+        py::arg("running_var").none(true), py::arg("num_batches_tracked").none(true),
+        py::arg("training").noconvert(), py::arg("track_running_stats").noconvert(),
+        py::arg("momentum").none(true).noconvert(), py::arg("eps").noconvert(), py::arg("num_features").noconvert(),
+        py::arg("dims").noconvert());
   m.def("batch_norm_update", &bn::batch_norm_update_entry, "running statistics blended in place (eager)");
   m.def("batch_norm_constants", &bn::get_constants, "the BatchNorm kernels' geometry constants");
   m.def("batch_norm_set_constants", &bn::set_constants, "set geometry constants (tests); returns the old ones");

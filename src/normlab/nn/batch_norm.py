@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from .. import _backend
 from .. import functional as F
 from ._base import _NormBase
+
+_module_fast = F._C.batch_norm_module if F._C is not None else None
+_eager_cpu = _backend.eager_cpu
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
@@ -48,7 +52,31 @@ class _BatchNorm(_NormBase):
     def _check_input_dim(self, input: torch.Tensor) -> None:
         raise NotImplementedError
 
+    # The input ranks _check_input_dim accepts, as bits (1 << dim), for the C++ entry; 0 (no
+    # fast path) in a subclass that checks the input or normalises in its own way.
+    _fast_dims = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_fast_dims" not in cls.__dict__ and "_check_input_dim" in cls.__dict__:
+            cls._fast_dims = 0
+        for name in ("_normalize", "_momentum_factor", "_check_num_channels"):
+            if getattr(cls, name) is not getattr(_BatchNorm, name):
+                cls._fast_dims = 0
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # Eager CPU: one C++ call does what the lines below do (checks, statistics, momentum,
+        # running statistics, num_batches_tracked); None: a case for the lines below.
+        if self._fast_dims and _module_fast is not None and _eager_cpu():
+            p, b = self._parameters, self._buffers
+            try:
+                y = _module_fast(input, p["weight"], p["bias"], b["running_mean"], b["running_var"],
+                                 b["num_batches_tracked"], self.training, self.track_running_stats, self.momentum,
+                                 self.eps, self.num_features, self._fast_dims)
+            except (TypeError, KeyError):
+                y = None
+            if y is not None:
+                return y
         self._check_input_dim(input)
         # each parameter and buffer read once: a module attribute lookup costs ~1 us
         weight, bias = self.weight, self.bias
@@ -112,6 +140,8 @@ class BatchNorm1d(_BatchNorm):
     (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
 
+    _fast_dims = (1 << 2) | (1 << 3)
+
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 2 and input.dim() != 3:
             raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
@@ -143,6 +173,8 @@ class BatchNorm2d(_BatchNorm):
     True
     """
 
+    _fast_dims = 1 << 4
+
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 4:
             raise ValueError(f"expected 4D input (got {input.dim()}D input)")
@@ -173,6 +205,8 @@ class BatchNorm3d(_BatchNorm):
     >>> bool(y.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-5), int(bn.num_batches_tracked)
     (True, 1)
     """
+
+    _fast_dims = 1 << 5
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 5:

@@ -172,6 +172,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy_in, 
   return {dx, dw, db};
 }
 
+double* stats_scratch(int64_t n) {
+  thread_local std::vector<double> buf;
+  if (int64_t(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+at::Tensor forward_into(const at::Tensor& x_in, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
+                        const std::optional<at::Tensor>& rm, const std::optional<at::Tensor>& rv, double eps,
+                        bool training, double* stats) {
+  const at::MemoryFormat fmt = memory_format(x_in);
+  const at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor y = empty_output(x, fmt);
+  forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), training ? Chan{} : chan(rm),
+          training ? Chan{} : chan(rv), stats, view_of(x, fmt), eps, training);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_typed(const at::Tensor& dy_in, const at::Tensor& x_in,
+                                                         const std::optional<at::Tensor>& w, const at::Tensor& stats_in,
+                                                         bool training, bool need_dx, bool need_dw, bool need_db,
+                                                         at::ScalarType dw_dtype, at::ScalarType db_dtype) {
+  const int64_t c = x_in.size(1);
+  const at::MemoryFormat fmt = memory_format(x_in);
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
+  const at::Tensor stats = stats_in.scalar_type() == at::kDouble ? stats_in.contiguous() : stats_in.to(at::kDouble).contiguous();
+  const bool need_wb = need_dw || need_db;
+  at::Tensor dx = need_dx ? empty_output(x, fmt) : at::Tensor();
+  double* sums = stats_scratch(2 * c);  // dw, db as float64 sums
+  if (x.numel() == 0) {
+    std::fill(sums, sums + 2 * c, 0.0);
+  } else {
+    backward(dtype_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+             chan(w), stats.const_data_ptr<double>(), sums, sums + c, view_of(x, fmt), training, need_dx, need_wb);
+  }
+  auto cast = [&](const double* v, at::ScalarType st) {
+    at::Tensor t = at::empty({c}, x.options().dtype(st));
+    const MutChan m{t.data_ptr(), dtype_of(t, "a parameter's gradient"), 1};
+    if (st == at::kDouble) std::copy(v, v + c, t.data_ptr<double>());
+    else for (int64_t i = 0; i < c; ++i) m.set(i, v[i]);
+    return t;
+  };
+  return {dx, need_dw ? cast(sums, dw_dtype) : at::Tensor(), need_db ? cast(sums + c, db_dtype) : at::Tensor()};
+}
+
 void update_running_raw(const at::Tensor& rm, const at::Tensor& rv, const double* mean, const double* var, int64_t n,
                         double momentum) {
   const int64_t c = rm.size(0);
