@@ -181,7 +181,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="local (this machine) or ray (a Ray cluster; pip install 'normlab[ray]')")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster address for --executor ray (default: start a local Ray instance)")
-    p.add_argument("--quick", action="store_true", help="a small sweep (CI, README): stability --quick takes ~15 s on 2 cores")
+    p.add_argument("--quick", action="store_true", help="a small sweep (CI, README): stability --quick takes ~9 s on 2 cores")
 
 
 
