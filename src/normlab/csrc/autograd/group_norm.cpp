@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include "autograd/row_stats_node.h"
+
 #include <cmath>
 
 
@@ -83,22 +85,13 @@ at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDoub
 // out, one per edge (an absent parameter has an empty edge). Built by hand as torch's generated
 // autograd code builds its nodes: the saved values are fields, not the IValue dict and variable
 // bookkeeping of torch::autograd::Function (several microseconds a call).
-struct GroupNormBackward : public torch::autograd::Node {
-  torch::autograd::SavedVariable x_, w_, mean_, rstd_;
+struct GroupNormBackward : public RowStatsNode {  // saves x, w, mean, rstd
   int64_t g_ = 1;
   double eps_ = 0;
   bool fixed_ = false, has_w_ = false, has_b_ = false;
   at::ScalarType b_dtype_ = at::kFloat;
 
   std::string name() const override { return fixed_ ? "InstanceNormEvalBackward" : "GroupNormBackward"; }
-
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    w_.reset_data();
-    mean_.reset_data();
-    rstd_.reset_data();
-  }
 
   variable_list apply(variable_list&& grads_out) override {
     std::lock_guard<std::mutex> lock(mutex_);

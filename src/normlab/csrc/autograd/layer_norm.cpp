@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include "autograd/row_stats_node.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cfloat>
@@ -114,22 +116,13 @@ std::tuple<Tensor, Tensor, Tensor> reference_grads(const Tensor& dy, const Tenso
 // edge). Built by hand, as torch's generated autograd code builds its nodes: the saved values
 // are fields, not the IValue dict and variable bookkeeping of torch::autograd::Function, which
 // cost several microseconds a call -- most of a small LayerNorm's time.
-struct RowNormBackward : public torch::autograd::Node {
-  torch::autograd::SavedVariable x_, w_, mean_, rstd_;  // x: h for the fused add
+struct RowNormBackward : public RowStatsNode {  // saves x (h for the fused add), w, mean, rstd
   std::vector<int64_t> shape_, b_shape_;
   double eps_ = 0, offset_ = 0;
   bool center_ = true, cast_x_hat_ = false, has_res_ = false, has_w_ = false, has_b_ = false;
   at::ScalarType b_dtype_ = at::kFloat;
 
   std::string name() const override { return "RowNormBackward"; }
-
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    w_.reset_data();
-    mean_.reset_data();
-    rstd_.reset_data();
-  }
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);

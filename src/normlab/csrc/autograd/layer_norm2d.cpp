@@ -20,6 +20,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include "autograd/row_stats_node.h"
+
 #include <cmath>
 
 #include "layer_norm2d_layout.h"
@@ -86,21 +88,12 @@ std::tuple<Tensor, Tensor, Tensor> reference_backward(const Tensor& dy, const Te
 
 // The backward node of layer_norm2d: the grad of y in, the grads of (x, weight, bias) out, one
 // per edge (an absent parameter has an empty edge).
-struct LayerNorm2dBackward : public torch::autograd::Node {
-  torch::autograd::SavedVariable x_, w_, mean_, rstd_;
+struct LayerNorm2dBackward : public RowStatsNode {  // saves x, w, mean, rstd
   double eps_ = 0;
   bool has_w_ = false, has_b_ = false;
   at::ScalarType b_dtype_ = at::kFloat;
 
   std::string name() const override { return "LayerNorm2dBackward"; }
-
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    w_.reset_data();
-    mean_.reset_data();
-    rstd_.reset_data();
-  }
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
