@@ -4,7 +4,11 @@ normlab versions in two virtual environments (the C++ kernels and the last Numba
     venv-a/bin/python scripts/bench-large-rows.py > a.txt && venv-b/bin/python scripts/bench-large-rows.py > b.txt
 
 Prints 'name<TAB>ms' lines: the minimum over repeats of one call's thread CPU time, after warm-up."""
-import sys, time, torch, normlab
+import time
+
+import torch
+
+import normlab
 import normlab.functional as F
 torch.set_num_threads(1)
 torch.manual_seed(0)
