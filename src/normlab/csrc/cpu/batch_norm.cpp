@@ -1,5 +1,6 @@
 // BatchNorm's CPU kernels of the ops (schemas in csrc/batch_norm.cpp): tensors in, checks,
 // outputs allocated in torch's memory format, the raw-pointer kernels of batch_norm_kernels.cpp.
+#include "cpu/huge_pages.h"
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -58,21 +59,6 @@ View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
   return {n, numel / n, numel / (n * c), c};  // planes (N, C * S)
 }
 
-// Outputs of at least this many bytes are advised onto transparent huge pages (numpy's
-// threshold for its own arrays): a fresh large buffer is otherwise faulted in 4 KiB at a time.
-constexpr int64_t kHugeMin = int64_t(1) << 22;
-
-bool huge_pages_help() {
-  static const bool on = [] {
-    const char* env = std::getenv("NORMLAB_HUGEPAGES");
-    if (env && std::string(env) == "0") return false;
-    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string mode((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return mode.find("[madvise]") != std::string::npos;
-  }();
-  return on;
-}
-
 }  // namespace
 
 at::MemoryFormat memory_format(const at::Tensor& x) { return x.suggest_memory_format(); }
@@ -81,13 +67,7 @@ at::Tensor canonical(const at::Tensor& x) { return x.contiguous(x.suggest_memory
 
 at::Tensor empty_output(const at::Tensor& x, at::MemoryFormat fmt) {
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(fmt));
-  const int64_t n = out.numel() * out.element_size();
-  if (n >= kHugeMin && huge_pages_help()) {
-    constexpr uintptr_t page = 4096;
-    const uintptr_t start = reinterpret_cast<uintptr_t>(out.data_ptr());
-    const uintptr_t lo = (start + page - 1) / page * page, hi = (start + n) / page * page;
-    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint: failure is harmless
-  }
+  advise_huge_pages(out.data_ptr(), int64_t(out.nbytes()));  // cpu/huge_pages.h
   return out;
 }
 

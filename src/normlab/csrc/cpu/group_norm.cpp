@@ -6,6 +6,7 @@
 // (one copy if it is not) and runs the row kernels -- with S == 1 the two layouts are the same
 // memory, and the backward takes the NHWC kernel (per-chunk dw/db partials, not per (n, c)).
 // InstanceNorm's outputs are contiguous (its entry point hands a contiguous x).
+#include "cpu/huge_pages.h"
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -40,16 +41,11 @@ template <class F> void dispatch(at::ScalarType t, const char* op, const F& f) {
 
 template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
 
-// An uninitialised tensor like torch's empty; one of 4 MiB or more advised onto transparent huge pages
-// (its first writes then fault 2 MiB at a time, not 4 KiB; a failed advice changes nothing).
+// An uninitialised tensor like torch's empty, large ones advised onto transparent huge pages
+// (cpu/huge_pages.h).
 Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& opts, at::MemoryFormat fmt) {
   Tensor t = at::empty(sizes, opts.memory_format(fmt));
-  const size_t bytes = size_t(t.numel()) * t.element_size();
-  if (bytes >= (size_t(1) << 22)) {
-    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(t.data_ptr());
-    const uintptr_t lo = (start + page - 1) / page * page, hi = (start + bytes) / page * page;
-    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  }
+  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
   return t;
 }
 

@@ -1,5 +1,6 @@
 // CPU kernels of the layer_norm family's ops (schemas: csrc/layer_norm.cpp): argument checks,
 // outputs allocated in torch's layout, the row kernels called (cpu/layer_norm_kernels.cpp).
+#include "cpu/huge_pages.h"
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -19,32 +20,10 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// Whether large fresh outputs are advised onto transparent huge pages: the kernel is in
-// "madvise" mode (in "always" mode they get them anyway), and not NORMLAB_HUGEPAGES=0.
-bool huge_pages() {
-  static const bool on = [] {
-    const char* env = std::getenv("NORMLAB_HUGEPAGES");
-    if (env != nullptr && std::string(env) == "0") return false;
-    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str().find("[madvise]") != std::string::npos;
-  }();
-  return on;
-}
-
-// at::empty; a buffer of 4 MiB or more first advised onto transparent huge pages (the 4 KiB
-// pages inside it): a fresh large output is otherwise faulted in 4 KiB at a time as the
-// kernel first writes it (64 MB: 28-41 ms against 9-15 ms advised, docs/notes).
+// at::empty, large buffers advised onto transparent huge pages (cpu/huge_pages.h).
 Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& options) {
   Tensor t = at::empty(sizes, options);
-  const size_t n = t.nbytes();
-  if (n >= (size_t(1) << 22) && huge_pages()) {
-    constexpr uintptr_t page = 4096;
-    const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
-    const uintptr_t lo = (start + page - 1) / page * page, hi = (start + n) / page * page;
-    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint: failure is harmless
-  }
+  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
   return t;
 }
 

@@ -2,6 +2,7 @@
 // kernels write (csrc/layer_norm2d_layout.h: contiguous for NCHW input, the input's own strides
 // for channels-last input), then the raw-pointer kernels: cpu/layer_norm2d_kernels.cpp for NCHW
 // planes, LayerNorm's row kernels (cpu/layer_norm_kernels.h) for channels-last rows.
+#include "cpu/huge_pages.h"
 #include <sys/mman.h>
 #include <torch/library.h>
 
@@ -16,19 +17,9 @@ namespace {
 
 using at::Tensor;
 
-// Outputs of at least this many bytes are advised onto transparent huge pages: a fresh large
-// buffer is otherwise faulted in 4 KiB at a time as the kernel first writes it (allocating and
-// writing 64 MB: 28-41 ms against 9-15 ms advised, docs/performance.md). Only a hint: no value changes.
-constexpr int64_t kHugeBytes = int64_t(1) << 22;
-constexpr uintptr_t kPage = 4096;
-
+// A fresh output, large ones advised onto transparent huge pages (cpu/huge_pages.h).
 Tensor advised(Tensor t) {
-  const int64_t n = t.numel() * t.element_size();
-  if (n >= kHugeBytes) {
-    const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
-    const uintptr_t lo = (start + kPage - 1) / kPage * kPage, hi = (start + n) / kPage * kPage;
-    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a failure: as before
-  }
+  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
   return t;
 }
 
