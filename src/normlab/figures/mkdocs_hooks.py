@@ -26,6 +26,9 @@ _state: dict = {}
 
 _INLINE = re.compile(r'<span class="arithmatex">\\\((.*?)\\\)</span>', re.S)
 _BLOCK = re.compile(r'<div class="arithmatex">\\\[(.*?)\\\]</div>', re.S)
+# latex2mathml (3.81) drops the last row of an array whose last cell is empty (a row written
+# `y &= b &` just before \end{array}); an explicit empty group in that cell keeps the row.
+_LAST_EMPTY_CELL = re.compile(r"&(\s*)\\end\{array\}")
 
 
 def on_pre_build(config, **kwargs):
@@ -48,11 +51,16 @@ def on_files(files, config, **kwargs):
     return files
 
 
-def _mathml(latex: str, display: str, page) -> str:
+def to_mathml(latex: str, display: str = "inline") -> str:
+    """MathML of a LaTeX formula, as the site shows it (``display``: "inline" or "block")."""
     from latex2mathml.converter import convert
 
+    return convert(_LAST_EMPTY_CELL.sub(r"& {}\1\\end{array}", latex.strip()), display=display)
+
+
+def _mathml(latex: str, display: str, page) -> str:
     try:
-        return convert(html.unescape(latex).strip(), display=display)
+        return to_mathml(html.unescape(latex), display)
     except Exception as e:  # noqa: BLE001 - any parser failure is reported, and fails --strict
         log.warning("normlab: formula on %s not converted to MathML (%s): %s", page.file.src_uri, e, latex[:80])
         return html.escape(latex)
