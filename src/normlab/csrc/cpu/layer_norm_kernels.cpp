@@ -62,26 +62,26 @@ template <class S> inline void add_row(const S* xr, const S* rr, S* hr, int64_t 
 //   y = (xc * rstd) * w + b,  rstd = 1 / sqrt(var + eps)
 // RMSNorm: shift = mean(d) = 0, var = mean(x^2), y = (x * rstd) * w.
 // ---------------------------------------------------------------------------------------------
-// Half-precision rows longer than this many values are widened once into a float32 scratch row
-// and the passes read that: each pass would otherwise convert the row again. The same values
-// (the conversion is exact), the same vector lanes (vlanes<bf16> == vlanes<float>): the same bits.
+// Half-precision rows longer than this many values are widened once into a float32 scratch
+// row, d = x - shift, and the other passes read that: each pass would otherwise convert the row
+// again. The widening pass also sums d (the first statistics pass). The same values (the
+// conversion is exact; d - 0 is d), the same order of additions, the same lanes (vlanes<bf16>
+// == vlanes<float>): the same bits as the passes over the half row.
 constexpr int64_t kWidenCols = 512;
 
-// One row: xr (n values of P: S, or the float32 scratch of a half row) -> yr (S).
+// The rest of a row once mean(d) is known: the variance pass, rstd, the output pass.
+// xr: n values of P (S, or the float32 scratch row d of a half row), shift: what the passes
+// subtract from xr (the row's shift, or 0 for the scratch row, which holds d already);
+// mean_at: the row's mean, shift + mean(d).
 template <class S, class P, class W>
-inline void fwd_row(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
-                    acc_t<S>* mean, acc_t<S>* rstd) {
+inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool cast,
+                       acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
   static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
   constexpr int64_t L = vlanes<S>;
-  A shift = A(0), md = A(0);
-  if (center) {
-    shift = to_acc(xr[0]);
-    md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
-  }
   const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
   const A rs = A(1) / std::sqrt(var + eps);
-  if (mean != nullptr) *mean = shift + md;
+  if (mean != nullptr) *mean = mean_at;
   if (rstd != nullptr) *rstd = rs;
   const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
   int64_t j = 0;
@@ -99,6 +99,48 @@ inline void fwd_row(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc
     if (br != nullptr) v = v + to_acc(br[j]);
     yr[j] = from_acc<S>(v);
   }
+}
+
+// One row of S, read by every pass.
+template <class S, class W>
+inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
+                    acc_t<S>* mean, acc_t<S>* rstd) {
+  using A = acc_t<S>;
+  A shift = A(0), md = A(0);
+  if (center) {
+    shift = to_acc(xr[0]);
+    md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
+  }
+  fwd_finish<S, S, W>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
+}
+
+// d[j] = x[j] - shift over a half row, widened to float32, and the sum of d in shifted_sum's
+// order (numerics/moments.h: two chains over pairs of vectors, one more vector, hsum, the tail).
+template <class S> inline float widen_shifted(const S* xr, float* d, int64_t n, float shift) {
+  constexpr int64_t L = vlanes<S>;
+  vec<float> s0 = vzero<float>(), s1 = vzero<float>(), vs = vset1<float>(shift);
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) {
+    vec<float> a = vload(xr + j) - vs, b = vload(xr + j + L) - vs;
+    vstore(d + j, a);
+    vstore(d + j + L, b);
+    s0 += a;
+    s1 += b;
+  }
+  if (j + L <= n) { vec<float> a = vload(xr + j) - vs; vstore(d + j, a); s0 += a; j += L; }
+  float s = hsum<float>(s0 + s1);
+  for (; j < n; ++j) { d[j] = to_acc(xr[j]) - shift; s += d[j]; }
+  return s;
+}
+
+// One half row of more than kWidenCols values through the scratch row d.
+template <class S, class W>
+inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* yr, int64_t n, float eps, bool center,
+                            bool cast, float* mean, float* rstd) {
+  const float shift = center ? to_acc(xr[0]) : 0.0f;
+  const float sum_d = widen_shifted(xr, d, n, shift);
+  const float md = center ? over_n(sum_d, n) : 0.0f;
+  fwd_finish<S, float, W>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
 }
 
 template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
@@ -132,16 +174,11 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
     A* ri = RS == nullptr ? nullptr : RS + i;
     if constexpr (sizeof(S) == 2) {
       if (scratch) {
-        float* f = scratch.get();
-        constexpr int64_t L = vlanes<S>;
-        int64_t j = 0;
-        for (; j + L <= n; j += L) vstore(f + j, vload(xr + j));
-        for (; j < n; ++j) f[j] = to_acc(xr[j]);
-        fwd_row<S, float, W>(f, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
+        fwd_row_widened<S, W>(xr, scratch.get(), wr, br, Y + i * n, n, eps, center, cast, mi, ri);
         continue;
       }
     }
-    fwd_row<S, S, W>(xr, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
+    fwd_row<S, W>(xr, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
   }
 }
 
