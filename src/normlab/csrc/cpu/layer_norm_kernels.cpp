@@ -143,6 +143,23 @@ inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* 
   fwd_finish<S, float, W>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
 }
 
+// Rows of a large tensor are asked for ahead of use: the hardware prefetcher does not run far
+// enough ahead of the passes over short rows (one thread, 262144 x 64 bfloat16: the forward
+// took 1.7x as long, the backward 1.6x, without). A hint only: no result changes.
+constexpr int64_t kFarBytes = 1 << 20;     // tensors from this size stream from memory
+constexpr int64_t kAheadBytes = 2048;      // how far ahead, at least
+constexpr int64_t kAheadMaxRow = 4096;     // longer rows: the hardware prefetcher keeps up
+// How many rows ahead to ask for rows of row_bytes (0: none).
+inline int64_t rows_ahead(int64_t n_rows, int64_t row_bytes) {
+  if (row_bytes > kAheadMaxRow || n_rows * row_bytes < kFarBytes) return 0;
+  return (kAheadBytes + row_bytes - 1) / row_bytes;
+}
+// The cache lines of one row of n values at p, for reading.
+template <class S> inline void prefetch_row(const S* p, int64_t n) {
+  const char* q = reinterpret_cast<const char*>(p);
+  for (int64_t o = 0; o < n * int64_t(sizeof(S)); o += 64) __builtin_prefetch(q + o, 0, 3);
+}
+
 template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
   using A = acc_t<S>;
   const int64_t n = a.n_cols;
@@ -162,8 +179,13 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
   if constexpr (sizeof(S) == 2) {
     if (n > kWidenCols) scratch.reset(new float[n]);
   }
+  const int64_t ahead = rows_ahead(a.n_rows, n * int64_t(sizeof(S)));
   for (int64_t i = lo; i < hi; ++i) {
     const S* xr = X + i * n;
+    if (ahead > 0 && i + ahead < hi) {
+      prefetch_row(xr + ahead * n, n);
+      if (R != nullptr) prefetch_row(R + (i + ahead) * n, n);
+    }
     if (R != nullptr) {  // the fused add: h's row, then normalise it (from L1)
       add_row(xr, R + i * n, H + i * n, n);
       xr = H + i * n;
@@ -234,9 +256,17 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
   const A* RS = static_cast<const A*>(a.rstd);
   const int64_t rpw = a.n_rows / (a.n_w > 0 ? a.n_w : 1);
   const bool center = a.center, cast = a.cast_x_hat;
+  // half precision only: float32 rows came out 5-15 % slower with the hints (their sums' pass
+  // waits on memory less than on the conversions a half row needs)
+  const int64_t ahead = sizeof(S) == 2 ? rows_ahead(a.n_rows, n * int64_t(sizeof(S))) : 0;
   for (int64_t i = lo; i < hi; ++i) {
     const S* xr = X + i * n;
     const S* dyr = DY + i * n;
+    if (ahead > 0 && i + ahead < hi) {
+      prefetch_row(xr + ahead * n, n);
+      prefetch_row(dyr + ahead * n, n);
+      if (DH != nullptr) prefetch_row(DH + (i + ahead) * n, n);
+    }
     const S* dhr = DH == nullptr ? nullptr : DH + i * n;
     S* dxr = DX + i * n;
     const W* wr = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n;
