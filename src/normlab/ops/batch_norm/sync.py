@@ -63,10 +63,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ... import _backend
-from .._common import acc_dtype
+from ..layouts import output_memory_format
+from ..numerics import acc_dtype
 from .. import _register, extension
 from . import op as _op
-from .reference import _channel_sum, _mean_var_xc, _memory_format, _stat_shape, batch_norm_eval_ref
+from .reference import _channel_sum, _mean_var_xc, _stat_shape, batch_norm_eval_ref
 from .reference import update_running_stats
 
 MAGIC = 7.25e5  # first value of every pack: a misaligned or foreign buffer does not start with it
@@ -364,7 +365,7 @@ def _backward(dy: Tensor, x: Tensor, w, stats, group, parts):
     coeffs = (torch.from_numpy(coeffs) if x.is_cpu else coeffs).to(acc)
     a, k2, k0, hi = (t.reshape(shape) for t in coeffs)
     dx = torch.addcmul(-k0, dy.to(acc), a).sub_((x.to(acc) - hi).mul_(k2))  # (N, C, *spatial)
-    dx = dx.to(x.dtype).contiguous(memory_format=_memory_format(x))
+    dx = dx.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return dx, dw, db
 
 
