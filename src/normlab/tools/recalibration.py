@@ -61,7 +61,8 @@ import torch
 from torch import nn
 
 from ..nn.batch_renorm import _BatchRenorm
-from ._common import check_model, is_batch_norm
+from .models import check_model
+from .norm_layers import is_batch_norm
 
 __all__ = ["recalibrate_batch_norm"]
 
