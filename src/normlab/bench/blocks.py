@@ -38,7 +38,9 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
+from normlab._backend import get_backend
+from normlab.tools.conversion import convert
 
 from .common import DEFAULT_OUT, _meta
 from .cases import DTYPES, Candidate
@@ -115,7 +117,7 @@ def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[
             for p in tm.parameters():
                 p.copy_((torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5 if p.dim() > 1 else
                          1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype))
-        return {"torch": tm, "normlab": normlab.convert(copy.deepcopy(tm))}
+        return {"torch": tm, "normlab": convert(copy.deepcopy(tm))}
     tm = PermuteLayerNorm2d(*case.args, dtype=dtype)
     with torch.no_grad():
         for p in tm.parameters():
@@ -201,7 +203,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
                   "quick": quick, "repeats": repeats, "warmup": warmup,
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
-    meta.update(suite=SUITE, normlab_backend=normlab.get_backend(), warnings=warnings)
+    meta.update(suite=SUITE, normlab_backend=get_backend(), warnings=warnings)
     rows, measured, interrupted = _chapters_run.run_plan(
         plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,
         progress=progress, on_group=on_group, providers=PROVIDERS, cell=_cell,

@@ -52,7 +52,9 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
+from normlab._backend import get_backend
+from normlab.tools.conversion import convert
 import normlab.functional as NF
 
 from .cases import DTYPES, Candidate, exception_status
@@ -195,7 +197,7 @@ def loop_candidates(case: Case, data) -> dict[str, Candidate]:
     """A run per call: deep-copy the prebuilt model, then :func:`train` it for 30 steps."""
     X, y, _ = data
     proto = chapter_mlp(case.args[0])
-    protos = {"torch": proto, "normlab": normlab.convert(copy.deepcopy(proto))}
+    protos = {"torch": proto, "normlab": convert(copy.deepcopy(proto))}
     return {p: Candidate(lambda m=m: (lambda: train(copy.deepcopy(m), X, y))) for p, m in protos.items()}
 
 
@@ -317,7 +319,7 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
                   "threads": thread_list, "quick": quick, "repeats": repeats, "warmup": warmup,
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
-    meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=normlab.get_backend(),
+    meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=get_backend(),
                 warnings=warnings)
     rows, measured, interrupted = run_plan(
         plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,

@@ -74,14 +74,15 @@ def progress_bar(show: bool):
 
 
 def _meta(options: dict) -> dict:
-    import normlab
-    from normlab.ops import extension
+    from .._backend import available_backends
+    from .._version import __version__
+    from ..ops import extension
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "options": options,
-        "normlab": normlab.__version__, "torch": torch.__version__,
+        "normlab": __version__, "torch": torch.__version__,
         "extension": extension.build_info().get("level"), "python": platform.python_version(),
-        "backends": normlab.available_backends(),
+        "backends": available_backends(),
         "machine": platform.machine(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,

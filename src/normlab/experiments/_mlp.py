@@ -49,7 +49,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 import normlab.functional as NF
 
 NORMS = ("none", "batch", "layer", "rms", "group")

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
 from . import _common as C

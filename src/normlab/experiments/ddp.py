@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 
 from ..demos import source_label
 from . import _common as C

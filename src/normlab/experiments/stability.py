@@ -32,7 +32,7 @@ import os
 import statistics
 import time
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
 from . import _common as C

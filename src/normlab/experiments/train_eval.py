@@ -22,7 +22,7 @@ import time
 
 import torch
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
 from . import _common as C

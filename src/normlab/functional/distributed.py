@@ -1,13 +1,16 @@
-"""The functional entry that communicates: SyncBatchNorm's synchronised training step, the one
-``normlab.nn.SyncBatchNorm`` calls (its math and collectives: ``normlab.ops.batch_norm.sync``)."""
+"""The functional entries that communicate over ``torch.distributed``: SyncBatchNorm's synchronised
+training step (what ``normlab.nn.SyncBatchNorm`` calls) and the merge of per-rank moments (what
+``normlab.tools.recalibrate_batch_norm`` calls). The math and the collectives:
+``normlab.ops.batch_norm.sync``."""
 
 from __future__ import annotations
 
 from ..ops.batch_norm import sync as _sync
 
-__all__ = ["sync_batch_norm", "group_name"]
+__all__ = ["sync_batch_norm", "group_name", "merge_moments"]
 
 group_name = _sync.group_name  # the name a process group goes by in the custom ops (the key of an agreement)
+merge_moments = _sync.merge_moments  # per-rank (count, mean, M2) of each channel merged over a group
 
 
 def sync_batch_norm(input, running_mean, running_var, weight, bias, momentum, eps, group=None, *, check=True):

@@ -77,7 +77,7 @@ def _sync_group(m):
 
 
 def _merge_moments(count, mean, m2, num_features, group):
-    from ..ops.batch_norm.sync import merge_moments
+    from ..functional.distributed import merge_moments
 
     return merge_moments(count, mean, m2, num_features, group)
 
