@@ -42,12 +42,12 @@ import normlab.nn
 from normlab._backend import get_backend
 from normlab.tools.conversion import convert
 
-from .common import DEFAULT_OUT, _meta
+from .run_context import DEFAULT_OUT, run_meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
 from . import hf_models
 from . import chapters_data as _chapters
-from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
+from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, choose, _table, make_row, row_key
 from .report import fmt_time, ratio_and_times
 
 SUITE = "blocks"
@@ -175,10 +175,10 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
     """Run the suite; arguments and result as :func:`normlab.bench.chapters.run_chapters`
     (``layers`` from ``LAYERS``, any case)."""
     q = 1 if quick else 0
-    names = _choose(layers, LAYERS, "layer", suite="blocks") or list(LAYERS)
-    modes = _choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
+    names = choose(layers, LAYERS, "layer", suite="blocks") or list(LAYERS)
+    modes = choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
                     suite="blocks") or list(MODES)
-    dtypes = _choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
+    dtypes = choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
     thread_list, repeats, warmup, min_sample_s, max_group_s = _chapters_run.timing_options(
         _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
@@ -199,7 +199,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
                 if left:
                     plan.append((n_threads, case, dtype, left))
 
-    meta = _meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes, "threads": thread_list,
+    meta = run_meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes, "threads": thread_list,
                   "quick": quick, "repeats": repeats, "warmup": warmup,
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
