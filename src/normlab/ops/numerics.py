@@ -54,3 +54,24 @@ def shifted_mean_var(
     var = (xc * xc).mean(dim=dim, keepdim=True)
     mean = shift + mean_d
     return mean, var, xc
+
+
+def chan_merge(counts, means, m2s):
+    """Merge per-rank ``(count, mean, M2)`` in order with Chan's formula; returns ``(N, mean, M2)``.
+
+    ``means``/``m2s``: (C,) float64 per rank (numpy arrays or tensors); ranks
+    with count 0 are skipped, the first non-empty one is taken as it is.
+    """
+    n, mean, m2 = 0.0, means[0] * 0.0, m2s[0] * 0.0
+    for n_b, mean_b, m2_b in zip(counts, means, m2s):
+        if n_b == 0:
+            continue
+        if n == 0:
+            n, mean, m2 = n_b, mean_b, m2_b
+            continue
+        total = n + n_b
+        delta = mean_b - mean  # (C,)
+        mean = mean + delta * (n_b / total)  # (C,)
+        m2 = m2 + m2_b + delta * delta * (n * n_b / total)  # (C,)
+        n = total
+    return n, mean, m2
