@@ -68,7 +68,8 @@ def _same(fn, make_args, flaw):
     """``fn`` with its fast test on and off does the same thing on ``make_args()``."""
     fast = _outcome(fn, make_args)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(NF, "cpu_params_fit", lambda *a, **k: False)  # every fast test needs it: all off
+        for module in (NF.row_norms, NF.batch_norms, NF.group_norms, NF.checks):
+            m.setattr(module, "cpu_params_fit", lambda *a, **k: False)  # every fast test needs it: all off
         slow = _outcome(fn, make_args)
     assert fast[0] == slow[0], (flaw, fast, slow)
     if fast[0] == "raise":
@@ -225,7 +226,8 @@ def test_group_norm_fast_checks_agree_with_full_checks(dtype, shape, flaw, per_g
 def test_the_common_call_takes_the_fast_path(op, monkeypatch):
     """A module-style call (CPU tensors, fitting parameters, float eps) never runs the full checks."""
     calls = []
-    monkeypatch.setattr(NF, "check_input", lambda *a: calls.append(a))
+    for module in (NF.row_norms, NF.batch_norms, NF.group_norms):
+        monkeypatch.setattr(module, "check_input", lambda *a: calls.append(a))
     x, w = torch.randn(4, 6, 3), torch.ones(6)
     if op == "layer_norm":
         NF.layer_norm(x, (3,), torch.ones(3), torch.zeros(3), 1e-5)

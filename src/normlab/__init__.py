@@ -13,11 +13,10 @@ True
 """
 
 from . import functional, nn
+from ._version import __version__
 from ._backend import available_backends, backend_for, get_backend, set_backend, use_backend
-from .nn.convert import convert, register_conversion, revert
+from .tools.conversion import convert, register_conversion, revert
 from .tools import fold, freeze_batch_norm, inspect, recalibrate_batch_norm, unfreeze_batch_norm
-
-__version__ = "0.1.0"
 
 __all__ = [
     "functional",

@@ -1,33 +1,16 @@
-"""Backend choice: which implementation of an op serves a tensor.
+"""Backend choice: the table (op, backend) -> function, and which backend serves a call.
 
-One table, (op, backend) -> function (:data:`_IMPL`): each ``ops`` family
-enters its ops there when it is imported (``ops/_register.implement``): the
-``"ref"`` function from its ``reference.py`` for every op, the ``"cpu"``
-function from its ``op.py`` where it has kernels and numba is installed
-(``ops/layer_norm``: ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm``, ``layer_norm2d``; ``ops/batch_norm``: ``batch_norm``, and
-``sync_batch_norm`` when ``ops/batch_norm/sync.py`` is first imported -- its
-entries are the per-rank parts of SyncBatchNorm, see ``sync.Parts``;
-``ops/group_norm``: ``group_norm``, ``instance_norm``). Callers (``normlab.functional``) ask
-:func:`implementation` for the function and call it; nothing else branches on a
-backend's name.
+The ``ops`` families enter their functions with :func:`register_op` when imported; callers
+ask :func:`implementation` for the function that runs an op on a tensor now. Backends:
+``"ref"`` (serves every device and dtype), ``"cpu"`` (CPU tensors of the four float dtypes,
+where the C++ extension is installed), ``"auto"`` (the last registered backend that serves
+the tensor; the default). While ``torch.export`` or ``torch.jit.trace`` records, every call
+resolves to ``"ref"``. An explicit request that cannot serve a tensor raises an error listing
+what can.
 
-Backends by name:
-
-- ``"ref"``  -- the reference math in plain torch ops; serves every device and dtype.
-- ``"cpu"``  -- the fused Numba kernels (CPU tensors of the four float dtypes).
-- ``"auto"`` -- the fastest registered backend that serves the tensor (the default).
-
-While ``torch.export`` (and ``torch.onnx.export``) or ``torch.jit.trace`` records
-a model, every call resolves to ``"ref"``: the recorded graph then holds aten ops
-that any runtime can run, where a kernel call would be opaque (or invisible).
-An explicit request that cannot serve a tensor (or does not implement the op)
-raises an error that lists what is available.
-
-The choice comes from, in order of precedence: :func:`use_backend` (a context
-manager), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (read
-once, when normlab is imported; validated at the first call that uses it), and
-finally ``"auto"``.
+The choice, in order of precedence: :func:`use_backend` (a context manager, this thread),
+:func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (read once, at import;
+validated at the first call that uses it), ``"auto"``.
 """
 from __future__ import annotations
 
@@ -46,7 +29,7 @@ _BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
 _IMPL: dict[tuple[str, str], Callable] = {}
 
 class _State(threading.local):
-    choice: str | None = None  # a class default: reading it unset raises nothing (an AttributeError costs ~1 us)
+    choice: str | None = None  # a class default: reading it unset raises nothing (no AttributeError to catch)
 
 
 _state = _State()

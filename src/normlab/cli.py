@@ -17,7 +17,7 @@ import json
 import sys
 from typing import NamedTuple, Sequence, Union
 
-from . import __version__
+from ._version import __version__
 
 
 class Leaf(NamedTuple):

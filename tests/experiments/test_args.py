@@ -4,7 +4,7 @@ before any run starts (no store is created)."""
 import pytest
 
 from normlab import cli
-from normlab.experiments import _common as C
+from normlab.experiments import arguments
 from normlab.experiments import batch_size, stability
 
 
@@ -44,10 +44,10 @@ def test_bad_input_is_one_clear_line(argv, says, tmp_path, capsys):
     assert not store.exists()
 
 
-@pytest.mark.skipif(C.cores() < 2, reason="needs 2 cores to exceed with 2 x 2")
+@pytest.mark.skipif(arguments.cores() < 2, reason="needs 2 cores to exceed with 2 x 2")
 def test_workers_times_threads_checked_together(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        cli.main(["experiment", "stability", "--workers", "2", "--threads", str(C.cores()),
+        cli.main(["experiment", "stability", "--workers", "2", "--threads", str(arguments.cores()),
                   "--store", str(tmp_path / "r.sqlite")])
     assert "exceeds this machine's" in capsys.readouterr().err
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from normlab.experiments import _common as C
+from normlab.experiments import arguments, sweep
 from normlab.experiments import stability
 from normlab.experiments.store import Store
 
@@ -22,7 +22,7 @@ def serial(tmp_path_factory):
     return _finals(path)
 
 
-@pytest.mark.skipif(C.cores() < 2, reason="needs 2 cores")
+@pytest.mark.skipif(arguments.cores() < 2, reason="needs 2 cores")
 def test_process_pool_gives_the_serial_runs(serial, tmp_path):
     path = tmp_path / "r.sqlite"
     r = stability.run(store=str(path), workers=2, **ARGS)
@@ -49,8 +49,8 @@ def test_tasks_split_evenly_over_workers():
 
 
 def test_workers_auto_fills_the_cores():
-    assert C.check_parallel("auto", 1, "local")[0] == C.cores()
-    assert C.check_parallel("auto", C.cores(), "local")[0] == 1
+    assert sweep.check_parallel("auto", 1, "local")[0] == arguments.cores()
+    assert sweep.check_parallel("auto", arguments.cores(), "local")[0] == 1
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
@@ -61,9 +61,9 @@ def test_pool_workers_end_with_a_killed_parent(tmp_path):
     import subprocess
     import sys
     import time
-    script = ("from normlab.experiments import _common as C\n"
+    script = ("from normlab.experiments import sweep\n"
               "import os, sys, time\n"
-              "pool = C.start_pool(2, 1)\n"
+              "pool = sweep.start_pool(2, 1)\n"
               "print(' '.join(str(p) for p in pool._processes), flush=True)\n"
               "time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -113,12 +113,12 @@ def _record_task(seed: int) -> list[dict]:
              "final": {"train_loss": 1.0}, "wall_s": 0.0}]
 
 
-@pytest.mark.skipif(C.cores() < 2, reason="needs 2 cores")
+@pytest.mark.skipif(arguments.cores() < 2, reason="needs 2 cores")
 def test_forked_workers_and_one_process_store_the_same_records(tmp_path):
     tasks = [(_record_task, {"seed": s}, 1) for s in range(4)]
     seeds = []
     for name, workers in (("a", 2), ("b", 1)):
         with Store(tmp_path / f"{name}.sqlite") as st:
-            C.run_tasks(st, "pool-test", tasks, workers=workers, threads=1)
+            sweep.run_tasks(st, "pool-test", tasks, workers=workers, threads=1)
             seeds.append(sorted(r["seed"] for r in st.runs("pool-test")))
     assert seeds == [[0, 1, 2, 3], [0, 1, 2, 3]]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from normlab.experiments import _common as C
+from normlab.experiments import arguments, summaries, sweep
 from normlab.experiments import stability
 from normlab.experiments._mlp import chance_limit, failure
 
@@ -57,7 +57,7 @@ def test_default_store_folder_is_still_created(tmp_path):
     os.chdir(tmp_path)
     try:
         assert str(check_path(DEFAULT_STORE)) == DEFAULT_STORE           # normlab-runs/ may be missing
-        with C.open_store(DEFAULT_STORE) as st:
+        with sweep.open_store(DEFAULT_STORE) as st:
             assert st.created
         assert (tmp_path / DEFAULT_STORE).is_file()
     finally:
@@ -72,13 +72,13 @@ def test_infinite_learning_rate_says_so(tmp_path):
     assert "expected finite numbers, got 1e999" in p.stderr and "<= 0" not in p.stderr
     assert _tree(tmp_path) == []
     with pytest.raises(ValueError, match="SGD with lr <= 0 does not train"):
-        C.parse_lrs("0.1,-1")
+        arguments.parse_lrs("0.1,-1")
 
 
 def test_plurals():
-    assert C.plural(1, "torch thread") == "1 torch thread" and C.plural(2, "torch thread") == "2 torch threads"
-    assert C.plural(1, "process", "processes") == "1 process"
-    line = C.speed_line({"ran": 1, "wall_s": 1.0, "workers": 1, "threads": 1, "executor": "local"}, 1)
+    assert summaries.plural(1, "torch thread") == "1 torch thread" and summaries.plural(2, "torch thread") == "2 torch threads"
+    assert summaries.plural(1, "process", "processes") == "1 process"
+    line = summaries.speed_line({"ran": 1, "wall_s": 1.0, "workers": 1, "threads": 1, "executor": "local"}, 1)
     assert "trained 1 run in" in line and "1 process x 1 torch thread," in line and "1 run already stored was" in line
 
 
@@ -86,7 +86,7 @@ def test_plurals():
 
 def test_interrupt_says_how_many_runs_were_saved(tmp_path, monkeypatch, capsys):
     store = tmp_path / "runs.sqlite"
-    real = C.run_tasks
+    real = sweep.run_tasks
 
     def one_then_ctrl_c(st, experiment, tasks, **kw):
         if experiment == stability.EXPERIMENT:
@@ -96,7 +96,7 @@ def test_interrupt_says_how_many_runs_were_saved(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(st, experiment, tasks, **kw)
 
-    monkeypatch.setattr(C, "run_tasks", one_then_ctrl_c)
+    monkeypatch.setattr(sweep, "run_tasks", one_then_ctrl_c)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)         # not a terminal: a log
     with pytest.raises(SystemExit) as e:
         stability.run(norms="none", lrs="0.1", seeds=2, workers=1, store=str(store))

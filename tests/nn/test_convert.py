@@ -136,7 +136,7 @@ class ScaleNorm(nn.Module):
 
 @pytest.fixture
 def scale_norm_registered():
-    from normlab.nn import convert as conv
+    from normlab.tools import conversion as conv
 
     normlab.register_conversion(
         ScaleNorm,
@@ -167,7 +167,7 @@ def test_register_conversion_converts_and_reverts_a_class_of_ones_own(scale_norm
 
 
 def test_to_normlab_may_decline(scale_norm_registered):
-    from normlab.nn import convert as conv
+    from normlab.tools import conversion as conv
 
     conv._REGISTERED[ScaleNorm] = (lambda m: None, lambda n: None)
     m = nn.Sequential(ScaleNorm(4))
@@ -185,7 +185,7 @@ def test_register_conversion_errors():
 
 
 def test_a_conversion_that_returns_no_module_is_an_error(scale_norm_registered):
-    from normlab.nn import convert as conv
+    from normlab.tools import conversion as conv
 
     conv._REGISTERED[ScaleNorm] = (lambda m: "twin", lambda n: n)
     with pytest.raises(TypeError, match="to_normlab for ScaleNorm returned str"):

@@ -102,7 +102,7 @@ def test_one_batch_norm_kernel_call_for_the_full_virtual_batches(monkeypatch, n,
 
     # the kernels' eager entries: functional's C++ fast path, and the op's
     monkeypatch.setattr(bn_op, "_eager", spying(bn_op._eager))
-    monkeypatch.setattr(NF, "_batch_norm_fast", spying(NF._batch_norm_fast))
+    monkeypatch.setattr(NF.batch_norms, "_batch_norm_fast", spying(NF.batch_norms._batch_norm_fast))
     m = normlab.nn.GhostBatchNorm2d(3, 4)
     with normlab.use_backend("cpu"):
         m(torch.randn(n, 3, 5, 5))

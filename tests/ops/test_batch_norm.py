@@ -16,6 +16,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import normlab
 import normlab.functional as NF
 from normlab.ops import batch_norm as bn_ops
+from normlab.ops.layouts import output_memory_format
 from tests.oracle import assert_within_rounding, rel_err
 
 LOW = (torch.bfloat16, torch.float16)
@@ -475,7 +476,7 @@ def test_train_ref_returns_biased_statistics():
 def test_memory_format_rule_matches_torch(layout):
     x = _layout(layout, torch.float32)
     expected = TF.batch_norm(x, None, None, training=True)
-    fmt = bn_ops._memory_format(x)
+    fmt = output_memory_format(x)
     assert torch.empty(x.shape).contiguous(memory_format=fmt).stride() == expected.stride()
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from normlab.tools.inspect_command import render, run
+from normlab.tools.inspect_command import run
+from normlab.tools.inspection_table import render
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests.tools.test_inspect:build_model"

@@ -188,7 +188,7 @@ class UserLayerNorm2d(nn.Module):
 
 
 def _user_to_normlab(m):
-    return normlab.nn.convert.adopt(m, normlab.nn.LayerNorm2d, num_channels=m.weight.shape[0], eps=m.eps)
+    return normlab.tools.conversion.adopt(m, normlab.nn.LayerNorm2d, num_channels=m.weight.shape[0], eps=m.eps)
 
 
 def _user_from_normlab(n):
@@ -199,7 +199,7 @@ def _user_from_normlab(n):
 
 @pytest.fixture
 def user_registered():
-    from normlab.nn import convert as conv
+    from normlab.tools import conversion as conv
 
     normlab.register_conversion(UserLayerNorm2d, _user_to_normlab, _user_from_normlab)
     yield

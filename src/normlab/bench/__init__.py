@@ -31,7 +31,7 @@ group (they saw the same load), not across runs.
 from __future__ import annotations
 
 from .cases import MODES, OPS, PROVIDERS
-from .common import DEFAULT_OUT
+from .run_context import DEFAULT_OUT
 from .report import make_table, render_table
 from .runner import run_bench
 

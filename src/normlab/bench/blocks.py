@@ -38,14 +38,16 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
+from normlab._backend import get_backend
+from normlab.tools.conversion import convert
 
-from .common import DEFAULT_OUT, _meta
+from .run_context import DEFAULT_OUT, run_meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
 from . import hf_models
 from . import chapters_data as _chapters
-from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, _choose, _table, make_row, row_key
+from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, choose, _table, make_row, row_key
 from .report import fmt_time, ratio_and_times
 
 SUITE = "blocks"
@@ -115,7 +117,7 @@ def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[
             for p in tm.parameters():
                 p.copy_((torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5 if p.dim() > 1 else
                          1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype))
-        return {"torch": tm, "normlab": normlab.convert(copy.deepcopy(tm))}
+        return {"torch": tm, "normlab": convert(copy.deepcopy(tm))}
     tm = PermuteLayerNorm2d(*case.args, dtype=dtype)
     with torch.no_grad():
         for p in tm.parameters():
@@ -173,10 +175,10 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
     """Run the suite; arguments and result as :func:`normlab.bench.chapters.run_chapters`
     (``layers`` from ``LAYERS``, any case)."""
     q = 1 if quick else 0
-    names = _choose(layers, LAYERS, "layer", suite="blocks") or list(LAYERS)
-    modes = _choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
+    names = choose(layers, LAYERS, "layer", suite="blocks") or list(LAYERS)
+    modes = choose(modes, MODES, "mode", {"forward": ("fwd",), "forward+backward": ("fwd+bwd",)},
                     suite="blocks") or list(MODES)
-    dtypes = _choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
+    dtypes = choose(dtypes, list(DTYPES), "dtype", suite="blocks") or list(_DEFAULTS["dtypes"][q])
     thread_list, repeats, warmup, min_sample_s, max_group_s = _chapters_run.timing_options(
         _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
@@ -197,11 +199,11 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
                 if left:
                     plan.append((n_threads, case, dtype, left))
 
-    meta = _meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes, "threads": thread_list,
+    meta = run_meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes, "threads": thread_list,
                   "quick": quick, "repeats": repeats, "warmup": warmup,
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
-    meta.update(suite=SUITE, normlab_backend=normlab.get_backend(), warnings=warnings)
+    meta.update(suite=SUITE, normlab_backend=get_backend(), warnings=warnings)
     rows, measured, interrupted = _chapters_run.run_plan(
         plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,
         progress=progress, on_group=on_group, providers=PROVIDERS, cell=_cell,

@@ -90,7 +90,7 @@ from typing import Any
 
 import torch
 
-import normlab
+from normlab._backend import available_backends, backend_for, use_backend
 import normlab.functional as NF
 
 OPS = (
@@ -286,15 +286,15 @@ def normlab_unavailable(op: str, backend: str, x: torch.Tensor | None = None) ->
     it serves; so an op without a ``"cpu"`` kernel is n/a instead of being timed
     under the wrong name.
     """
-    if backend not in normlab.available_backends():
-        return f"backend {backend!r} not registered (available: {normlab.available_backends()})"
+    if backend not in available_backends():
+        return f"backend {backend!r} not registered (available: {available_backends()})"
     name = _NORMLAB_NAME[op]
     if _normlab_fn(name) is None:
         return f"normlab.functional.{name} does not exist yet"
     if x is not None:
         try:
-            with normlab.use_backend(backend):
-                normlab.backend_for(x, name)
+            with use_backend(backend):
+                backend_for(x, name)
         except RuntimeError as e:
             return str(e).splitlines()[0][:200]
     return None

@@ -52,16 +52,18 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
+from normlab._backend import get_backend
+from normlab.tools.conversion import convert
 import normlab.functional as NF
 
 from .cases import DTYPES, Candidate, exception_status
 from .chapters_data import (
     _DEFAULTS, CASES, CSV_NAME, EPS, JSON_NAME, LAYER_ALIASES, LAYERS, LOOP_MODE, LOOPS, MODE_ALIASES, MODES,
-    PROVIDERS, RMS_EPS, SUITE, Case, _choose, make_row, read_rows, row_key, summary, write_csv,
+    PROVIDERS, RMS_EPS, SUITE, Case, choose, make_row, read_rows, row_key, summary, write_csv,
 )
 from .chapters_data import KEY_FIELDS, print_result, render  # noqa: F401 (the suite's names, for the CLI and tests)
-from .common import DEFAULT_OUT, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
+from .run_context import DEFAULT_OUT, get_threads, listify, run_meta, set_threads, thread_guard, progress_bar
 from .report import fmt_time, write_json
 from .timing import Timing, time_interleaved
 
@@ -195,7 +197,7 @@ def loop_candidates(case: Case, data) -> dict[str, Candidate]:
     """A run per call: deep-copy the prebuilt model, then :func:`train` it for 30 steps."""
     X, y, _ = data
     proto = chapter_mlp(case.args[0])
-    protos = {"torch": proto, "normlab": normlab.convert(copy.deepcopy(proto))}
+    protos = {"torch": proto, "normlab": convert(copy.deepcopy(proto))}
     return {p: Candidate(lambda m=m: (lambda: train(copy.deepcopy(m), X, y))) for p, m in protos.items()}
 
 
@@ -207,7 +209,7 @@ def timing_options(defaults: Mapping, quick: bool, threads, repeats, warmup, min
     """``(thread counts, repeats, warmup, min_sample_s, max_group_s)`` of a module-call suite: each
     given value, else the suite's ``defaults[key][quick]``; thread counts must be >= 1."""
     q = 1 if quick else 0
-    thread_list = [int(t) for t in (_listify(threads, "thread count") or defaults["threads"][q])]
+    thread_list = [int(t) for t in (listify(threads, "thread count") or defaults["threads"][q])]
     if min(thread_list) < 1:
         raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
     pick = (lambda v, k: defaults[k][q] if v is None else float(v))
@@ -228,7 +230,7 @@ def run_plan(plan, *, suite: str, out: str, rows: list, files: Mapping[str, str]
     every finished row. Returns ``(rows, measured, interrupted)``.
     """
     measured, interrupted = 0, False
-    saved_threads = _get_threads()
+    saved_threads = get_threads()
     bar = progress_bar(progress)
     console = bar.console
     try:
@@ -237,9 +239,9 @@ def run_plan(plan, *, suite: str, out: str, rows: list, files: Mapping[str, str]
             current = None
             for n_threads, case, dtype, left in plan:
                 if n_threads != current:
-                    _set_threads(n_threads)
+                    set_threads(n_threads)
                     current = n_threads
-                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
+                    guard = thread_guard(n_threads, warnings, bar.console if progress else None)
                 for mode in left:
                     what = case.what(dtype, n_threads, mode)
                     bar.update(task, description=what)
@@ -291,9 +293,9 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
     ``summary``, ``measured``, ``skipped``, ``interrupted``, ``warnings``, ``data``.
     """
     q = 1 if quick else 0
-    names = _choose(layers, LAYERS, "layer", LAYER_ALIASES) or list(LAYERS)
-    modes = _choose(modes, MODES, "mode", MODE_ALIASES) or list(MODES)
-    dtypes = _choose(dtypes, list(DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
+    names = choose(layers, LAYERS, "layer", LAYER_ALIASES) or list(LAYERS)
+    modes = choose(modes, MODES, "mode", MODE_ALIASES) or list(MODES)
+    dtypes = choose(dtypes, list(DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
     thread_list, repeats, warmup, min_sample_s, max_group_s = timing_options(
         _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
@@ -313,11 +315,11 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
             if left:
                 plan.append((n_threads, case, dtype, left))
 
-    meta = _meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes,
+    meta = run_meta({"suite": SUITE, "layers": names, "modes": modes, "dtypes": dtypes,
                   "threads": thread_list, "quick": quick, "repeats": repeats, "warmup": warmup,
                   "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s})
     warnings: list[str] = []
-    meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=normlab.get_backend(),
+    meta.update(suite=SUITE, data=data[2] if data else None, normlab_backend=get_backend(),
                 warnings=warnings)
     rows, measured, interrupted = run_plan(
         plan, suite=SUITE, out=out, rows=rows, files=files, meta=meta, warnings=warnings,

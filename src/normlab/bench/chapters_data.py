@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from .cases import DTYPES
-from .common import _listify
+from .run_context import listify
 from .report import _atomic_write, ratio_and_times
 from .timing import Timing
 
@@ -89,10 +89,10 @@ LAYERS = tuple(dict.fromkeys(c.name for c in CASES + LOOPS))
 LAYER_ALIASES = {"loop": tuple(c.name for c in LOOPS)}
 
 
-def _choose(value, allowed: Sequence[str], what: str,
+def choose(value, allowed: Sequence[str], what: str,
             aliases: Mapping[str, Sequence[str]] | None = None, suite: str = "chapters") -> list[str] | None:
     """The names in ``value`` (a comma-separated string or a list), matched in any case."""
-    items = _listify(value, what)
+    items = listify(value, what)
     if items is None:
         return None
     aliases = aliases or {}

@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-import normlab
+from normlab.tools.conversion import convert
 
 GENERATE_TOKENS = 64  # new tokens per generate call, batch 1, greedy
 PROMPT_TOKENS = 8
@@ -26,7 +26,7 @@ def available() -> bool:
 
 
 def build(name: str, d_model: int, layers: int, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.nn.Module]:
-    """``{"torch": model, "normlab": normlab.convert(deepcopy(model))}`` in eval mode, same weights."""
+    """``{"torch": model, "normlab": convert(deepcopy(model))}`` in eval mode, same weights."""
     import transformers
 
     torch.manual_seed(seed)
@@ -42,7 +42,7 @@ def build(name: str, d_model: int, layers: int, dtype: torch.dtype, seed: int = 
     else:
         raise ValueError(f"normlab bench: unknown model {name!r}; expected GPT2Generate or LlamaGenerate")
     model = model.to(dtype).eval()
-    return {"torch": model, "normlab": normlab.convert(copy.deepcopy(model)).eval()}
+    return {"torch": model, "normlab": convert(copy.deepcopy(model)).eval()}
 
 
 def prompt(seed: int = 0) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from . import cases as _cases
 from .cases import MODES, OP_ALIASES, OPS, PROVIDERS, Case, cases_for, parse_shape
 from .setups import make_setup
-from .common import DEFAULT_OUT, _choose, _get_threads, _listify, _meta, _set_threads, _thread_guard, progress_bar
+from .run_context import DEFAULT_OUT, choose, get_threads, listify, run_meta, set_threads, thread_guard, progress_bar
 from .report import (CSV_NAME, JSON_NAME, fmt_time, group_rows, merge_rows, read_rows, row_key, write_csv,
                      write_json, write_png)
 from .timing import Timing, time_interleaved
@@ -64,11 +64,11 @@ def run_bench(
     group counts and ``interrupted``.
     """
     q = 1 if quick else 0
-    ops = _choose(ops, OPS, "op", OP_ALIASES) or list(OPS)
-    modes = _choose(modes, MODES, "mode") or list(MODES)
-    dtypes = _choose(dtypes, list(_cases.DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
-    providers = _choose(providers, PROVIDERS, "provider") or list(PROVIDERS)
-    thread_list = [int(t) for t in (_listify(threads, "thread count") or _DEFAULTS["threads"][q])]
+    ops = choose(ops, OPS, "op", OP_ALIASES) or list(OPS)
+    modes = choose(modes, MODES, "mode") or list(MODES)
+    dtypes = choose(dtypes, list(_cases.DTYPES), "dtype") or list(_DEFAULTS["dtypes"][q])
+    providers = choose(providers, PROVIDERS, "provider") or list(PROVIDERS)
+    thread_list = [int(t) for t in (listify(threads, "thread count") or _DEFAULTS["threads"][q])]
     if min(thread_list) < 1:
         raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
     shapes = None
@@ -110,12 +110,12 @@ def run_bench(
                     if todo:
                         plan.append((n_threads, case, todo))
 
-    meta = _meta(options)
+    meta = run_meta(options)
     warnings: list[str] = []
     meta["warnings"] = warnings
     measured = 0
     interrupted = False
-    saved_threads = _get_threads()
+    saved_threads = get_threads()
     bar = progress_bar(progress)
     console = bar.console
     try:
@@ -124,9 +124,9 @@ def run_bench(
             current_threads = None
             for n_threads, case, todo in plan:
                 if n_threads != current_threads:
-                    _set_threads(n_threads)
+                    set_threads(n_threads)
                     current_threads = n_threads
-                    guard = _thread_guard(n_threads, warnings, bar.console if progress else None)
+                    guard = thread_guard(n_threads, warnings, bar.console if progress else None)
                 if "compile" in providers:
                     torch._dynamo.reset()  # compile once per case; no recompile limit across cases
                 bar.update(task, description=f"{case.label()} t{n_threads}: setup")

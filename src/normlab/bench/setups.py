@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import normlab
+from normlab._backend import use_backend
 import normlab.functional as NF
 from normlab.ops import extension
 
@@ -125,7 +125,7 @@ class Setup:
         def context():
             with contextlib.ExitStack() as stack:
                 if backend is not None:
-                    stack.enter_context(normlab.use_backend(backend))
+                    stack.enter_context(use_backend(backend))
                 if mode == "forward":
                     stack.enter_context(torch.no_grad())
                 yield

@@ -9,8 +9,8 @@ repeats drops the outliers.
 Per provider:
 
 1. first call: ``prepare()`` and one call of its result, timed once -- the
-   compile time of ``torch.compile``, the numba compile or cache load of the
-   ``"cpu"`` kernels, lazy initialisation. Reported apart, never in the median.
+   compile time of ``torch.compile``, the first load of the ``"cpu"``
+   kernels, lazy initialisation. Reported apart, never in the median.
 2. calibration: one more call sets ``inner``, the number of calls per sample, so
    that a sample lasts at least ``min_sample_s`` (a 4x6 op takes microseconds; a
    single ``perf_counter`` pair would measure the timer).

@@ -6,8 +6,8 @@
   cross-entropy, evaluation in eval mode on the same 300 points).
 - :class:`BatchedMLP`, :func:`train_batched`: M copies of that MLP ("members", each with
   its own weight seed and learning rate) trained as one model: stacked weights and
-  batched matmuls (``torch.bmm``, then the bias added in place: ~40 % faster than
-  ``torch.baddbmm``'s broadcast bias here), so that one Python step trains every member.
+  batched matmuls (``torch.bmm``, then the bias added in place: cheaper than
+  ``torch.baddbmm``'s broadcast bias), so that one Python step trains every member.
   The members never mix: each has its own weights, statistics and loss; the gradient
   of the summed loss with respect to a member's weights is that member's own gradient.
 
@@ -18,16 +18,14 @@
              and running statistics.
   ``layer``  ``normlab.functional.layer_norm`` over the last dim with the member's own
              weight and bias, through ``torch.func.vmap`` over the stacked (M, 64)
-             weights: one kernel call, the weights grouped per member inside it
-             (before: the norm without affine, then a multiply and an add in torch ops,
-             ~30 % of this model's time).
+             weights: one kernel call, the weights grouped per member inside it.
   ``rms``    ``normlab.functional.rms_norm`` the same way, with the member's own weight.
   ``group``  ``GroupNorm(8, 64, affine=False)`` on the (rows, 64) view, then the member's
              own weight and bias (8 groups of 8 units per member).
 
 Subnormal floats: a member that diverges (lr 2 or 4 without a norm, say) drives its
 softmax and gradients to values below 1.2e-38, and every operation that meets them on
-x86 takes a microcode assist, up to ~80x slower (a batched matmul: 217 ms against 2.7 ms).
+x86 takes a microcode assist, many times slower than the same operation on normal floats.
 :func:`train_batched` therefore trains with subnormals flushed to zero
 (``torch.set_flush_denormal``, on the calling thread) by default. A run that never meets
 a subnormal is bit for bit the same either way; one that does differs from the unflushed
@@ -49,7 +47,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 import normlab.functional as NF
 
 NORMS = ("none", "batch", "layer", "rms", "group")

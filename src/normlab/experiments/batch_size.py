@@ -27,10 +27,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
-from . import _common as C
+from . import arguments, summaries, sweep
 from .store import DEFAULT_STORE, config_key
 
 EXPERIMENT = "batch-size"
@@ -120,11 +120,11 @@ def train_task(norm: str, batch_size: int, seed: int, epochs: int) -> list[dict]
 
 
 def _check(norms, batch_sizes, seeds, epochs, quick: bool):
-    norms = C.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else NORMS), NORMS)
-    sizes = C.parse_batch_sizes(batch_sizes if batch_sizes is not None
+    norms = arguments.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else NORMS), NORMS)
+    sizes = arguments.parse_batch_sizes(batch_sizes if batch_sizes is not None
                                 else (QUICK["batch_sizes"] if quick else BATCH_SIZES), N_TRAIN)
-    n = C.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
-    e = C.parse_count(epochs if epochs is not None else (QUICK["epochs"] if quick else EPOCHS), "epochs")
+    n = arguments.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
+    e = arguments.parse_count(epochs if epochs is not None else (QUICK["epochs"] if quick else EPOCHS), "epochs")
     return norms, sizes, list(range(n)), e
 
 
@@ -148,22 +148,22 @@ def verdict(cells: dict, sizes: list[int]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--norms", type=C.arg(lambda s: C.parse_norms(s, NORMS)), default=None,
+    p.add_argument("--norms", type=arguments.arg(lambda s: arguments.parse_norms(s, NORMS)), default=None,
                    help=f"comma-separated norms (default {','.join(NORMS)})")
-    p.add_argument("--batch-sizes", type=C.arg(lambda s: C.parse_batch_sizes(s, N_TRAIN)), default=None,
+    p.add_argument("--batch-sizes", type=arguments.arg(lambda s: arguments.parse_batch_sizes(s, N_TRAIN)), default=None,
                    help=f"ascending, at most {N_TRAIN} (default {','.join(map(str, BATCH_SIZES))})")
-    p.add_argument("--seeds", type=C.arg(lambda s: C.parse_count(s, "seeds")), default=None,
+    p.add_argument("--seeds", type=arguments.arg(lambda s: arguments.parse_count(s, "seeds")), default=None,
                    help=f"seeds 0, 1, ... per configuration (default {SEEDS})")
-    p.add_argument("--epochs", type=C.arg(lambda s: C.parse_count(s, "epochs")), default=None,
+    p.add_argument("--epochs", type=arguments.arg(lambda s: arguments.parse_count(s, "epochs")), default=None,
                    help=f"epochs, the same for every batch size (default {EPOCHS})")
-    C.add_common_arguments(p)
+    arguments.add_common_arguments(p)
 
 
 def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = False, store: str = DEFAULT_STORE,
         workers: int | str = "auto", threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
     norms, sizes, seed_list, epochs = _check(norms, batch_sizes, seeds, epochs, quick)
-    workers, threads, executor = C.check_parallel(workers, threads, executor)
-    with C.interrupt_note(str(store)), C.open_store(store) as st:
+    workers, threads, executor = sweep.check_parallel(workers, threads, executor)
+    with sweep.interrupt_note(str(store)), sweep.open_store(store) as st:
         done = st.done(EXPERIMENT)
         tasks, skipped = [], 0
         # the slowest runs (small batches) first, so that a pool's workers finish together
@@ -174,7 +174,7 @@ def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = Fal
                         skipped += 1
                     else:
                         tasks.append((train_task, {"norm": norm, "batch_size": b, "seed": s, "epochs": epochs}, 1))
-        info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
+        info = sweep.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
                            executor=executor, ray_address=ray_address)
         runs = [r for r in st.runs(EXPERIMENT, [config(n, b, epochs) for n in norms for b in sizes])
                 if r["seed"] in seed_list]
@@ -182,20 +182,20 @@ def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = Fal
     for norm in norms:
         for b in sizes:
             accs = [r["final"]["test_acc"] for r in runs if r["config"]["norm"] == norm and r["config"]["batch_size"] == b]
-            m, s = C.mean_std(accs)
+            m, s = summaries.mean_std(accs)
             cells[(norm, b)] = {"norm": norm, "batch_size": b, "runs": len(accs), "mean": m, "std": s}
-    return C.finite_or_none({"store": str(store), "norms": norms, "batch_sizes": sizes, "seeds": seed_list,
+    return summaries.finite_or_none({"store": str(store), "norms": norms, "batch_sizes": sizes, "seeds": seed_list,
                              "epochs": epochs, "cells": list(cells.values()), "verdict": verdict(cells, sizes),
                              "speed": info, "skipped": skipped})
 
 
 def render(r: dict) -> str:
     cells = {(c["norm"], c["batch_size"]): c for c in r["cells"]}
-    rows = [[LABEL[n]] + [C.pm(cells[(n, b)]["mean"], cells[(n, b)]["std"]) for b in r["batch_sizes"]]
+    rows = [[LABEL[n]] + [summaries.pm(cells[(n, b)]["mean"], cells[(n, b)]["std"]) for b in r["batch_sizes"]]
             for n in r["norms"]]
     return "\n".join([
         f"Accuracy vs batch size: CNN on digits, {r['epochs']} epochs at every batch size, lr 0.02 x B/32, "
-        f"momentum 0.9, {C.plural(len(r['seeds']), 'seed')}; eval-mode test accuracy (mean ± std)",
+        f"momentum 0.9, {summaries.plural(len(r['seeds']), 'seed')}; eval-mode test accuracy (mean ± std)",
         table(rows, ["norm"] + [f"B={b}" for b in r["batch_sizes"]]), "",
         "  " + r["verdict"], f"  Reference: {PAPER}.",
-        "  " + C.speed_line(r["speed"], r["skipped"]), f"  store: {r['store']}"])
+        "  " + summaries.speed_line(r["speed"], r["skipped"]), f"  store: {r['store']}"])

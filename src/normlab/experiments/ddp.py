@@ -48,10 +48,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import normlab
+import normlab.nn
 
 from ..demos import source_label
-from . import _common as C
+from . import arguments, summaries, sweep
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons
 from .store import DEFAULT_STORE, check_path
 
@@ -255,21 +255,21 @@ def launch(cfg: dict) -> dict:
 # --------------------------------------------------------------------------
 
 def _config(nproc, batch, steps, lr, seed, timeout, quick, fail_rank) -> dict:
-    nproc = C.parse_count(nproc, "nproc", 2, 64, " (SyncBatchNorm needs at least 2 processes to synchronise)")
-    batch = C.parse_count(batch, "batch", 1, 150 // nproc, f" (per-rank batch; {nproc} ranks share 300 samples)")
+    nproc = arguments.parse_count(nproc, "nproc", 2, 64, " (SyncBatchNorm needs at least 2 processes to synchronise)")
+    batch = arguments.parse_count(batch, "batch", 1, 150 // nproc, f" (per-rank batch; {nproc} ranks share 300 samples)")
     if nproc * batch < 2:
         raise ValueError(f"batch: expected nproc * batch >= 2 samples per step, got {nproc} * {batch}")
-    steps = C.parse_count(steps if steps is not None else (QUICK_STEPS if quick else DEFAULTS["steps"]), "steps",
+    steps = arguments.parse_count(steps if steps is not None else (QUICK_STEPS if quick else DEFAULTS["steps"]), "steps",
                           FAIL_STEP + 1)
-    lr = C.parse_lrs([lr])[0]
+    lr = arguments.parse_lrs([lr])[0]
     timeout = float(timeout)
     if not 0 < timeout <= 3600:
         raise ValueError(f"timeout: expected seconds in (0, 3600], got {timeout}")
     if fail_rank is not None:
-        fail_rank = C.parse_count(fail_rank, "fail-rank", 0, nproc - 1)
+        fail_rank = arguments.parse_count(fail_rank, "fail-rank", 0, nproc - 1)
     return {"nproc": nproc, "batch": batch, "steps": steps, "lr": lr, "seed": int(seed), "timeout": timeout,
             "fail_rank": fail_rank, "timing": QUICK_TIMING if quick else TIMING,
-            "threads": max(1, C.cores() // nproc)}
+            "threads": max(1, arguments.cores() // nproc)}
 
 
 def _compare(dist_res: dict, single_res: dict) -> dict:
@@ -302,9 +302,9 @@ def run(nproc: int = DEFAULTS["nproc"], batch: int = DEFAULTS["batch"], steps: i
     final = {k: {m: r[m] for m in ("eval_loss", "eval_acc")} for k, r in
              (("sync", dist_res["sync"]), ("local", dist_res["local"]), ("single", single_res))}
     final.update(cmp, timing=dist_res["timing"])
-    with C.open_store(store) as st:
-        stored = st.add(EXPERIMENT, config, cfg["seed"], curves, C.finite_or_none(final), wall)
-    return C.finite_or_none({"chapter_source": CHAPTER, "config": config, "seed": cfg["seed"], "curves": curves,
+    with sweep.open_store(store) as st:
+        stored = st.add(EXPERIMENT, config, cfg["seed"], curves, summaries.finite_or_none(final), wall)
+    return summaries.finite_or_none({"chapter_source": CHAPTER, "config": config, "seed": cfg["seed"], "curves": curves,
                              "final": final, "store": str(store), "stored": stored, "wall_s": wall})
 
 
@@ -331,7 +331,7 @@ def render(r: dict) -> str:
          "per-rank BatchNorm does not." if tracks else
          "  UNEXPECTED: SyncBatchNorm does not track the single-process run more closely than per-rank BatchNorm."),
         "",
-        f"Per-step time, {c['nproc']} processes on this machine ({C.plural(t['threads'], 'torch thread')} each; "
+        f"Per-step time, {c['nproc']} processes on this machine ({summaries.plural(t['threads'], 'torch thread')} each; "
         f"{t['rounds']} rounds of {t['steps']} steps each way, alternating; median (min) of the rounds):",
         f"  per-rank BatchNorm1d {t['local']:.3f} ms ({t['local_min']:.3f}), SyncBatchNorm {t['sync']:.3f} ms "
         f"({t['sync_min']:.3f})",
@@ -346,18 +346,18 @@ def render(r: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=C.arg(lambda s: C.parse_count(s, "nproc", 2, 64)), default=DEFAULTS["nproc"],
+    p.add_argument("--nproc", type=arguments.arg(lambda s: arguments.parse_count(s, "nproc", 2, 64)), default=DEFAULTS["nproc"],
                    help="processes (ranks) to start on this machine (default 2)")
-    p.add_argument("--batch", type=C.arg(lambda s: C.parse_count(s, "batch", 1)), default=DEFAULTS["batch"],
+    p.add_argument("--batch", type=arguments.arg(lambda s: arguments.parse_count(s, "batch", 1)), default=DEFAULTS["batch"],
                    help="samples per rank per step (default 4)")
-    p.add_argument("--steps", type=C.arg(lambda s: C.parse_count(s, "steps", FAIL_STEP + 1)), default=None,
+    p.add_argument("--steps", type=arguments.arg(lambda s: arguments.parse_count(s, "steps", FAIL_STEP + 1)), default=None,
                    help=f"SGD steps (default {DEFAULTS['steps']}; --quick: {QUICK_STEPS})")
-    p.add_argument("--lr", type=C.arg(lambda s: C.parse_lrs(s)[0]), default=DEFAULTS["lr"],
+    p.add_argument("--lr", type=arguments.arg(lambda s: arguments.parse_lrs(s)[0]), default=DEFAULTS["lr"],
                    help=f"learning rate (default {DEFAULTS['lr']})")
     p.add_argument("--seed", type=int, default=CHAPTER_SEED, help=f"weight and data seed (default {CHAPTER_SEED})")
     p.add_argument("--timeout", type=float, default=DEFAULTS["timeout"],
                    help="seconds a rank waits for the others in a collective before failing (default 60)")
-    p.add_argument("--store", type=C.arg_store, default=DEFAULT_STORE,
+    p.add_argument("--store", type=arguments.arg_store, default=DEFAULT_STORE,
                    help=f"SQLite results store (default {DEFAULT_STORE})")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps and a short timing (CI, README)")
     p.add_argument("--fail-rank", type=int, default=None,

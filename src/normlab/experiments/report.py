@@ -27,7 +27,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from . import _common as C
+from . import arguments, summaries
 from ._plots import STYLES, _figure, _plot_lines, _save, coinciding
 from .store import DEFAULT_STORE, Store, check_path
 
@@ -132,13 +132,13 @@ def _stability_section(runs: list[dict], out: Path, info: dict | None = None) ->
                 fail_row.append("")
                 continue
             accs = [r["final"]["eval_acc"] for r in rs]
-            m, sd = C.mean_std(accs)
+            m, sd = summaries.mean_std(accs)
             why = [run_failure(r) for r in rs]
             d = sum(w is not None for w in why) / len(rs)
             counts = ", ".join(f"{why.count(k)} {k}" for k in ("non-finite", "chance", "loss") if why.count(k))
             finite = [a for a in accs if a is not None]
             span = f", {min(finite):.3f}..{max(finite):.3f}" if finite else ""
-            acc_row.append(f"{C.pm(m, sd)}{span} (n={len(rs)})")
+            acc_row.append(f"{summaries.pm(m, sd)}{span} (n={len(rs)})")
             fail_row.append(f"{d:.2f}" + (f" ({counts})" if counts else ""))
             acc_series.setdefault(_label(norm), []).append((lr, m))
             acc_runs.setdefault(_label(norm), []).append((lr, finite))
@@ -186,9 +186,9 @@ def _batch_size_section(runs: list[dict], out: Path, info: dict | None = None) -
                 row.append("")
                 continue
             accs = [r["final"]["test_acc"] for r in rs if r["final"]["test_acc"] is not None]
-            m, sd = C.mean_std(accs)
+            m, sd = summaries.mean_std(accs)
             span = f", {min(accs):.3f}..{max(accs):.3f}" if accs else ""
-            row.append(f"{C.pm(m, sd)}{span} (n={len(rs)})")
+            row.append(f"{summaries.pm(m, sd)}{span} (n={len(rs)})")
             series.setdefault(_label(norm), []).append((b, m))
             each.setdefault(_label(norm), []).append((b, accs))
             lowest = min([lowest] + accs)
@@ -215,8 +215,8 @@ def _train_eval_section(runs: list[dict], out: Path, info: dict | None = None) -
                 row.append("error: " + rs[0]["final"]["errors"].get(mode, "?"))
                 failed.append((norms.index(norm), modes.index(mode)))
                 continue
-            m, s = C.mean_std(vals)
-            row.append(f"{C.pm(m, s)}, {min(vals):.3f}..{max(vals):.3f} (n={len(rs)})")
+            m, s = summaries.mean_std(vals)
+            row.append(f"{summaries.pm(m, s)}, {min(vals):.3f}..{max(vals):.3f} (n={len(rs)})")
             series.setdefault(_label(norm), []).append((mode, m, min(vals), max(vals)))
         rows.append(row)
     plt, fig, ax = _figure()
@@ -377,9 +377,9 @@ def build(store: str, out: str) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=C.arg(lambda s: str(check_path(s, must_exist=True))), default=DEFAULT_STORE,
+    p.add_argument("--store", type=arguments.arg(lambda s: str(check_path(s, must_exist=True))), default=DEFAULT_STORE,
                    help=f"the store to report on (default {DEFAULT_STORE})")
-    p.add_argument("--out", required=True, type=C.arg(lambda s: str(check_out(s))),
+    p.add_argument("--out", required=True, type=arguments.arg(lambda s: str(check_out(s))),
                    help="folder for report.md, report.html, the PNGs and runs.csv (created if missing)")
 
 
@@ -388,7 +388,7 @@ def run(out: str, store: str = DEFAULT_STORE) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = [f"report on {C.plural(r['runs'], 'run')} from {r['store']}:"]
+    lines = [f"report on {summaries.plural(r['runs'], 'run')} from {r['store']}:"]
     lines += [f"  {s['title']}" for s in r["sections"]] or ["  (no runs)"]
     lines += ["files:"] + [f"  {f}" for f in r["files"]]
     lines.append(f"open {os.path.join(r['out'], 'report.html')} (images embedded) or read {os.path.join(r['out'], 'report.md')}")

@@ -32,10 +32,10 @@ import os
 import statistics
 import time
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
-from . import _common as C
+from . import arguments, summaries, sweep
 from ..demos import source_label
 from ._mlp import (CHAPTER_SEED, EPOCHS, FAILURE_RULE, NORMS, chapter_mlp, diverged, failure, moons, run_failure,
                    subnormals_flushed, train_batched, train_loop)
@@ -141,7 +141,7 @@ def summarize(runs: list[dict], norms, lrs) -> list[dict]:
     for norm in norms:
         for lr in lrs:
             rs = [r for r in runs if r["config"]["norm"] == norm and r["config"]["lr"] == float(lr)]
-            acc_mean, acc_std = C.mean_std([r["final"]["eval_acc"] for r in rs])
+            acc_mean, acc_std = summaries.mean_std([r["final"]["eval_acc"] for r in rs])
             why = [run_failure(r) for r in rs]
             cells.append({"norm": norm, "lr": float(lr), "runs": len(rs), "acc_mean": acc_mean, "acc_std": acc_std,
                           "failed": sum(w is not None for w in why) / len(rs) if rs else None,
@@ -178,7 +178,7 @@ def spread_line(sp: dict | None, norm: str = "none") -> str:
         return (f"no study runs of {LABEL[norm]} at lr {CHAPTER_LR:g} in the store to compare the chapter's "
                 f"accuracy with (run the study with --norms {norm} --lrs 2)")
     return (f"the chapter's {LABEL[norm]} accuracy {sp['value']:.3f} lies at percentile {sp['percentile']:.0f} of "
-            f"normlab's {C.plural(sp['n'], 'run')} of {LABEL[norm]} at lr {CHAPTER_LR:g} "
+            f"normlab's {summaries.plural(sp['n'], 'run')} of {LABEL[norm]} at lr {CHAPTER_LR:g} "
             f"({sp['below']} below it, {sp['equal']} equal; min {sp['min']:.3f}, median {sp['median']:.3f}, "
             f"max {sp['max']:.3f})")
 
@@ -212,7 +212,7 @@ def time_against_loop(norms, lrs, seeds: list[int], epochs: int = EPOCHS, repeat
     processes (its start included). The first three alternate per norm, so a
     drifting background load hits them alike."""
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    with C.torch_threads(threads):
+    with sweep.torch_threads(threads):
         X, y = moons()
         members = [(lr, s) for lr in lrs for s in seeds]
         chunks = [(norm, members[i:i + MAX_MEMBERS]) for norm in norms for i in range(0, len(members), MAX_MEMBERS)]
@@ -249,7 +249,7 @@ def time_against_loop(norms, lrs, seeds: list[int], epochs: int = EPOCHS, repeat
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            pool = C.start_pool(workers, threads)
+            pool = sweep.start_pool(workers, threads)
             try:
                 list(pool.map(study_task, [p[0] for p in parts], [p[1] for p in parts]))
             finally:
@@ -265,37 +265,37 @@ def time_against_loop(norms, lrs, seeds: list[int], epochs: int = EPOCHS, repeat
 # --------------------------------------------------------------------------
 
 def _check(norms, lrs, seeds, quick: bool):
-    norms = C.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else NORMS), NORMS)
-    lrs = C.parse_lrs(lrs if lrs is not None else (QUICK["lrs"] if quick else LRS))
-    n = C.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
+    norms = arguments.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else NORMS), NORMS)
+    lrs = arguments.parse_lrs(lrs if lrs is not None else (QUICK["lrs"] if quick else LRS))
+    n = arguments.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
     return norms, lrs, [CHAPTER_SEED + i for i in range(n)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--norms", type=C.arg(lambda s: C.parse_norms(s, NORMS)), default=None,
+    p.add_argument("--norms", type=arguments.arg(lambda s: arguments.parse_norms(s, NORMS)), default=None,
                    help=f"comma-separated norms (default {','.join(NORMS)})")
-    p.add_argument("--lrs", type=C.arg(C.parse_lrs), default=None,
+    p.add_argument("--lrs", type=arguments.arg(arguments.parse_lrs), default=None,
                    help=f"comma-separated learning rates, ascending (default {','.join(f'{v:g}' for v in LRS)})")
-    p.add_argument("--seeds", type=C.arg(lambda s: C.parse_count(s, "seeds")), default=None,
+    p.add_argument("--seeds", type=arguments.arg(lambda s: arguments.parse_count(s, "seeds")), default=None,
                    help=f"weight seeds per configuration: {CHAPTER_SEED}, {CHAPTER_SEED + 1}, ... (default {SEEDS})")
     p.add_argument("--compare-loop", action="store_true",
                    help="also time the same runs with the chapter's plain torch.nn loop, one after another")
-    C.add_common_arguments(p)
+    arguments.add_common_arguments(p)
 
 
 def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None, compare_loop: bool = False) -> dict:
     """The chapter table, then the study; every number read back from the store."""
     norms, lrs, seed_list = _check(norms, lrs, seeds, quick)
-    workers, threads, executor = C.check_parallel(workers, threads, executor)
-    with C.interrupt_note(str(store)), C.open_store(store) as st:
+    workers, threads, executor = sweep.check_parallel(workers, threads, executor)
+    with sweep.interrupt_note(str(store)), sweep.open_store(store) as st:
         done = st.done(CHAPTER_EXPERIMENT)
         todo = [n for n in CHAPTER_PRINTED if (config_key(_chapter_config(n)), CHAPTER_SEED) not in done]
-        C.run_tasks(st, CHAPTER_EXPERIMENT, [(chapter_task, {"norm": n}, 1) for n in todo], threads=threads,
+        sweep.run_tasks(st, CHAPTER_EXPERIMENT, [(chapter_task, {"norm": n}, 1) for n in todo], threads=threads,
                     label="chapter runs")
         chapter = chapter_rows(st)
         tasks, skipped = study_tasks(st, norms, lrs, seed_list, workers if executor == "local" else 1)
-        info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
+        info = sweep.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
                            executor=executor, ray_address=ray_address)
         runs = st.runs(EXPERIMENT, [config(n, lr) for n in norms for lr in lrs])
         runs = [r for r in runs if r["seed"] in seed_list]
@@ -306,7 +306,7 @@ def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFA
               "study": {"norms": norms, "lrs": lrs, "seeds": seed_list, "epochs": EPOCHS,
                         "cells": summarize(runs, norms, lrs), "speed": info, "skipped": skipped},
               "compare_loop": timing}
-    return C.finite_or_none(result)
+    return summaries.finite_or_none(result)
 
 
 def _verdict(norm: str, rows: list[dict], spread: dict | None = None) -> str:
@@ -346,20 +346,20 @@ def render(r: dict) -> str:
 
     s = r["study"]
     seeds = s["seeds"]
-    out.append(f"2. The study: {C.plural(len(s['norms']), 'norm')} x {C.plural(len(s['lrs']), 'learning rate')} x "
-               f"{C.plural(len(seeds), 'seed')} ({seeds[0]}..{seeds[-1]}), {s['epochs']} epochs; final eval accuracy"
+    out.append(f"2. The study: {summaries.plural(len(s['norms']), 'norm')} x {summaries.plural(len(s['lrs']), 'learning rate')} x "
+               f"{summaries.plural(len(seeds), 'seed')} ({seeds[0]}..{seeds[-1]}), {s['epochs']} epochs; final eval accuracy"
                " mean ± std over seeds, then the fraction of runs that failed to train")
     header = ["norm"] + [f"lr {lr:g}" for lr in s["lrs"]]
     rows, failed = [], []
     for norm in s["norms"]:
         cells = [c for c in s["cells"] if c["norm"] == norm]
-        rows.append([LABEL[norm]] + [C.pm(c["acc_mean"], c["acc_std"]) if c["runs"] else "no runs" for c in cells])
+        rows.append([LABEL[norm]] + [summaries.pm(c["acc_mean"], c["acc_std"]) if c["runs"] else "no runs" for c in cells])
         failed.append([LABEL[norm]] + [_failed_text(c) if c["runs"] else "no runs" for c in cells])
     out += [table(rows, header), "", table(failed, ["failed to train"] + header[1:]), "",
             "  failed to train: " + r.get("failure_rule", FAILURE_RULE) + "; in brackets, how many runs failed"
             " by each (the first that applies). Loss curves of every run are in the store (normlab report"
             " draws them).",
-            "  " + C.speed_line(s["speed"], s["skipped"]), f"  store: {r['store']}"]
+            "  " + summaries.speed_line(s["speed"], s["skipped"]), f"  store: {r['store']}"]
     cmp = r["compare_loop"]
     if cmp:
         rows = [["the chapter's torch.nn loop, one run after another", f"{cmp['loop_s']:.2f} s",

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from .._version import __version__
+
 DEFAULT_STORE = os.path.join("normlab-runs", "runs.sqlite")
 SCHEMA_VERSION = 1
 COLUMNS = ("id", "experiment", "config", "seed", "epochs", "final", "wall_s",
@@ -165,9 +167,8 @@ class Store:
         with self._transaction():
             self._con.execute(_SCHEMA)
             self._con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        import normlab
         import torch
-        self._versions = (normlab.__version__, torch.__version__, json.dumps(machine(), sort_keys=True))
+        self._versions = (__version__, torch.__version__, json.dumps(machine(), sort_keys=True))
 
     def _transaction(self):
         con = self._con

@@ -22,10 +22,10 @@ import time
 
 import torch
 
-import normlab
+import normlab.nn
 
 from ..demos._report import table
-from . import _common as C
+from . import arguments, summaries, sweep
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons, train_loop
 from .store import DEFAULT_STORE, config_key
 
@@ -76,25 +76,25 @@ def train_eval_task(norm: str, seed: int) -> list[dict]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--norms", type=C.arg(lambda s: C.parse_norms(s, NORMS)), default=None,
+    p.add_argument("--norms", type=arguments.arg(lambda s: arguments.parse_norms(s, NORMS)), default=None,
                    help=f"comma-separated norms from {','.join(NORMS)} (default {','.join(DEFAULT_NORMS)})")
-    p.add_argument("--seeds", type=C.arg(lambda s: C.parse_count(s, "seeds")), default=None,
+    p.add_argument("--seeds", type=arguments.arg(lambda s: arguments.parse_count(s, "seeds")), default=None,
                    help=f"weight seeds {CHAPTER_SEED}, {CHAPTER_SEED + 1}, ... (default {SEEDS})")
-    C.add_common_arguments(p)
+    arguments.add_common_arguments(p)
 
 
 def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
-    norms = C.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else DEFAULT_NORMS), NORMS)
-    n = C.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
+    norms = arguments.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else DEFAULT_NORMS), NORMS)
+    n = arguments.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
     seed_list = [CHAPTER_SEED + i for i in range(n)]
-    workers, threads, executor = C.check_parallel(workers, threads, executor)
-    with C.interrupt_note(str(store)), C.open_store(store) as st:
+    workers, threads, executor = sweep.check_parallel(workers, threads, executor)
+    with sweep.interrupt_note(str(store)), sweep.open_store(store) as st:
         done = st.done(EXPERIMENT)
         tasks = [(train_eval_task, {"norm": norm, "seed": s}, 1) for norm in norms for s in seed_list
                  if (config_key(config(norm)), s) not in done]
         skipped = len(norms) * len(seed_list) - len(tasks)
-        info = C.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
+        info = sweep.run_tasks(st, EXPERIMENT, tasks, workers=workers, threads=threads,
                            executor=executor, ray_address=ray_address)
         runs = [r for r in st.runs(EXPERIMENT, [config(nm) for nm in norms]) if r["seed"] in seed_list]
     rows = []
@@ -104,17 +104,17 @@ def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE,
             vals = [r["final"]["accuracy"][mode] for r in rs]
             errs = sorted({r["final"]["errors"][mode] for r in rs if mode in r["final"]["errors"]})
             diffs = [r["final"]["max_logit_diff_vs_eval"][mode] for r in rs]
-            m, s = C.mean_std([v for v in vals if v is not None])
+            m, s = summaries.mean_std([v for v in vals if v is not None])
             rows.append({"norm": norm, "mode": mode, "runs": len(rs), "acc_mean": m, "acc_std": s,
                          "errors": errs, "failed": sum(v is None for v in vals),
                          "max_logit_diff": max((d for d in diffs if d is not None), default=None)})
-    return C.finite_or_none({"store": str(store), "norms": norms, "seeds": seed_list, "rows": rows,
+    return summaries.finite_or_none({"store": str(store), "norms": norms, "seeds": seed_list, "rows": rows,
                              "speed": info, "skipped": skipped})
 
 
 def render(r: dict) -> str:
     out = [f"Train mode vs eval mode at evaluation: the chapter's MLP (lr {LR}, {EPOCHS} epochs), "
-           f"{N_TEST} held-out points, {C.plural(len(r['seeds']), 'seed')}",
+           f"{N_TEST} held-out points, {summaries.plural(len(r['seeds']), 'seed')}",
            "  train b=B: model left in train mode, the test set fed in consecutive batches of B points"]
     rows = []
     for row in r["rows"]:
@@ -122,7 +122,7 @@ def render(r: dict) -> str:
             diff, acc = "", f"error ({row['failed']} of {row['runs']} runs): {row['errors'][0]}"
         else:
             diff = "0" if row["max_logit_diff"] == 0 else f"{row['max_logit_diff']:.3g}"
-            acc = C.pm(row["acc_mean"], row["acc_std"])
+            acc = summaries.pm(row["acc_mean"], row["acc_std"])
         rows.append([LABEL[row["norm"]], row["mode"], diff, acc])
     out += [table(rows, ["norm", "evaluated in", "max |logit - eval logit|", "test accuracy (mean ± std)"]), ""]
     by = {(x["norm"], x["mode"]): x for x in r["rows"]}
@@ -134,5 +134,5 @@ def render(r: dict) -> str:
         w = min(worst, key=lambda x: x["acc_mean"])
         out.append(f"  {LABEL[norm]}: eval mode {ev:.3f}; worst train-mode evaluation {w['mode']}: "
                    f"{w['acc_mean']:.3f} ({(w['acc_mean'] - ev) * 100:+.1f} points)")
-    out += ["  " + C.speed_line(r["speed"], r["skipped"]), f"  store: {r['store']}"]
+    out += ["  " + summaries.speed_line(r["speed"], r["skipped"]), f"  store: {r['store']}"]
     return "\n".join(out)

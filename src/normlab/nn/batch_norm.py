@@ -13,9 +13,9 @@ import torch
 
 from .. import _backend
 from .. import functional as F
+from ..functional.batch_norms import batch_norm_module as _module_fast
 from ._base import _NormBase
 
-_module_fast = F._C.batch_norm_module if F._C is not None else None
 _eager_cpu = _backend.eager_cpu
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]

@@ -2,8 +2,8 @@
 
 A drop-in for ``torch.nn.SyncBatchNorm`` -- same constructor, parameters,
 buffers, ``state_dict`` and ``convert_sync_batchnorm`` -- that also runs on CPU
-tensors (gloo), not only on GPUs. The math and the collectives are in
-``normlab.ops.batch_norm.sync``; this module decides when to synchronise:
+tensors (gloo), not only on GPUs. The synchronised step is
+``normlab.functional.distributed.sync_batch_norm``; this module decides when to synchronise:
 
 - training, with ``torch.distributed`` initialised and more than one rank in
   the group: statistics over the concatenated batch of every rank (one
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ops.batch_norm import sync as _sync
+from ..functional import distributed as _sync
 from .batch_norm import _BatchNorm
 
 __all__ = ["SyncBatchNorm"]

@@ -42,7 +42,7 @@ def route(*tensors: Optional[torch.Tensor]) -> int:
     dual tensor has not: transforms come first, also while compiling. Without
     a transform, ``torch.compile`` traces the custom ops; an eager call takes
     the eager Function only when autograd records it (grad mode on and an
-    input that requires grad), else the launcher alone (~10 us less).
+    input that requires grad), else the launcher alone (no Function to build).
     """
     if _functorch_active() or _fwad._current_level >= 0:
         return TRANSFORM
@@ -87,7 +87,7 @@ def custom_op(
 
 def fast_apply(function: type) -> Callable:
     """``function.apply`` (an ``autograd.Function``) without ``Function.apply``'s Python layer
-    (argument binding and a walk for functorch wrappers, ~4 us a call) when no functorch
+    (argument binding and a walk for functorch wrappers) when no functorch
     transform is active; under a transform the full ``apply`` runs."""
     c_apply = super(torch.autograd.Function, function).apply
     full_apply = function.apply
@@ -146,7 +146,7 @@ def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None,
               available: Callable[[], bool] = extension.available) -> None:
     """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
     ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when ``available()`` (the C++ extension:
-    ``extension.available``; numba for the kernels not yet ported). Both take the arguments
+    ``extension.available``). Both take the arguments
     ``normlab.functional`` has checked."""
     _backend.register_op(op, "ref", ref)
     if cpu is not None and available():

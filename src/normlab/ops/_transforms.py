@@ -6,7 +6,7 @@ transform is active (:func:`active`), each family's entry point calls its
 transform ``autograd.Function`` instead: ``forward`` without ``ctx`` (runs the
 kernels on plain tensors), ``setup_context``, ``backward`` (the kernels, or the
 differentiable reference under ``create_graph``, which is what ``grad`` and
-``vjp`` use), a hand-derived ``jvp`` (``ops/_common.x_hat_jvp``) and a ``vmap``
+``vjp`` use), a hand-derived ``jvp`` (``ops/forward_mode.x_hat_jvp``) and a ``vmap``
 rule that maps the batch dim onto the op -- more rows for LayerNorm, more
 channels for BatchNorm, more samples for GroupNorm -- so a vmapped call runs
 the kernel once, never a loop over the batch.

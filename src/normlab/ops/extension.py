@@ -69,7 +69,7 @@ def load():
         _loaded = True
         if _library() is not None:
             check(build_info(), torch.__version__, _cpu_flags())
-            from .. import _C
+            import normlab._C as _C  # the compiled library: below every Python module
             _module = _C
     return _module
 

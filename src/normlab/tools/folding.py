@@ -61,7 +61,8 @@ import torch
 from torch import nn
 
 from ..nn.layer_norm import LayerNorm2d
-from ._common import as_args, check_model, norm_family, preserved_state, shapes
+from .models import as_args, check_model, preserved_state, shapes
+from .norm_layers import norm_family
 from .timm import kind_of
 
 __all__ = ["fold", "FoldReport"]

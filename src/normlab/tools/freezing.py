@@ -37,8 +37,8 @@ from torch import nn
 
 from ..nn import batch_norm as _bn
 from ..nn import frozen_batch_norm as _fbn
-from ..nn.convert import _HOOK_DICTS
-from ._common import batch_norm_rank, check_model, is_frozen
+from .models import check_model, copy_hooks
+from .norm_layers import batch_norm_rank, is_frozen
 
 __all__ = ["freeze_batch_norm", "unfreeze_batch_norm"]
 
@@ -50,12 +50,6 @@ _FROZEN = {0: _fbn._FrozenBatchNorm, 1: _fbn.FrozenBatchNorm1d, 2: _fbn.FrozenBa
            3: _fbn.FrozenBatchNorm3d}
 _THAWED = {_fbn.FrozenBatchNorm1d: _bn.BatchNorm1d, _fbn.FrozenBatchNorm2d: _bn.BatchNorm2d,
            _fbn.FrozenBatchNorm3d: _bn.BatchNorm3d}
-
-
-def _copy_hooks(src: nn.Module, dst: nn.Module) -> None:
-    for hooks in _HOOK_DICTS:
-        if hasattr(src, hooks) and hasattr(dst, hooks):
-            setattr(dst, hooks, getattr(src, hooks).copy())
 
 
 def _why_not_freezable(bn: nn.Module) -> str | None:
@@ -74,7 +68,7 @@ def _freeze(bn: nn.Module) -> nn.Module:
     weight = bn.weight.detach() if bn.weight is not None else torch.ones_like(rm)
     bias = bn.bias.detach() if bn.bias is not None else torch.zeros_like(rm)
     frozen._buffers.update(weight=weight, bias=bias, running_mean=rm, running_var=rv)
-    _copy_hooks(bn, frozen)
+    copy_hooks(bn, frozen)
     frozen.train(bn.training)
     frozen.__dict__[_ORIGINAL] = bn
     return frozen
@@ -107,7 +101,7 @@ def _thaw(frozen: nn.Module, dropped: list[str]) -> nn.Module:
         bn.eps = frozen.eps
     bn._buffers["running_mean"] = bufs["running_mean"]
     bn._buffers["running_var"] = bufs["running_var"]
-    _copy_hooks(frozen, bn)
+    copy_hooks(frozen, bn)
     bn.train(frozen.training)
     return bn
 

@@ -53,7 +53,7 @@ from functools import partial
 
 from torch import nn
 
-from ..nn.convert import adopt
+from .conversion import adopt
 from ..nn.layer_norm import LayerNorm, LayerNorm2d, RMSNorm
 
 # kind -> (module of the reference class, its name, casting, offset, the attribute holding eps)

@@ -21,8 +21,8 @@ batch of one sample reaching a training BatchNorm; a Linear/Conv bias right befo
 BatchNorm (the mean subtraction cancels it); running statistics never updated, NaN or
 Inf; ``track_running_stats=False`` in eval.
 
-The table and the command ``normlab inspect MODULE:FACTORY --input-shape 8,3,32,32``
-live in ``inspect_command.py``.
+The table is drawn by ``inspection_table.py``; the command
+``normlab inspect MODULE:FACTORY --input-shape 8,3,32,32`` is ``inspect_command.py``.
 
 >>> import torch, normlab
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.LayerNorm(8))
@@ -43,8 +43,8 @@ import weakref
 import torch
 from torch import nn
 
-from ..nn.convert import _HOOK_DICTS
-from ._common import as_args, check_model, norm_family, preserved_state, shapes
+from .models import as_args, check_model, clear_hooks, preserved_state, shapes
+from .norm_layers import norm_family
 
 __all__ = ["inspect", "InspectReport", "LayerReport", "Pitfall"]
 
@@ -113,12 +113,12 @@ class InspectReport:
         return clean(dataclasses.asdict(self))
 
     def __str__(self) -> str:
-        from .inspect_command import render
+        from .inspection_table import render
 
         return render(self.to_dict())
 
     def __rich__(self):
-        from .inspect_command import renderables
+        from .inspection_table import renderables
 
         return renderables(self.to_dict())
 
@@ -212,9 +212,7 @@ def _running(m: nn.Module, family: str) -> dict | None:
 
 def _bare_copy(m: nn.Module) -> nn.Module:
     c = copy.deepcopy(m)
-    for hooks in _HOOK_DICTS:  # the user's hooks must not fire on our copies
-        if hasattr(c, hooks):
-            getattr(c, hooks).clear()
+    clear_hooks(c)  # the user's hooks must not fire on our copies
     return c
 
 

@@ -9,7 +9,7 @@ none of them.
 
 from __future__ import annotations
 
-from ..nn.convert import register_finder
+from .conversion import register_finder
 
 
 def _transformers(cls: type):

@@ -61,7 +61,8 @@ import torch
 from torch import nn
 
 from ..nn.batch_renorm import _BatchRenorm
-from ._common import check_model, is_batch_norm
+from .models import check_model
+from .norm_layers import is_batch_norm
 
 __all__ = ["recalibrate_batch_norm"]
 
@@ -76,7 +77,7 @@ def _sync_group(m):
 
 
 def _merge_moments(count, mean, m2, num_features, group):
-    from ..ops.batch_norm.sync import merge_moments
+    from ..functional.distributed import merge_moments
 
     return merge_moments(count, mean, m2, num_features, group)
 

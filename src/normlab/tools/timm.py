@@ -35,7 +35,7 @@ import numbers
 
 from torch import nn
 
-from ..nn.convert import adopt
+from .conversion import adopt
 from ..nn.layer_norm import LayerNorm, LayerNorm2d, RMSNorm
 
 MODULE = "timm.layers.norm"

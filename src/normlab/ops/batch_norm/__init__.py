@@ -21,7 +21,6 @@ from .reference import (  # noqa: F401 (private names: those of the room's forme
     _channel_mean,
     _channel_sum,
     _mean_var_xc,
-    _memory_format,
     _per_channel,
     _reduce_dims,
     _stat_shape,

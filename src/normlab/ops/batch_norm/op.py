@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from .. import _register, _transforms, extension
-from .._common import acc_dtype
+from ..layouts import output_memory_format
+from ..numerics import acc_dtype
 from .reference import (
-    _memory_format,
     _stat_shape,
     batch_norm_eval_backward_ref,
     batch_norm_jvp,
@@ -45,7 +45,7 @@ def _canonical(x: Tensor) -> Tensor:
     """``x`` in the memory format of torch's output for it (a copy only if it is not already)."""
     if x.is_contiguous():
         return x
-    return x.contiguous(memory_format=_memory_format(x))
+    return x.contiguous(memory_format=output_memory_format(x))
 
 
 def _eager(x, w, b, running_mean, running_var, training, momentum, eps):

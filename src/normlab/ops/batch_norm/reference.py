@@ -34,7 +34,7 @@ Evaluation mode (running statistics, a per-channel affine map of ``x``)::
 Numerics: statistics and every sum are computed in float32 for
 float16/bfloat16/float32 input and in float64 for float64 input; the output is
 cast to the input's dtype once, at the end. The per-channel mean and variance
-come from the shifted two-pass algorithm (``ops/_common.shifted_mean_var``),
+come from the shifted two-pass algorithm (``ops/numerics.shifted_mean_var``),
 never from ``E[x^2] - E[x]^2``, so float32 channels with a mean far from zero
 (1e4 against a spread of 1) keep their digits; one refinement pass then moves
 the residual mean of the centred values into the mean (see ``_mean_var_xc``).
@@ -57,10 +57,12 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from .._common import acc_dtype, affine_jvp, empty_output, shifted_mean_var, x_hat_jvp
+from ..forward_mode import affine_jvp, x_hat_jvp
+from ..layouts import empty_output, output_memory_format
+from ..numerics import acc_dtype, shifted_mean_var
 
 # --------------------------------------------------------------------------
-# Shapes and layouts
+# The per-channel view: statistics over every dim but the channel dim 1
 # --------------------------------------------------------------------------
 
 
@@ -96,32 +98,6 @@ def _channel_sum(t: torch.Tensor) -> torch.Tensor:
 def _channel_mean(t: torch.Tensor) -> torch.Tensor:
     """Mean over N and every spatial dim, kept as ``(1, C, 1, ...)``."""
     return _channel_sum(t) / (t.numel() // t.shape[1])
-
-
-def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    """The layout torch's batch_norm gives its output (``Tensor.suggest_memory_format``).
-
-    ``channels_last`` for a 4-D (``channels_last_3d`` for a 5-D) tensor whose
-    strides, walked from the channel dim outwards (C, W, H, N), never shrink;
-    ambiguous cases (a single channel, 1x1 spatial) fall back to contiguous.
-    """
-    if x.dim() == 4:
-        order, fmt = (1, 3, 2, 0), torch.channels_last
-    elif x.dim() == 5:
-        order, fmt = (1, 4, 3, 2, 0), torch.channels_last_3d
-    else:
-        return torch.contiguous_format
-    shape, stride = x.shape, x.stride()
-    if stride[1] == 0:
-        return torch.contiguous_format
-    least = 0
-    for d in order:
-        if shape[d] == 0 or stride[d] < least:
-            return torch.contiguous_format
-        if d == 0 and least == stride[1]:  # N111-like: ambiguous, call it contiguous
-            return torch.contiguous_format
-        least = stride[d] * shape[d]
-    return fmt
 
 
 # --------------------------------------------------------------------------
@@ -190,7 +166,7 @@ def batch_norm_train_ref(
         y = y * _per_channel(w, x, acc)  # (N, C, *spatial)
     if b is not None:
         y = y + _per_channel(b, x, acc)  # (N, C, *spatial)
-    y = y.to(x.dtype).contiguous(memory_format=_memory_format(x))
+    y = y.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return y, mean, rstd, mean.reshape(-1), var.reshape(-1)
 
 
@@ -216,7 +192,7 @@ def batch_norm_eval_ref(
         y = y * _per_channel(w, x, acc)
     if b is not None:
         y = y + _per_channel(b, x, acc)
-    y = y.to(x.dtype).contiguous(memory_format=_memory_format(x))
+    y = y.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return y, mean, rstd
 
 
@@ -284,7 +260,7 @@ def batch_norm_train_backward_ref(
         term2 = _channel_mean(g)  # (1, C, 1, ...)
         term3 = x_hat * _channel_mean(g * x_hat)  # (N, C, *spatial)
         dx = (rstd * (term1 - term2 - term3)).to(x.dtype)
-        dx = dx.contiguous(memory_format=_memory_format(x))
+        dx = dx.contiguous(memory_format=output_memory_format(x))
     if need_dw and w is not None:
         dw = _channel_sum(dya * x_hat).reshape(-1).to(w.dtype)  # (C,)
     if need_db:
@@ -317,7 +293,7 @@ def batch_norm_eval_backward_ref(
     dx = dw = db = None
     if need_dx:
         scale = rstd * _per_channel(w, x, acc) if w is not None else rstd  # (1, C, 1, ...)
-        dx = (dya * scale).to(x.dtype).contiguous(memory_format=_memory_format(x))
+        dx = (dya * scale).to(x.dtype).contiguous(memory_format=output_memory_format(x))
     if need_dw and w is not None:
         x_hat = (x.to(acc) - mean) * rstd  # (N, C, *spatial)
         dw = _channel_sum(dya * x_hat).reshape(-1).to(w.dtype)  # (C,)
@@ -335,7 +311,7 @@ def batch_norm_jvp(x, w, mean, rstd, xt, wt, bt, training):
     """Tangent of BatchNorm's ``y`` along tangents of ``x``, ``w``, ``b`` (each may be None).
 
     ``mean``/``rstd`` (1, C, 1, ...): the forward's statistics (the batch's in
-    training, where they move with ``x``: ``ops/_common.x_hat_jvp`` over every dim
+    training, where they move with ``x``: ``ops/forward_mode.x_hat_jvp`` over every dim
     but the channels; the running ones in evaluation, constants: ``d x_hat = rstd * t``).
     """
     acc = acc_dtype(x.dtype)

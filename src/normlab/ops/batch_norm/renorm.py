@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import acc_dtype
+from ..numerics import acc_dtype
 
 
 @torch.no_grad()

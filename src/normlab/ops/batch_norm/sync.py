@@ -54,7 +54,7 @@ nothing, so ``torch.compile(fullgraph=True)`` traces a model through them.
 (No ``from __future__ import annotations``: ``torch.library`` reads the hints.)
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -63,10 +63,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ... import _backend
-from .._common import acc_dtype
+from ..layouts import output_memory_format
+from ..numerics import acc_dtype, chan_merge  # noqa: F401 (chan_merge: also imported from here)
 from .. import _register, extension
 from . import op as _op
-from .reference import _channel_sum, _mean_var_xc, _memory_format, _stat_shape, batch_norm_eval_ref
+from .sync_parts import KERNEL_PARTS, TORCH_PARTS, Parts, empty_vectors
+from .reference import _stat_shape
 from .reference import update_running_stats
 
 MAGIC = 7.25e5  # first value of every pack: a misaligned or foreign buffer does not start with it
@@ -157,29 +159,8 @@ def _header(c: int, dtype: torch.dtype, n: int) -> list:
 # --------------------------------------------------------------------------
 # The math: local statistics, Chan's merge, normalisation, backward
 #
-# Per-channel vectors are numpy float64 arrays for CPU tensors (a numpy operation on
-# (C,) costs a fraction of a torch one) and float64 tensors on the input's device
-# otherwise; the formulas are written once, with operators both understand.
+# (the per-rank computations of each backend: sync_parts.py)
 # --------------------------------------------------------------------------
-
-
-def _empty_vectors(x: Tensor, c: int):
-    return np.zeros(c) if x.is_cpu else torch.zeros(c, dtype=torch.float64, device=x.device)
-
-
-def _kernel_stats(x: Tensor):
-    """``(mean, M2)`` of this rank from the training kernel's statistics (its output y is not used)."""
-    n = x.numel() // x.shape[1]
-    sn = torch.ops.normlab.batch_norm_stats(x).numpy()  # (2, C): mean, biased var
-    return sn[0], sn[1] * n
-
-
-def _torch_stats(x: Tensor):
-    """``(mean, M2)`` of this rank in torch ops (any device)."""
-    n = x.numel() // x.shape[1]
-    mean, var, _ = _mean_var_xc(x.to(acc_dtype(x.dtype)))  # (1, C, 1, ...) each
-    mean, m2 = mean.reshape(-1).double(), var.reshape(-1).double() * n
-    return (mean.numpy(), m2.numpy()) if x.is_cpu else (mean, m2)
 
 
 def _local_stats(x: Tensor, parts):
@@ -187,30 +168,9 @@ def _local_stats(x: Tensor, parts):
     c = x.shape[1]
     n = x.numel() // c
     if n == 0:
-        z = _empty_vectors(x, c)
+        z = empty_vectors(x, c)
         return 0, z, z
     return (n, *parts.stats(x))
-
-
-def chan_merge(counts, means, m2s):
-    """Merge per-rank ``(count, mean, M2)`` in order with Chan's formula; returns ``(N, mean, M2)``.
-
-    ``means``/``m2s``: (C,) float64 per rank (numpy arrays or tensors); ranks
-    with count 0 are skipped, the first non-empty one is taken as it is.
-    """
-    n, mean, m2 = 0.0, means[0] * 0.0, m2s[0] * 0.0
-    for n_b, mean_b, m2_b in zip(counts, means, m2s):
-        if n_b == 0:
-            continue
-        if n == 0:
-            n, mean, m2 = n_b, mean_b, m2_b
-            continue
-        total = n + n_b
-        delta = mean_b - mean  # (C,)
-        mean = mean + delta * (n_b / total)  # (C,)
-        m2 = m2 + m2_b + delta * delta * (n * n_b / total)  # (C,)
-        n = total
-    return n, mean, m2
 
 
 def _global_stats(x: Tensor, eps: float, group, check: bool, parts):
@@ -273,17 +233,6 @@ def merge_moments(count: int, mean: Optional[Tensor], m2: Optional[Tensor], num_
     return int(total), mean.to(device), m2.to(device)
 
 
-def _kernel_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
-    """The evaluation kernel with the global statistics as its "running" ones."""
-    return torch.ops.normlab.batch_norm_eval_fwd(x, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), w, b, eps)
-
-
-def _torch_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
-    mean, var = (torch.from_numpy(stats[0]), torch.from_numpy(stats[1])) if x.is_cpu else (stats[0], stats[1])
-    y, _, _ = batch_norm_eval_ref(x, mean, var, w, b, eps)
-    return y
-
-
 def _forward(x: Tensor, w, b, eps: float, group, check: bool, parts):
     """``(y, stats)``: SyncBatchNorm of ``x`` (canonical layout); ``stats`` as :func:`_global_stats`."""
     stats = _global_stats(x, eps, group, check, parts)
@@ -292,41 +241,12 @@ def _forward(x: Tensor, w, b, eps: float, group, check: bool, parts):
     return parts.normalize(x, w, b, stats, eps), stats
 
 
-def _kernel_sums(dy: Tensor, x: Tensor, w, stats):
-    _, dw, db = torch.ops.normlab.batch_norm_bwd(dy, x, w, torch.from_numpy(stats[:3]), False, False, True)
-    return db.numpy(), dw.numpy()
-
-
-def _torch_sums(dy: Tensor, x: Tensor, w, stats):
-    acc = acc_dtype(x.dtype)
-    shape = _stat_shape(x)
-    mean, rstd = (torch.from_numpy(stats[0]), torch.from_numpy(stats[2])) if x.is_cpu else (stats[0], stats[2])
-    x_hat = (x.to(acc) - mean.to(acc).reshape(shape)) * rstd.to(acc).reshape(shape)
-    dya = dy.to(acc)
-    db, dw = _channel_sum(dya).reshape(-1).double(), _channel_sum(dya * x_hat).reshape(-1).double()
-    return (db.numpy(), dw.numpy()) if x.is_cpu else (db, dw)
-
-
 def _local_sums(dy: Tensor, x: Tensor, w, stats, parts):
     """``(sum(dy), sum(dy * x_hat))`` of this rank, float64 (C,); x_hat with the global statistics."""
     if x.numel() == 0:
-        z = _empty_vectors(x, x.shape[1])
+        z = empty_vectors(x, x.shape[1])
         return z, z
     return parts.sums(dy, x, w, stats)
-
-
-class Parts(NamedTuple):
-    """SyncBatchNorm's per-rank computations on one backend; the communication is shared.
-    The backend table holds one per backend (op ``"sync_batch_norm"``)."""
-
-    stats: Callable  # x -> (mean, M2) of this rank, float64 (C,)
-    normalize: Callable  # (x, w, b, stats, eps) -> y with the global statistics
-    sums: Callable  # (dy, x, w, stats) -> (sum dy, sum dy * x_hat), float64 (C,)
-    canonical: Callable  # x -> the layout the computations take
-
-
-KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, _op._canonical)
-TORCH_PARTS = Parts(_torch_stats, _torch_normalize, _torch_sums, lambda x: x)
 
 
 def _parts(backend: str) -> Parts:
@@ -364,7 +284,7 @@ def _backward(dy: Tensor, x: Tensor, w, stats, group, parts):
     coeffs = (torch.from_numpy(coeffs) if x.is_cpu else coeffs).to(acc)
     a, k2, k0, hi = (t.reshape(shape) for t in coeffs)
     dx = torch.addcmul(-k0, dy.to(acc), a).sub_((x.to(acc) - hi).mul_(k2))  # (N, C, *spatial)
-    dx = dx.to(x.dtype).contiguous(memory_format=_memory_format(x))
+    dx = dx.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return dx, dw, db
 
 

@@ -21,7 +21,6 @@ from .reference import (
     group_norm_stats,
     instance_norm_eval_backward_ref,
     instance_norm_eval_ref,
-    output_memory_format,
     ref_group_norm,
     ref_instance_norm,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "instance_norm_eval_backward_ref",
     "GroupNormFunction",
     "InstanceNormEvalFunction",
-    "output_memory_format",
     "ref_group_norm",
     "ref_instance_norm",
 ]

@@ -32,15 +32,13 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from .. import _register, _transforms, extension
-from .._common import acc_dtype, in_memory_format, to_acc
+from ..layouts import group_params, grouped, in_memory_format, output_memory_format
+from ..numerics import acc_dtype, to_acc
 from .reference import (
-    _grouped,
-    _per_channel,
     group_norm_backward_ref,
     group_norm_jvp,
     group_norm_stats,
     instance_norm_eval_backward_ref,
-    output_memory_format,
     ref_group_norm,
     ref_instance_norm,
     update_running_ops,
@@ -84,7 +82,7 @@ def _grads(ctx, dy, x, w, mean, rstd, needs):
     need_db = need_db and ctx.b_dtype is not None
     g = ctx.num_groups
     if _transforms.differentiable_backward():  # double backward
-        x4, dy4, w3 = _grouped(x, g), _grouped(dy, g), _per_channel(w, g)  # (N, G, Cg, S), (G, Cg, 1)
+        x4, dy4, w3 = grouped(x, g), grouped(dy, g), group_params(w, g)  # (N, G, Cg, S), (G, Cg, 1)
         if ctx.fixed:
             m4, r4 = mean.reshape(1, g, 1, 1), rstd.reshape(1, g, 1, 1)
             dx, dw, db = instance_norm_eval_backward_ref(dy4, x4, w3, m4, r4, need_dx, need_dw, need_db)
@@ -143,9 +141,9 @@ def _transform_jvp(ctx, xt, wt, bt, _g_t, _eps_t, _mean_t, _rstd_t):
     x, w, mean, rstd = ctx.saved_tensors
     g = ctx.num_groups
     stat = (1, g, 1, 1) if ctx.fixed else (x.shape[0], g, 1, 1)
-    yt = group_norm_jvp(_grouped(x, g), _per_channel(w, g), mean.reshape(stat), rstd.reshape(stat),
-                        _grouped(xt, g) if xt is not None else None, _per_channel(wt, g),
-                        _per_channel(bt, g), fixed=ctx.fixed)
+    yt = group_norm_jvp(grouped(x, g), group_params(w, g), mean.reshape(stat), rstd.reshape(stat),
+                        grouped(xt, g) if xt is not None else None, group_params(wt, g),
+                        group_params(bt, g), fixed=ctx.fixed)
     return (None if yt is None else yt.reshape(x.shape)), None, None
 
 

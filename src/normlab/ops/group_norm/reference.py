@@ -37,7 +37,7 @@ cast to the input's dtype once, at the end. Normalisation always uses the
 biased variance (divide by ``Cg * S``), as ``torch.nn.GroupNorm`` and
 ``torch.nn.InstanceNorm*d`` do; only the running variance takes the unbiased
 one. Mean and variance come from a shifted two-pass algorithm
-(``ops/_common.shifted_mean_var``), never ``E[x^2] - E[x]^2``, so a constant
+(``ops/numerics.shifted_mean_var``), never ``E[x^2] - E[x]^2``, so a constant
 group has ``x - mean == 0`` exactly and its output is exactly ``b``.
 float16/bfloat16 input may come with float32 ``w``/``b`` (and float32 running
 statistics); gradients of ``w``/``b`` come back in their own dtype.
@@ -52,20 +52,12 @@ The derivation of the backward is in ``docs/derivations/group_norm.md``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import _transforms
-from .._common import (
-    affine_jvp,
-    empty_output,
-    in_memory_format,
-    output_memory_format,
-    shifted_mean_var,
-    to_acc,
-    x_hat_jvp,
-)
+from ..forward_mode import affine_jvp, x_hat_jvp
+from ..layouts import empty_output, group_params, grouped, in_memory_format, output_memory_format
+from ..numerics import shifted_mean_var, to_acc
 
 _GROUP_DIMS = (2, 3)  # the dims of one group in the grouped view (N, G, Cg, S)
 
@@ -235,7 +227,7 @@ def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | N
 def group_norm_jvp(x, w, mean, rstd, xt, wt, bt, fixed=False):
     """Tangent of GroupNorm's ``y`` on the grouped view (N, G, Cg, S) along tangents of ``x``,
     ``w``, ``b`` (each may be None; ``w``-shaped (G, Cg, 1)). ``mean``/``rstd`` (N, G, 1, 1) or
-    (1, C, 1, 1): the group statistics, which move with ``x`` (``ops/_common.x_hat_jvp`` over a
+    (1, C, 1, 1): the group statistics, which move with ``x`` (``ops/forward_mode.x_hat_jvp`` over a
     group's values), or ``fixed`` ones (InstanceNorm's running statistics: ``d x_hat = rstd * t``).
     """
     xa = to_acc(x)
@@ -327,21 +319,6 @@ class InstanceNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# Layout helpers of the entry points (``op.py``: group_norm, instance_norm)
-# --------------------------------------------------------------------------
-
-
-def _grouped(x: torch.Tensor, num_groups: int) -> torch.Tensor:
-    n, c = x.shape[0], x.shape[1]
-    s = math.prod(x.shape[2:])
-    return x.reshape(n, num_groups, c // num_groups, s)  # (N, G, Cg, S); copies only if it must
-
-
-def _per_channel(t: torch.Tensor | None, num_groups: int) -> torch.Tensor | None:
-    return None if t is None else t.reshape(num_groups, -1, 1)  # (G, Cg, 1)
-
-
-# --------------------------------------------------------------------------
 # The "ref" entry points (the backend table's functions for backend "ref";
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
@@ -363,7 +340,7 @@ def ref_group_norm(x, num_groups, w, b, eps):
     """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups by :class:`GroupNormFunction`."""
     fmt = output_memory_format(x)
     y, _, _ = _transforms.pick(GroupNormFunction).apply(
-        _grouped(x, num_groups), _per_channel(w, num_groups), _per_channel(b, num_groups), eps
+        grouped(x, num_groups), group_params(w, num_groups), group_params(b, num_groups), eps
     )
     # The grouped view may keep x's strides (a view, not a copy), and elementwise
     # ops keep them too: settle the layout torch gives, once, at the end.
@@ -387,8 +364,8 @@ def ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momen
     c = x.shape[1]
     if c == 0:  # no channels: an empty output, as torch gives (nothing to normalise or update)
         return empty_output(x, w, b)
-    x4 = _grouped(x, c)  # (N, C, 1, S)
-    w3, b3 = _per_channel(w, c), _per_channel(b, c)  # (C, 1, 1)
+    x4 = grouped(x, c)  # (N, C, 1, S)
+    w3, b3 = group_params(w, c), group_params(b, c)  # (C, 1, 1)
     if use_input_stats:
         y, mean, var = _transforms.pick(GroupNormFunction).apply(x4, w3, b3, eps)
         if running_mean is not None and x.numel() > 0:  # an empty batch leaves them as they are, as in torch

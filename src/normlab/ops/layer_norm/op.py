@@ -23,7 +23,8 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from .. import _register, _transforms, extension
-from .._common import to_acc
+from ..layouts import output_memory_format
+from ..numerics import to_acc
 from .reference import (
     layer_norm_backward_ref,
     layer_norm_stats,
@@ -145,7 +146,8 @@ _Transform = _register.transform(
 def _transformed(x, res, shape, w, b, eps, center, offset, cast_x_hat):
     """``(y, h)`` under a transform: ``h = x + res`` in torch ops (as the kernel rounds it), then
     the rows of ``h`` (``x``) through :data:`_Transform`."""
-    from .reference import flat, rms_eps, rows
+    from ..layouts import flat, rows
+    from .reference import rms_eps
 
     h = None if res is None else x + res
     src = x if h is None else h
@@ -153,7 +155,6 @@ def _transformed(x, res, shape, w, b, eps, center, offset, cast_x_hat):
     y, _, _ = _Transform.apply(rows(src, shape), flat(w), flat(b), eps, center, offset, cast_x_hat)
     y = y.reshape(x.shape)
     if not center:
-        from .._common import output_memory_format
         y = y.contiguous(memory_format=output_memory_format(x))
     return y, h
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import _transforms, extension
 from . import op as _row_op
-from .reference import layer_norm2d_rows
+from ..layouts import channels_as_rows
 
 _is_compiling = torch.compiler.is_compiling
 _transform_active = _transforms.active
@@ -33,7 +33,7 @@ def layer_norm2d(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], eps: float
     """The backend table's ``"cpu"`` LayerNorm2d over dim 1 of ``(N, C, *)`` ``x`` (arguments
     checked by ``normlab.functional.layer_norm2d``)."""
     if _transform_active():
-        return layer_norm2d_rows(_row_op.layer_norm, x, w, b, eps)
+        return channels_as_rows(_row_op.layer_norm, x, w, b, eps)
     if _is_compiling():
         return torch.ops.normlab.layer_norm2d(x, w, b, eps)
     return _C.layer_norm2d(x, w, b, eps)

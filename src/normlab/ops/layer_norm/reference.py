@@ -32,7 +32,7 @@ Numerics: statistics and every sum are computed in float32 for
 float16/bfloat16/float32 input and in float64 for float64 input; the output is
 cast to the input's dtype once, at the end. The variance is the biased one
 (divide by ``n_cols``), as in ``torch.nn.LayerNorm``. The mean and variance come
-from a shifted two-pass algorithm (``ops/_common.shifted_mean_var``), never from
+from a shifted two-pass algorithm (``ops/numerics.shifted_mean_var``), never from
 ``E[x^2] - E[x]^2``. RMSNorm's default ``eps`` (``None``) is the machine epsilon
 of the accumulation dtype, as in ``torch.nn.functional.rms_norm``.
 
@@ -44,7 +44,9 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from .._common import acc_dtype, affine_jvp, empty_output, output_memory_format, shifted_mean_var, to_acc, x_hat_jvp
+from ..forward_mode import affine_jvp, x_hat_jvp
+from ..layouts import channels_as_rows, empty_output, flat, like, rms_norm_layout, rows
+from ..numerics import acc_dtype, shifted_mean_var, to_acc
 
 # --------------------------------------------------------------------------
 # Reference forward: the formula in plain torch ops, in the accumulation dtype
@@ -206,7 +208,7 @@ def rms_norm_backward_ref(
 def norm_jvp(x, w, mean, rstd, xt, wt, bt, center, offset=0.0, cast_x_hat=False):
     """Tangent of LayerNorm (``center``) or RMSNorm of 2-D ``x`` along tangents of ``x``, ``w``, ``b``
     (each may be None); ``mean``/``rstd`` are the forward's (n_rows, 1) statistics (``mean``
-    unused for RMSNorm). Hand-derived: ``ops/_common.x_hat_jvp`` and ``affine_jvp``; RMSNorm's
+    unused for RMSNorm). Hand-derived: ``ops/forward_mode.x_hat_jvp`` and ``affine_jvp``; RMSNorm's
     variants apply ``w + offset`` and (``cast_x_hat``) pair ``w``'s tangent with the rounded
     ``x_hat`` (the rounding's own tangent is the identity, as the backward's)."""
     xa = to_acc(x)
@@ -306,33 +308,6 @@ class RMSNormFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------
 
 
-def rows(x: torch.Tensor, normalized_shape: tuple) -> torch.Tensor:
-    """``x`` as ``(n_rows, n_cols)``, ``n_cols`` the product of ``normalized_shape``."""
-    n_cols = 1
-    for s in normalized_shape:
-        n_cols *= s
-    if x.dim() == 2 and x.shape[1] == n_cols:
-        return x  # already (n_rows, n_cols): no view node in the autograd graph
-    return x.reshape(-1, n_cols)  # (n_rows, n_cols); copies only if it must
-
-
-def flat(p: torch.Tensor | None) -> torch.Tensor | None:
-    """A weight or bias as ``(n_cols,)``."""
-    return p.reshape(-1) if p is not None and p.dim() != 1 else p
-
-
-def like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``x``'s shape (no view node when it already is)."""
-    return t if t.shape == x.shape else t.reshape(x.shape)
-
-
-def rms_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``x``'s shape and in the memory format torch's ``rms_norm`` gives its output:
-    ``x``'s suggested one (channels_last for a channels-last 4-D ``x``, channels_last_3d for
-    5-D; a copy then), contiguous otherwise. (torch's LayerNorm output is always contiguous.)"""
-    return like(t, x).contiguous(memory_format=output_memory_format(x))
-
-
 def rms_eps(x: torch.Tensor, eps: float | None) -> float:
     """RMSNorm's ``eps``: ``None`` is the machine epsilon of the accumulation dtype, as in torch."""
     return torch.finfo(acc_dtype(x.dtype)).eps if eps is None else eps
@@ -353,7 +328,7 @@ def ref_rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
         return empty_output(x, w)
     eps = rms_eps(x, eps)
     y = _transforms.pick(RMSNormFunction).apply(rows(x, normalized_shape), flat(w), eps, offset, cast_x_hat)[0]
-    return rms_like(y, x)
+    return rms_norm_layout(y, x)
 
 
 def ref_add_layer_norm(x, residual, normalized_shape, w, b, eps):
@@ -373,18 +348,6 @@ def ref_add_rms_norm(x, residual, normalized_shape, w, eps, offset=0.0, cast_x_h
 # --------------------------------------------------------------------------
 
 
-def layer_norm2d_rows(layer_norm, x, w, b, eps):
-    """LayerNorm over dim 1 of ``x`` (N, C, *) by a row LayerNorm ``layer_norm(rows, (C,), w, b, eps)``
-    on ``x.movedim(1, -1)`` (a channels_last ``x`` is already rows: no copy); the output in
-    ``x``'s memory format."""
-    from ..batch_norm.reference import _memory_format  # the layout torch's norms give their outputs
-
-    rows_ = x.movedim(1, -1)  # (N, *, C)
-    y = layer_norm(rows_, (x.shape[1],), w, b, eps)
-    out = y.movedim(-1, 1)  # the input's strides when rows_ was contiguous
-    return out if rows_.is_contiguous() else out.contiguous(memory_format=_memory_format(x))
-
-
 def ref_layer_norm2d(x, w, b, eps):
     """The ``"ref"`` LayerNorm2d: :func:`ref_layer_norm` over the channels of every position."""
-    return layer_norm2d_rows(ref_layer_norm, x, w, b, eps)
+    return channels_as_rows(ref_layer_norm, x, w, b, eps)

@@ -13,7 +13,7 @@ import torch
 DEFAULT_OUT = "bench-results"
 
 
-def _listify(value, what: str) -> list[str] | None:
+def listify(value, what: str) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -24,8 +24,8 @@ def _listify(value, what: str) -> list[str] | None:
     return items
 
 
-def _choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str] | None:
-    items = _listify(value, what)
+def choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str] | None:
+    items = listify(value, what)
     if items is None:
         return None
     out = []
@@ -40,15 +40,15 @@ def _choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str]
     return out
 
 
-def _set_threads(n: int) -> None:
+def set_threads(n: int) -> None:
     torch.set_num_threads(n)  # normlab's kernels run on torch's pool: one count for both
 
 
-def _get_threads() -> int:
+def get_threads() -> int:
     return torch.get_num_threads()
 
 
-def _thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]:
+def thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]:
     """After each call of ``provider``: if the thread count is no longer ``n``, warn once
     and set it back, so that a provider that changes it cannot skew the ones timed after it."""
     def guard(provider: str) -> None:
@@ -60,7 +60,7 @@ def _thread_guard(n: int, warnings: list[str], console) -> Callable[[str], None]
                 warnings.append(msg)
                 if console is not None:
                     console.print(f"[yellow]warning: {msg}[/]")
-            _set_threads(n)
+            set_threads(n)
     return guard
 
 
@@ -73,15 +73,16 @@ def progress_bar(show: bool):
                     TimeElapsedColumn(), console=Console(stderr=True), disable=not show)
 
 
-def _meta(options: dict) -> dict:
-    import normlab
-    from normlab.ops import extension
+def run_meta(options: dict) -> dict:
+    from .._backend import available_backends
+    from .._version import __version__
+    from ..ops import extension
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "options": options,
-        "normlab": normlab.__version__, "torch": torch.__version__,
+        "normlab": __version__, "torch": torch.__version__,
         "extension": extension.build_info().get("level"), "python": platform.python_version(),
-        "backends": normlab.available_backends(),
+        "backends": available_backends(),
         "machine": platform.machine(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,

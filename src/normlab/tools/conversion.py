@@ -3,8 +3,8 @@
 ``convert(model)`` replaces, in place, every module whose type is exactly one of
 torch.nn's normalization classes with the normlab class of the same name -- and
 the modules of the classes it has been taught: by :func:`register_conversion`,
-or by the integrations in ``normlab.tools`` for other libraries' norm classes
-(Hugging Face transformers: ``normlab.tools.hf``), which register a finder here
+or by the integrations for other libraries' norm classes (Hugging Face
+transformers: ``hf.py``, timm: ``timm.py``), which register a finder here
 and are imported only when convert meets a class of that library. The
 twin takes over the very same ``Parameter`` and buffer objects (so an optimizer
 built before the swap keeps working), the train/eval flag and the module hooks.
@@ -27,9 +27,10 @@ from typing import Callable
 
 from torch import nn
 
-from . import batch_norm as _bn
-from . import group_norm as _gn
-from . import layer_norm as _ln
+from ..nn import batch_norm as _bn
+from ..nn import group_norm as _gn
+from ..nn import layer_norm as _ln
+from .models import copy_hooks
 
 
 def _has_bias(m) -> bool:
@@ -70,14 +71,6 @@ def _twins() -> list[tuple[type, type, Callable]]:
     return pairs
 
 
-_HOOK_DICTS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
-    "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
-)
-
-
 def adopt(old: nn.Module, new_cls: type, **args) -> nn.Module:
     """``new_cls(**args)`` holding ``old``'s own ``Parameter`` and buffer objects of the same names.
 
@@ -97,9 +90,7 @@ def adopt(old: nn.Module, new_cls: type, **args) -> nn.Module:
 
 def _carry_over(old: nn.Module, new: nn.Module) -> nn.Module:
     """The module hooks and the train/eval flag of ``old``, on ``new``."""
-    for hooks in _HOOK_DICTS:
-        if hasattr(old, hooks) and hasattr(new, hooks):
-            setattr(new, hooks, getattr(old, hooks).copy())
+    copy_hooks(old, new)
     new.train(old.training)
     return new
 
@@ -139,8 +130,8 @@ def register_conversion(cls: type, to_normlab: Callable, from_normlab: Callable)
     ...         return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
     >>> normlab.register_conversion(
     ...     ScaleNorm,
-    ...     lambda m: normlab.nn.convert.adopt(m, normlab.nn.RMSNorm, normalized_shape=m.weight.shape, eps=m.eps),
-    ...     lambda n: normlab.nn.convert.adopt(n, ScaleNorm, d=n.normalized_shape[0], eps=n.eps))
+    ...     lambda m: normlab.tools.conversion.adopt(m, normlab.nn.RMSNorm, normalized_shape=m.weight.shape, eps=m.eps),
+    ...     lambda n: normlab.tools.conversion.adopt(n, ScaleNorm, d=n.normalized_shape[0], eps=n.eps))
     >>> model = normlab.convert(torch.nn.Sequential(ScaleNorm(4)))
     >>> type(model[0]).__name__, type(normlab.revert(model)[0]).__name__
     ('RMSNorm', 'ScaleNorm')

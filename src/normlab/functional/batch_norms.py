@@ -1,103 +1,113 @@
-"""The functions of ``normlab.functional`` for the layers torch.nn lacks: LayerNorm2d, BatchRenorm,
-GhostBatchNorm (re-exported there; kept apart so that each file stays readable).
-
-Each checks its arguments first, with the same checks and messages as the
-rest of ``normlab.functional``, then runs on the family's kernels: the C++ op
-``torch.ops.normlab.layer_norm2d`` (``ops/layer_norm/op_2d.py``, both layouts) for
-``layer_norm2d``, BatchNorm's for the other two (their math:
-``ops/batch_norm/renorm.py``, ``ops/batch_norm/ghost.py``).
-"""
+"""BatchNorm and its variants as functions: BatchNorm, BatchRenorm, GhostBatchNorm, and the
+entry of SyncBatchNorm's synchronised step (``normlab.functional``; the math:
+``normlab.ops.batch_norm``)."""
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
-from . import _backend
-from ._checks import check_eps, check_input, cpu_params_fit, plain_eps
-from .functional import (
-    _check_channels_input,
-    _check_momentum,
-    _check_per_channel,
-    _check_running_pair,
-    batch_norm,
-)
-from .ops.batch_norm import ghost as _ghost
-from .ops.batch_norm import renorm as _renorm
-from .ops.batch_norm.reference import _memory_format
-from .ops import extension as _extension
+from .. import _backend
+from .._checks import check_eps, check_input, cpu_params_fit, plain_eps
+# importing the family enters its ops in the backend table (_backend.implementation)
+from ..ops import batch_norm as _ops_family  # noqa: F401
+from ..ops import extension as _extension
+from ..ops.batch_norm import ghost as _ghost
+from ..ops.batch_norm import renorm as _renorm
+from ..ops.layouts import output_memory_format
+from .checks import (check_channels_input, check_limit, check_momentum, check_per_channel, check_running_pair,
+                     momentum_value, plain_momentum, values_per_channel)
 
 _C = _extension.load()
 _eager_cpu = _backend.eager_cpu
-
-__all__ = ["layer_norm2d", "batch_renorm", "ghost_batch_norm"]
-
-
-# --------------------------------------------------------------------------
-# LayerNorm2d
-# --------------------------------------------------------------------------
+# BatchNorm's C++ entry (a module global: one lookup a call; tests spy on it)
+_batch_norm_fast = _C.batch_norm_fast if _C is not None else None
+# A BatchNorm module's whole eager forward in one C++ call (normlab.nn.BatchNorm*d's fast path)
+batch_norm_module = _C.batch_norm_module if _C is not None else None
 
 
-def layer_norm2d(
+def batch_norm(
     input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
 ) -> torch.Tensor:
-    """LayerNorm over the channel dim 1 of an ``(N, C, *)`` input, at every position:
-    ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``.
+    """BatchNorm over every dim but the channel dim 1 of an ``(N, C, *)`` input:
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
-    No torch twin: ``torch.nn.functional.layer_norm`` of ``x.permute(0, 2, 3, 1)`` over ``(C,)``,
-    permuted back -- without the copies. A ``channels_last`` input is already ``(N * H * W, C)``
-    rows in memory: LayerNorm's row kernel runs on it and the output is ``channels_last`` too; a
-    contiguous (NCHW) input runs on kernels of its own and gives a contiguous output.
+    Twin: ``torch.nn.functional.batch_norm`` -- same signature and results; ``momentum`` must
+    be in ``[0, 1]``, and per-channel tensors must have exactly ``(C,)``.
 
-    Shapes: input ``(N, C, *)``, output the same; ``weight``, ``bias``: ``(C,)`` or None.
+    Shapes: input ``(N, C, *)``, output the same (in the input's memory format);
+    ``running_mean``, ``running_var``, ``weight``, ``bias``: ``(C,)`` or None.
 
-    Numerics: mean and biased variance over the ``C`` values of one position, accumulated in
-    float32 for float16/bfloat16/float32 input and float64 for float64; output cast once.
+    Numerics: ``training=True`` normalises with the batch's mean and *biased* variance and,
+    when running statistics are given, updates them in place::
+
+        running_mean = (1 - momentum) * running_mean + momentum * batch_mean
+        running_var  = (1 - momentum) * running_var  + momentum * batch_var * n / (n - 1)
+
+    (the running variance takes the *unbiased* batch variance; ``n = N * prod(*)``).
+    ``training=False`` normalises with ``running_mean``/``running_var``. Statistics are
+    accumulated in float32 for float16/bfloat16/float32 input and float64 for float64, over
+    fixed chunks merged in a fixed order (the same bits on any number of threads); the output
+    is cast once.
 
     >>> import torch, normlab.functional as NF
-    >>> x = torch.randn(2, 3, 4, 5)
-    >>> ref = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), (3,), eps=1e-6).permute(0, 3, 1, 2)
-    >>> torch.allclose(NF.layer_norm2d(x), ref, atol=1e-6)
-    True
+    >>> rm, rv = torch.zeros(2), torch.ones(2)
+    >>> NF.batch_norm(torch.tensor([[1.0, 10.0], [3.0, 30.0]]), rm, rv, training=True)
+    tensor([[-1.0000, -1.0000],
+            [ 1.0000,  1.0000]])
+    >>> rm, rv
+    (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
-    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    if _batch_norm_fast is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
         try:
-            y = _C.layer_norm2d_fast(input, weight, bias, eps)
+            y = _batch_norm_fast(input, running_mean, running_var, weight, bias, training, momentum, eps)
         except TypeError:  # an argument of a type it does not take: the checks below say what
             y = None
         if y is not None:
             return y
-    fn = "layer_norm2d"
-    if not (  # the fast test first: a few attribute reads, then the checks that raise
+    fn = "batch_norm"
+    if training and isinstance(eps, numbers.Real) and not eps > 0:
+        raise ValueError(
+            f"{fn}: expected eps > 0 in training, got {eps!r}; eps keeps 1 / sqrt(var + eps) finite "
+            f"for a channel whose batch values are all equal (torch raises here too)"
+        )
+    if not (
         isinstance(input, torch.Tensor)
         and input.dim() >= 2
-        and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and cpu_params_fit(input, input.shape[1:2], running_mean, running_var, weight, bias)
+        and (running_mean is None) == (running_var is None)
+        and (running_mean is not None or training)
+        and plain_momentum(momentum)
         and plain_eps(eps)
+        and (not training or input.numel() > input.shape[1])
     ):
         check_input(fn, input)
-        _check_channels_input(fn, input)
-        _check_per_channel(fn, input, weight=weight, bias=bias)
+        check_channels_input(fn, input)
+        check_running_pair(fn, running_mean, running_var)
+        if not training and running_mean is None and input.numel() > 0:  # (torch: empty in, empty out)
+            raise RuntimeError(
+                f"{fn}: running_mean must be defined in evaluation mode (training=False); "
+                f"pass training=True to normalise with the batch's own statistics"
+            )
+        check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
+                           weight=weight, bias=bias)
+        check_momentum(fn, momentum)
         check_eps(fn, eps)
-    return _backend.implementation(input, "layer_norm2d")(input, weight, bias, float(eps))
-
-
-# --------------------------------------------------------------------------
-# BatchRenorm
-# --------------------------------------------------------------------------
-
-
-def _check_limit(fn: str, name: str, value, least: float, why: str) -> None:
-    if isinstance(value, torch.Tensor):  # a module's warm-up value, computed in a traced graph
-        return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise TypeError(f"{fn}: expected {name} to be a float, got {value!r}")
-    if not value >= least or math.isinf(value):
-        raise ValueError(f"{fn}: expected {name} >= {least:g} and finite, got {value!r}; {why}")
+        if training and values_per_channel(input) == 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {input.size()}"
+            )
+    return _backend.implementation(input, fn)(
+        input, running_mean, running_var, weight, bias, bool(training), momentum_value(momentum), float(eps)
+    )
 
 
 def batch_renorm(
@@ -137,30 +147,25 @@ def batch_renorm(
     """
     fn = "batch_renorm"
     check_input(fn, input)
-    _check_channels_input(fn, input)
+    check_channels_input(fn, input)
     if running_mean is None or running_var is None:
         raise ValueError(
             f"{fn}: expected running_mean and running_var (r and d compare the batch with them), got "
             f"{'None' if running_mean is None else 'a tensor'} and {'None' if running_var is None else 'a tensor'}; "
             f"without running statistics, use batch_norm"
         )
-    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
-    _check_limit(fn, "r_max", r_max, 1.0, "r is clipped to [1 / r_max, r_max] (r_max=1: no correction of the scale)")
-    _check_limit(fn, "d_max", d_max, 0.0, "d is clipped to [-d_max, d_max] (d_max=0: no correction of the shift)")
+    check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    check_limit(fn, "r_max", r_max, 1.0, "r is clipped to [1 / r_max, r_max] (r_max=1: no correction of the scale)")
+    check_limit(fn, "d_max", d_max, 0.0, "d is clipped to [-d_max, d_max] (d_max=0: no correction of the shift)")
     if not training:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
-    _check_momentum(fn, momentum)
+    check_momentum(fn, momentum)
     check_eps(fn, eps)
     if input.numel() == input.shape[1]:  # one value per channel: BatchNorm's own error, before any work
         return batch_norm(input, running_mean, running_var, weight, bias, True, momentum, eps)
     r, d = _renorm.renorm_factors(input, running_mean, running_var, float(eps), r_max, d_max)
     w_r, b_r = _renorm.renormed_affine(weight, bias, r, d)
     return batch_norm(input, running_mean, running_var, w_r, b_r, True, momentum, eps)
-
-
-# --------------------------------------------------------------------------
-# GhostBatchNorm
-# --------------------------------------------------------------------------
 
 
 def ghost_batch_norm(
@@ -198,15 +203,15 @@ def ghost_batch_norm(
     """
     fn = "ghost_batch_norm"
     check_input(fn, input)
-    _check_channels_input(fn, input)
+    check_channels_input(fn, input)
     if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
         raise TypeError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
                         f"got {virtual_batch_size!r}")
     if virtual_batch_size < 1:
         raise ValueError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
                          f"got {virtual_batch_size!r}")
-    _check_running_pair(fn, running_mean, running_var)
-    _check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    check_running_pair(fn, running_mean, running_var)
+    check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
     check_eps(fn, eps)
     if not training:
         return batch_norm(input, running_mean, running_var, weight, bias, False, 0.0, eps)
@@ -215,7 +220,7 @@ def ghost_batch_norm(
         raise ValueError(f"{fn}: momentum=None (the cumulative average) needs num_batches_tracked, the number "
                          f"of batches the running statistics already average; pass it, or a float momentum")
     if momentum is not None:
-        _check_momentum(fn, momentum)
+        check_momentum(fn, momentum)
     n, c, v = input.shape[0], input.shape[1], int(virtual_batch_size)
     k, rest = _ghost.split(n, v)
     for size in ([v] if k else []) + ([rest] if rest else []):
@@ -242,6 +247,6 @@ def ghost_batch_norm(
         _ghost.update_running(running_mean, running_var, torch.cat(means), torch.cat(variances), momentum,
                               num_batches_tracked)
     y = ys[0] if len(ys) == 1 else torch.cat(ys)
-    fmt = _memory_format(input)
+    fmt = output_memory_format(input)
     return y if fmt == torch.contiguous_format or y.is_contiguous(memory_format=fmt) else y.contiguous(
         memory_format=fmt)

@@ -1,12 +1,8 @@
-"""What the model-level tools share: which modules are norm layers, argument checks,
-and putting a model's state back exactly as it was after running it."""
+"""Which modules of a model are norm layers, and of which family (torch's, normlab's and the
+integrated libraries' classes alike)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-import torch
 from torch import nn
 
 from ..nn import batch_norm as _bn
@@ -15,11 +11,6 @@ from ..nn import frozen_batch_norm as _fbn
 from ..nn import ghost_batch_norm as _gbn
 from ..nn import group_norm as _gn
 from ..nn import layer_norm as _ln
-
-
-def check_model(fn: str, model) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{fn}: expected model to be a torch.nn.Module, got {type(model).__name__}")
 
 
 def _normlab_sync_batch_norm():
@@ -95,33 +86,3 @@ def norm_family(m: nn.Module) -> str | None:
                 return "layer2d"
             return name
     return None
-
-
-def as_args(example_input) -> tuple:
-    """A model's positional inputs: a tuple/list is several, anything else is one."""
-    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
-
-
-def shapes(args: tuple) -> str:
-    return ", ".join(str(list(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
-
-
-@contextlib.contextmanager
-def preserved_state(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` freely inside; on the way out every module's train/eval flag and every
-    buffer (values and the tensor objects themselves) are as they were."""
-    flags = [(m, m.training) for m in model.modules()]
-    saved = []
-    for m in model.modules():
-        for name, buf in m._buffers.items():
-            if buf is not None:
-                saved.append((m, name, buf, buf.detach().clone()))
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, name, buf, copy in saved:
-                buf.copy_(copy)
-                m._buffers[name] = buf
-        for m, flag in flags:
-            m.training = flag

@@ -1,0 +1,31 @@
+"""normlab.functional: the normalizations as functions, with torch.nn.functional's signatures.
+
+Each function checks its arguments first (raising the exception class torch
+raises for the same mistake, with what was expected and what was given), then
+picks a backend (``normlab.set_backend``) and calls the family's op in
+``normlab.ops``. Nothing is broadcast silently: a weight must have exactly the
+shape the op expects.
+
+>>> import torch, normlab.functional as NF
+>>> x = torch.randn(4, 6)
+>>> y = NF.layer_norm(x, (6,))
+>>> torch.allclose(y, torch.nn.functional.layer_norm(x, (6,)), atol=1e-6)
+True
+"""
+
+from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
+from .group_norms import group_norm, instance_norm
+from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
+
+__all__ = [
+    "layer_norm",
+    "rms_norm",
+    "add_layer_norm",
+    "add_rms_norm",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+    "layer_norm2d",
+    "batch_renorm",
+    "ghost_batch_norm",
+]
