@@ -5,6 +5,9 @@ data build their own ``torch.Generator``)."""
 import pytest
 import torch
 
+# the spawned gloo groups (session fixtures world_2, world_3): SyncBatchNorm and the ddp experiment share them
+pytest_plugins = ["tests.ops.batch_norm.sync_groups"]
+
 
 @pytest.fixture(autouse=True)
 def _seed_global_rng():

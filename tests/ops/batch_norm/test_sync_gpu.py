@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from . import spawn, workers
-from .cases import CASES_2
-from .test_sync_batch_norm import _check
+from . import spawn
+from . import sync_workers as workers
+from .sync_cases import CASES_2
+from .test_sync import _check
 
 needs_two_gpus = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),

@@ -16,8 +16,8 @@ import normlab
 import normlab.functional as NF
 from normlab.ops import extension
 from tests.oracle import assert_within_rounding, rel_err
-from tests.ops.test_group_norm_cpu import _inputs as _gn_inputs
-from tests.ops.test_group_norm_cpu import _leaf, _run, _samples_per_chunk
+from tests.ops.group_norm.test_group_norm_cpu import _inputs as _gn_inputs
+from tests.ops.group_norm.test_group_norm_cpu import _leaf, _run, _samples_per_chunk
 
 pytestmark = pytest.mark.skipif(not extension.available(), reason="the C++ extension is not installed")
 

@@ -427,19 +427,25 @@ def test_torch_compile_inductor_matches_eager():
         "normlab.rms_norm_fwd.default", "normlab.layer_norm_bwd.default", "normlab.rms_norm_bwd.default"})
 
 
-def test_forward_saves_only_x_w_and_the_statistics():
-    """Eager forward saves x, w and the (n_rows,) mean and rstd (y and x_hat are never kept)."""
-    saved = []
+def _kept_beyond_inputs(fn, *inputs) -> int:
+    """Bytes of the tensors autograd saves while ``fn`` runs on the "cpu" backend that are not the
+    inputs' own storage."""
+    kept = []
+    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t,
+                                                                                lambda t: t):
+        fn()
+    own = {t.untyped_storage().data_ptr() for t in inputs}
+    return sum(t.numel() * t.element_size() for t in kept if t.untyped_storage().data_ptr() not in own)
 
-    def pack(t):
-        saved.append(tuple(t.shape))
-        return t
 
+def test_forward_keeps_nothing_activation_sized_beyond_x():
+    """What the forward keeps for the backward, beyond the inputs themselves: at most three float64
+    values per row (no activation-sized tensor: not y, not x_hat). Measured with torch's
+    saved-tensor hooks, whatever the tensors are."""
     x = torch.randn(32, 16, requires_grad=True)
     w, b = torch.ones(16, requires_grad=True), torch.zeros(16, requires_grad=True)
-    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        NF.layer_norm(x, (16,), w, b)
-    assert sorted(saved) == sorted([(32, 16), (16,), (32,), (32,)])  # x, w, mean, rstd
+    kept = _kept_beyond_inputs(lambda: NF.layer_norm(x, (16,), w, b), x, w, b)
+    assert kept <= 3 * 8 * 32, kept  # 32 rows
 
 
 def test_backend_registry():

@@ -137,17 +137,6 @@ def test_a_pixel_gets_the_same_bits_whatever_its_block_and_prefetches(dtype):
     assert torch.equal(big[0][1:2], one[0]) and torch.equal(big[1][1:2], one[1])
 
 
-def test_block_size_depends_on_the_shape_and_dtype_only():
-    block_size = normlab._C._layer_norm2d_block_size
-    assert block_size(8, 96, 3136, 4) == 672  # about 256 KiB a task, a multiple of 16 pixels
-    assert block_size(8, 96, 3136, 2) == 1360  # the same bytes in bfloat16: twice the pixels
-    assert block_size(16, 768, 1369, 4) == 256  # runs of 1 KiB a plane (256 KiB would be 80 pixels)
-    assert block_size(8, 3000, 1024, 4) == 80  # ...but a block of at most 1 MiB
-    assert block_size(8, 20000, 1024, 4) == 64  # at least 64 pixels
-    assert block_size(8, 64, 10, 4) == 10  # never more than the pixels there are
-    assert block_size(8, 64, 1024, 4) == 512  # halved until 16 tasks: 8 samples x 2 blocks
-
-
 def test_gradcheck_and_double_backward():
     x, w, b, _ = _data((2, 5, 3, 4), torch.float64)
     inputs = tuple(t.clone().requires_grad_() for t in (x, w, b))

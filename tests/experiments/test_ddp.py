@@ -1,6 +1,6 @@
 """``normlab experiment ddp``: SyncBatchNorm tracks one process at the global batch; a failing rank is named.
 
-The example's distributed runs ran in the world-2 group (``workers.world_2_worker``);
+The example's distributed runs ran in the world-2 group (``tests/ops/batch_norm/sync_workers.world_2_worker``);
 here ``ddp.run`` adds the single-process reference (torch.nn.BatchNorm1d at the
 global batch), compares and stores, as the command does after its ranks finish.
 """
@@ -14,7 +14,7 @@ import pytest
 from normlab.experiments import ddp
 from normlab.experiments.store import Store
 
-from .cases import DDP_OPTIONS
+from tests.ops.batch_norm.sync_cases import DDP_OPTIONS
 
 
 def test_sync_batch_norm_tracks_the_single_process_run_and_is_stored(world_2, tmp_path):

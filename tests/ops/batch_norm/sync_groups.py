@@ -1,10 +1,15 @@
-"""One spawned gloo group per world size for the whole session (start-up dominates a run)."""
+"""One spawned gloo group per world size for the whole session (start-up dominates a run).
+
+The fixtures ``world_2`` and ``world_3``, shared by the SyncBatchNorm tests (``test_sync.py``) and
+``tests/experiments/test_ddp.py``: ``tests/conftest.py`` loads this module as a plugin."""
 
 from __future__ import annotations
 
 import pytest
 
-from . import cases, spawn, workers
+from . import spawn
+from . import sync_cases as cases
+from . import sync_workers as workers
 
 
 @pytest.fixture(scope="session")

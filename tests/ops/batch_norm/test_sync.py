@@ -1,7 +1,7 @@
 """normlab.nn.SyncBatchNorm on real gloo groups of 2 and 3 processes.
 
 The oracle runs here, in float64: torch.nn.BatchNorm on the concatenation of
-the ranks' batches (cases: ``cases.py``; what the ranks run: ``workers.py``).
+the ranks' batches (cases: ``sync_cases.py``; what the ranks run: ``sync_workers.py``).
 Outputs, input gradients, weight/bias gradients summed over the ranks and the
 running statistics of every rank must match it: within 1e-10 in float64,
 1e-5 in float32 (bfloat16: a few of its roundings); the running statistics must
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cases import CASES_2, CASES_3, COMPILE_CASE, MOMENT_CHUNKS, SUBSET_CASE, mlp
+from .sync_cases import CASES_2, CASES_3, COMPILE_CASE, MOMENT_CHUNKS, SUBSET_CASE, mlp
 
 ORACLE = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5),
@@ -111,7 +111,7 @@ def test_torch_compile_fullgraph_traces_and_matches_the_concatenated_batch(world
 
 
 def test_a_silent_rank_makes_the_others_raise_after_the_timeout(world_2):
-    from .cases import FAULT_TIMEOUT_S
+    from .sync_cases import FAULT_TIMEOUT_S
 
     message, waited = world_2[0]["faults"]["silent"]
     assert "normlab SyncBatchNorm: the all-reduce of the gradient sums failed on rank 0" in message, message

@@ -17,7 +17,7 @@ import normlab
 from normlab.nn import SyncBatchNorm
 
 from . import spawn
-from .cases import FAULT_TIMEOUT_S, in_layout, mlp, slice_of
+from .sync_cases import FAULT_TIMEOUT_S, in_layout, mlp, slice_of
 
 
 def run_case(rank, case, group=None, device="cpu"):
