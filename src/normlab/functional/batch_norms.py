@@ -91,12 +91,13 @@ def batch_norm(
     ):
         check_input(fn, input)
         check_channels_input(fn, input)
-        check_running_pair(fn, running_mean, running_var)
-        if not training and running_mean is None and input.numel() > 0:  # (torch: empty in, empty out)
+        if not training and input.numel() > 0 and (running_mean is None or running_var is None):
+            missing = "running_mean" if running_mean is None else "running_var"  # torch's order and class
             raise RuntimeError(
-                f"{fn}: running_mean must be defined in evaluation mode (training=False); "
-                f"pass training=True to normalise with the batch's own statistics"
+                f"{fn}: {missing} must be defined in evaluation mode (training=False); "
+                f"pass both running statistics, or training=True to normalise with the batch's own statistics"
             )
+        check_running_pair(fn, running_mean, running_var)
         check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
                            weight=weight, bias=bias)
         check_momentum(fn, momentum)
