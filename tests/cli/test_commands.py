@@ -189,17 +189,11 @@ def test_bench_bad_option_is_named_before_any_run(extra, says, tmp_path, capsys)
     _bad(["bench", *extra, "--out", str(out)], 2, says, capsys, untouched=[out])
 
 
-# Found while writing these tests; each needs a check in the command (src), listed in the
-# report: until then the command runs (or fails with a traceback), and the test is an xfail
-# that turns into a failure once the check exists (then drop the mark).
-BENCH_GAPS = pytest.mark.xfail(strict=True, reason="normlab bench: needs a check of --out / --repeats / --warmup")
-
-
 @pytest.mark.parametrize("make, extra, says", [
-    pytest.param("file", [], ["--out", "is not a folder"], marks=BENCH_GAPS, id="out-is-a-file"),
-    pytest.param("under_file", [], ["--out", "file"], marks=BENCH_GAPS, id="out-under-a-file"),
-    pytest.param(None, ["--repeats", "0"], ["--repeats", "got 0"], marks=BENCH_GAPS, id="repeats-0"),
-    pytest.param(None, ["--warmup", "-1"], ["--warmup", "got -1"], marks=BENCH_GAPS, id="warmup-negative"),
+    pytest.param("file", [], ["--out", "is not a folder"], id="out-is-a-file"),
+    pytest.param("under_file", [], ["--out", "file"], id="out-under-a-file"),
+    pytest.param(None, ["--repeats", "0"], ["--repeats", "got 0"], id="repeats-0"),
+    pytest.param(None, ["--warmup", "-1"], ["--warmup", "got -1"], id="warmup-negative"),
 ])
 def test_bench_bad_out_or_count_is_one_line(make, extra, says, tmp_path):
     f = tmp_path / "a.txt"
@@ -211,6 +205,21 @@ def test_bench_bad_out_or_count_is_one_line(make, extra, says, tmp_path):
     assert p.stderr.startswith("normlab bench") or p.stderr.startswith("usage: normlab bench"), p.stderr
     for s in says:
         assert s in p.stderr, (s, p.stderr)
+    assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("suite", ["default", "chapters", "blocks"])
+@pytest.mark.parametrize("extra, says", [
+    (["--repeats", "0"], ["--repeats", "got 0"]),
+    (["--warmup", "-1"], ["--warmup", "got -1"]),
+    (["--out", "FILE"], ["--out", "exists and is not a folder"]),
+])
+def test_bench_every_suite_checks_out_and_counts_before_any_run(suite, extra, says, tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+    out = tmp_path / "bench"
+    argv = ["bench", "--suite", suite, "--threads", "1", "--out", str(out), *extra]
+    _bad([str(f) if a == "FILE" else a for a in argv], 2, ["normlab bench", *says], capsys, untouched=[out])
     assert f.read_text() == "x"
 
 
