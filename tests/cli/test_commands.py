@@ -223,11 +223,6 @@ def test_bench_every_suite_checks_out_and_counts_before_any_run(suite, extra, sa
     assert f.read_text() == "x"
 
 
-DDP_GAPS = pytest.mark.xfail(strict=True, raises=ValueError,
-                             reason="normlab experiment ddp: --timeout and --fail-rank checked in run(), "
-                                    "with a message that does not start with 'normlab' (cli re-raises it)")
-
-
 @pytest.mark.parametrize("extra, says", [
     (["--nproc", "0"], ["nproc: expected between 2 and 64, got 0"]),
     (["--batch", "x"], ["batch: expected a whole number, got 'x'"]),
@@ -235,8 +230,11 @@ DDP_GAPS = pytest.mark.xfail(strict=True, raises=ValueError,
     (["--lr", "nan"], ["--lr", "expected finite numbers, got nan"]),
     (["--lr", "-1"], ["--lr", "expected each > 0, got -1"]),
     (["--seed", "1.5"], ["--seed", "'1.5'"]),
-    pytest.param(["--timeout", "0"], ["timeout", "got 0"], marks=DDP_GAPS, id="timeout-0"),
-    pytest.param(["--fail-rank", "5"], ["fail-rank", "between 0 and 1", "got 5"], marks=DDP_GAPS, id="fail-rank-5"),
+    pytest.param(["--timeout", "0"], ["timeout", "got 0"], id="timeout-0"),
+    pytest.param(["--fail-rank", "5"], ["fail-rank", "between 0 and 1", "got 5"], id="fail-rank-5"),
+    pytest.param(["--fail-rank", "3", "--nproc", "3"], ["fail-rank", "between 0 and 2", "got 3"], id="fail-rank-3-of-3"),
+    pytest.param(["--fail-rank", "-1"], ["fail-rank", "got -1"], id="fail-rank-negative"),
+    pytest.param(["--timeout", "nan"], ["timeout", "got nan"], id="timeout-nan"),
 ])
 def test_experiment_ddp_bad_option_is_one_line_before_any_rank_starts(extra, says, tmp_path, capsys):
     store = tmp_path / "runs.sqlite"
