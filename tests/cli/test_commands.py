@@ -189,17 +189,11 @@ def test_bench_bad_option_is_named_before_any_run(extra, says, tmp_path, capsys)
     _bad(["bench", *extra, "--out", str(out)], 2, says, capsys, untouched=[out])
 
 
-# Found while writing these tests; each needs a check in the command (src), listed in the
-# report: until then the command runs (or fails with a traceback), and the test is an xfail
-# that turns into a failure once the check exists (then drop the mark).
-BENCH_GAPS = pytest.mark.xfail(strict=True, reason="normlab bench: needs a check of --out / --repeats / --warmup")
-
-
 @pytest.mark.parametrize("make, extra, says", [
-    pytest.param("file", [], ["--out", "is not a folder"], marks=BENCH_GAPS, id="out-is-a-file"),
-    pytest.param("under_file", [], ["--out", "file"], marks=BENCH_GAPS, id="out-under-a-file"),
-    pytest.param(None, ["--repeats", "0"], ["--repeats", "got 0"], marks=BENCH_GAPS, id="repeats-0"),
-    pytest.param(None, ["--warmup", "-1"], ["--warmup", "got -1"], marks=BENCH_GAPS, id="warmup-negative"),
+    pytest.param("file", [], ["--out", "is not a folder"], id="out-is-a-file"),
+    pytest.param("under_file", [], ["--out", "file"], id="out-under-a-file"),
+    pytest.param(None, ["--repeats", "0"], ["--repeats", "got 0"], id="repeats-0"),
+    pytest.param(None, ["--warmup", "-1"], ["--warmup", "got -1"], id="warmup-negative"),
 ])
 def test_bench_bad_out_or_count_is_one_line(make, extra, says, tmp_path):
     f = tmp_path / "a.txt"
@@ -214,9 +208,19 @@ def test_bench_bad_out_or_count_is_one_line(make, extra, says, tmp_path):
     assert f.read_text() == "x"
 
 
-DDP_GAPS = pytest.mark.xfail(strict=True, raises=ValueError,
-                             reason="normlab experiment ddp: --timeout and --fail-rank checked in run(), "
-                                    "with a message that does not start with 'normlab' (cli re-raises it)")
+@pytest.mark.parametrize("suite", ["default", "chapters", "blocks"])
+@pytest.mark.parametrize("extra, says", [
+    (["--repeats", "0"], ["--repeats", "got 0"]),
+    (["--warmup", "-1"], ["--warmup", "got -1"]),
+    (["--out", "FILE"], ["--out", "exists and is not a folder"]),
+])
+def test_bench_every_suite_checks_out_and_counts_before_any_run(suite, extra, says, tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+    out = tmp_path / "bench"
+    argv = ["bench", "--suite", suite, "--threads", "1", "--out", str(out), *extra]
+    _bad([str(f) if a == "FILE" else a for a in argv], 2, ["normlab bench", *says], capsys, untouched=[out])
+    assert f.read_text() == "x"
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -226,8 +230,11 @@ DDP_GAPS = pytest.mark.xfail(strict=True, raises=ValueError,
     (["--lr", "nan"], ["--lr", "expected finite numbers, got nan"]),
     (["--lr", "-1"], ["--lr", "expected each > 0, got -1"]),
     (["--seed", "1.5"], ["--seed", "'1.5'"]),
-    pytest.param(["--timeout", "0"], ["timeout", "got 0"], marks=DDP_GAPS, id="timeout-0"),
-    pytest.param(["--fail-rank", "5"], ["fail-rank", "between 0 and 1", "got 5"], marks=DDP_GAPS, id="fail-rank-5"),
+    pytest.param(["--timeout", "0"], ["timeout", "got 0"], id="timeout-0"),
+    pytest.param(["--fail-rank", "5"], ["fail-rank", "between 0 and 1", "got 5"], id="fail-rank-5"),
+    pytest.param(["--fail-rank", "3", "--nproc", "3"], ["fail-rank", "between 0 and 2", "got 3"], id="fail-rank-3-of-3"),
+    pytest.param(["--fail-rank", "-1"], ["fail-rank", "got -1"], id="fail-rank-negative"),
+    pytest.param(["--timeout", "nan"], ["timeout", "got nan"], id="timeout-nan"),
 ])
 def test_experiment_ddp_bad_option_is_one_line_before_any_rank_starts(extra, says, tmp_path, capsys):
     store = tmp_path / "runs.sqlite"
@@ -246,11 +253,9 @@ def test_inspect_bad_target_says_what_was_wrong(tmp_path, capsys, monkeypatch):
     _bad(["inspect", "model.py:build", *shape, "--seed", "x"], 2, ["--seed", "invalid int value: 'x'"], capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="normlab inspect: a missing .py file is reported as "
-                                       "\"cannot import 'nofile.py': nofile.py\", without saying that it is absent")
 def test_inspect_missing_file_says_it_does_not_exist(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _main(["inspect", "nofile.py:build", "--input-shape", "4,3,8,8"])
+    assert _main(["inspect", "nofile.py:build", "--input-shape", "4,3,8,8"]) == 1  # as the other bad targets
     err = capsys.readouterr().err.lower()
     assert "nofile.py" in err and any(s in err for s in ("no such file", "not found", "does not exist"))
 

@@ -141,10 +141,19 @@ def add_bench_parser(subparsers):
 
 def main_bench(args) -> int:
     """Run ``normlab bench`` from parsed ``args``; prints the table; returns the exit status
-    (130 after Ctrl-C, as a shell reports an interrupted command)."""
+    (2 after a bad option, with its one-line message on stderr as ``normlab bench`` prints it;
+    130 after Ctrl-C, as a shell reports an interrupted command)."""
+    import sys
+
     from rich.console import Console
 
-    result = run(**{k: getattr(args, k) for k in _OPTION_NAMES if hasattr(args, k)})
+    try:
+        result = run(**{k: getattr(args, k) for k in _OPTION_NAMES if hasattr(args, k)})
+    except ValueError as e:
+        if not str(e).startswith("normlab"):
+            raise
+        sys.stderr.write(f"{e}\n")
+        return 2
     if result.get("suite") in ("chapters", "blocks"):
         from importlib import import_module
         import_module(f".{result['suite']}", __name__).print_result(result)

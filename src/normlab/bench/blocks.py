@@ -42,7 +42,7 @@ import normlab.nn
 from normlab._backend import get_backend
 from normlab.tools.conversion import convert
 
-from .run_context import DEFAULT_OUT, run_meta
+from .run_context import DEFAULT_OUT, make_out, run_meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
 from . import hf_models
@@ -182,7 +182,7 @@ def run_blocks(layers: Iterable[str] | str | None = None, modes: Iterable[str] |
     thread_list, repeats, warmup, min_sample_s, max_group_s = _chapters_run.timing_options(
         _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
-    os.makedirs(out, exist_ok=True)
+    out = make_out(out)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
     rows = _chapters.read_rows(out, JSON_NAME) if resume else []
     have = {row_key(r) for r in rows}

@@ -63,7 +63,8 @@ from .chapters_data import (
     PROVIDERS, RMS_EPS, SUITE, Case, choose, make_row, read_rows, row_key, summary, write_csv,
 )
 from .chapters_data import KEY_FIELDS, print_result, render  # noqa: F401 (the suite's names, for the CLI and tests)
-from .run_context import DEFAULT_OUT, get_threads, listify, run_meta, set_threads, thread_guard, progress_bar
+from .run_context import (DEFAULT_OUT, REPEATS_MEANING, WARMUP_MEANING, check_count, get_threads, listify, make_out,
+                          run_meta, set_threads, thread_guard, progress_bar)
 from .report import fmt_time, write_json
 from .timing import Timing, time_interleaved
 
@@ -213,7 +214,9 @@ def timing_options(defaults: Mapping, quick: bool, threads, repeats, warmup, min
     if min(thread_list) < 1:
         raise ValueError(f"normlab bench: expected thread counts >= 1, got {thread_list}")
     pick = (lambda v, k: defaults[k][q] if v is None else float(v))
-    return (thread_list, int(pick(repeats, "repeats")), int(pick(warmup, "warmup")),
+    repeats = check_count(defaults["repeats"][q] if repeats is None else repeats, "repeats", 1, REPEATS_MEANING)
+    warmup = check_count(defaults["warmup"][q] if warmup is None else warmup, "warmup", 0, WARMUP_MEANING)
+    return (thread_list, repeats, warmup,
             1e-3 * pick(min_sample_ms, "min_sample_ms"), pick(max_group_s, "max_group_s"))
 
 
@@ -299,7 +302,7 @@ def run_chapters(layers: Iterable[str] | str | None = None, modes: Iterable[str]
     thread_list, repeats, warmup, min_sample_s, max_group_s = timing_options(
         _DEFAULTS, quick, threads, repeats, warmup, min_sample_ms, max_group_s)
 
-    os.makedirs(out, exist_ok=True)
+    out = make_out(out)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME)}
     rows = read_rows(out) if resume else []
     have = {row_key(r) for r in rows}

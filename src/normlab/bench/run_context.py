@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 DEFAULT_OUT = "bench-results"
+# what --repeats and --warmup count, for their error messages
+REPEATS_MEANING = "timed samples of each provider"
+WARMUP_MEANING = "untimed samples of each provider before the timed ones"
 
 
 def listify(value, what: str) -> list[str] | None:
@@ -38,6 +42,48 @@ def choose(value, allowed: Sequence[str], what: str, aliases=None) -> list[str] 
             if name not in out:
                 out.append(name)
     return out
+
+
+def check_count(value, option: str, least: int, meaning: str) -> int:
+    """``value`` as a whole number >= ``least``; else ValueError naming ``--option`` and the value."""
+    try:
+        n = int(value)
+        if isinstance(value, float) and value != n:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"normlab bench: --{option}: expected a whole number >= {least} ({meaning}), "
+                         f"got {value!r}") from None
+    if n < least:
+        raise ValueError(f"normlab bench: --{option}: expected a whole number >= {least} ({meaning}), got {n}; "
+                         f"give --{option} {least} or more")
+    return n
+
+
+def make_out(out) -> str:
+    """The output folder, made ready once every other option is checked: an existing folder or a
+    new one (with its parents). An empty path, a file, a path under a file or a folder this user
+    cannot write to raises ValueError, and nothing is created."""
+    text = "" if out is None else str(out)
+    if not text.strip():
+        raise ValueError("normlab bench: --out must name a folder (e.g. --out bench-results), got an empty path")
+    path = os.path.expanduser(text)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"normlab bench: --out {text} exists and is not a folder; give the path of a folder "
+                         f"(new or existing) for the result files")
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"normlab bench: --out {text} lies under {parent}, which is a file, not a folder; "
+                         f"give a folder path")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # can this user write here?
+            pass
+    except OSError as e:
+        raise ValueError(f"normlab bench: cannot write into --out {text}: {e.strerror or e}; "
+                         f"give a folder this user can write to") from None
+    return path
 
 
 def set_threads(n: int) -> None:

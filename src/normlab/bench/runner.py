@@ -12,7 +12,8 @@ import torch
 from . import cases as _cases
 from .cases import MODES, OP_ALIASES, OPS, PROVIDERS, Case, cases_for, parse_shape
 from .setups import make_setup
-from .run_context import DEFAULT_OUT, choose, get_threads, listify, run_meta, set_threads, thread_guard, progress_bar
+from .run_context import (DEFAULT_OUT, REPEATS_MEANING, WARMUP_MEANING, check_count, choose, get_threads, listify,
+                          make_out, run_meta, set_threads, thread_guard, progress_bar)
 from .report import (CSV_NAME, JSON_NAME, fmt_time, group_rows, merge_rows, read_rows, row_key, write_csv,
                      write_json, write_png)
 from .timing import Timing, time_interleaved
@@ -75,8 +76,8 @@ def run_bench(
     if sizes is not None:
         shapes = [parse_shape(s) if isinstance(s, str) else tuple(int(d) for d in s)
                   for s in (sizes.split(",") if isinstance(sizes, str) else sizes)]
-    repeats = _DEFAULTS["repeats"][q] if repeats is None else int(repeats)
-    warmup = _DEFAULTS["warmup"][q] if warmup is None else int(warmup)
+    repeats = check_count(_DEFAULTS["repeats"][q] if repeats is None else repeats, "repeats", 1, REPEATS_MEANING)
+    warmup = check_count(_DEFAULTS["warmup"][q] if warmup is None else warmup, "warmup", 0, WARMUP_MEANING)
     min_sample_s = 1e-3 * (_DEFAULTS["min_sample_ms"][q] if min_sample_ms is None else min_sample_ms)
     max_group_s = _DEFAULTS["max_group_s"][q] if max_group_s is None else float(max_group_s)
 
@@ -85,7 +86,7 @@ def run_bench(
                "quick": quick, "repeats": repeats, "warmup": warmup,
                "min_sample_ms": min_sample_s * 1e3, "max_group_s": max_group_s,
                "compile_backend": compile_backend}
-    os.makedirs(out, exist_ok=True)
+    out = make_out(out)
     files = {"csv": os.path.join(out, CSV_NAME), "json": os.path.join(out, JSON_NAME), "png": []}
     rows = read_rows(out) if resume else []
     have = {row_key(r) for r in rows}

@@ -254,6 +254,18 @@ def launch(cfg: dict) -> dict:
 # The command
 # --------------------------------------------------------------------------
 
+def parse_timeout(value) -> float:
+    """Seconds a rank waits for the others in a collective: a number in (0, 3600]."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"timeout: expected seconds such as 60, got {value!r}") from None
+    if not 0 < t <= 3600:
+        raise ValueError(f"timeout: expected seconds in (0, 3600], got {value}; "
+                         f"give the seconds a rank may wait for the others, e.g. --timeout 60")
+    return t
+
+
 def _config(nproc, batch, steps, lr, seed, timeout, quick, fail_rank) -> dict:
     nproc = arguments.parse_count(nproc, "nproc", 2, 64, " (SyncBatchNorm needs at least 2 processes to synchronise)")
     batch = arguments.parse_count(batch, "batch", 1, 150 // nproc, f" (per-rank batch; {nproc} ranks share 300 samples)")
@@ -262,11 +274,10 @@ def _config(nproc, batch, steps, lr, seed, timeout, quick, fail_rank) -> dict:
     steps = arguments.parse_count(steps if steps is not None else (QUICK_STEPS if quick else DEFAULTS["steps"]), "steps",
                           FAIL_STEP + 1)
     lr = arguments.parse_lrs([lr])[0]
-    timeout = float(timeout)
-    if not 0 < timeout <= 3600:
-        raise ValueError(f"timeout: expected seconds in (0, 3600], got {timeout}")
+    timeout = parse_timeout(timeout)
     if fail_rank is not None:
-        fail_rank = arguments.parse_count(fail_rank, "fail-rank", 0, nproc - 1)
+        fail_rank = arguments.parse_count(fail_rank, "fail-rank", 0, nproc - 1,
+                                          f" (a rank of the --nproc {nproc} processes)")
     return {"nproc": nproc, "batch": batch, "steps": steps, "lr": lr, "seed": int(seed), "timeout": timeout,
             "fail_rank": fail_rank, "timing": QUICK_TIMING if quick else TIMING,
             "threads": max(1, arguments.cores() // nproc)}
@@ -289,7 +300,10 @@ def run(nproc: int = DEFAULTS["nproc"], batch: int = DEFAULTS["batch"], steps: i
         quick: bool = False, store: str = DEFAULT_STORE, fail_rank: int | None = None, _dist=None) -> dict:
     """The three runs, compared and stored (one record). ``_dist``: rank 0's result when torchrun
     already ran the ranks (this process is rank 0); else this process starts them."""
-    cfg = _config(nproc, batch, steps, lr, seed, timeout, quick, fail_rank)
+    try:  # every option checked before any rank starts; fail-rank's range needs nproc
+        cfg = _config(nproc, batch, steps, lr, seed, timeout, quick, fail_rank)
+    except ValueError as e:
+        raise ValueError(f"normlab experiment ddp: {e}") from None
     check_path(store)  # a bad store fails before any training
     t0 = time.perf_counter()
     dist_res = _dist if _dist is not None else launch(cfg)
@@ -355,13 +369,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=arguments.arg(lambda s: arguments.parse_lrs(s)[0]), default=DEFAULTS["lr"],
                    help=f"learning rate (default {DEFAULTS['lr']})")
     p.add_argument("--seed", type=int, default=CHAPTER_SEED, help=f"weight and data seed (default {CHAPTER_SEED})")
-    p.add_argument("--timeout", type=float, default=DEFAULTS["timeout"],
+    p.add_argument("--timeout", type=arguments.arg(parse_timeout), default=DEFAULTS["timeout"],
                    help="seconds a rank waits for the others in a collective before failing (default 60)")
     p.add_argument("--store", type=arguments.arg_store, default=DEFAULT_STORE,
                    help=f"SQLite results store (default {DEFAULT_STORE})")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps and a short timing (CI, README)")
-    p.add_argument("--fail-rank", type=int, default=None,
-                   help=f"make this rank fail at step {FAIL_STEP} (to see how a failure is reported)")
+    p.add_argument("--fail-rank", type=arguments.arg(lambda s: arguments.parse_count(s, "fail-rank", 0)), default=None,
+                   help=f"make this rank (0..nproc-1) fail at step {FAIL_STEP} (to see how a failure is reported)")
 
 
 def main(argv=None) -> int:
@@ -371,7 +385,11 @@ def main(argv=None) -> int:
     add_arguments(p)
     args = vars(p.parse_args(argv))
     if "RANK" not in os.environ:  # not under torchrun: start the ranks here
-        print(render(run(**args)))
+        try:
+            result = run(**args)
+        except ValueError as e:  # an option out of range: one line, as normlab experiment ddp prints it
+            p.exit(2, f"{e}\n")
+        print(render(result))
         return 0
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     args["nproc"] = world

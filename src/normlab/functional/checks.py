@@ -3,9 +3,9 @@ are in ``normlab._checks``).
 
 Each check raises the exception class torch raises for the same mistake, with what was expected
 and what was given. The ``*_fit``/``plain_*`` functions are fast tests, written so that True
-implies that every check of the argument passes (``tests/test_functional_checks.py`` holds each
-to that): a function runs its checks one by one only when the fast test fails, so the common
-call costs a few attribute reads.
+implies that every check of the argument passes (``tests/functional/test_functional_checks.py``
+holds each to that): a function runs its checks one by one only when the fast test fails, so the
+common call costs a few attribute reads.
 """
 
 from __future__ import annotations

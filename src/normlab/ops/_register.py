@@ -27,7 +27,7 @@ from . import extension
 TRANSFORM = 0  # a torch.func transform or forward-mode AD is active: the <Name>Transform Function
 COMPILE = 1  # torch.compile is tracing: the custom ops
 EAGER = 2  # autograd records the call: the <Name>Eager Function
-PLAIN = 3  # nothing to record (no_grad, inference, no input needs a gradient): the launcher alone
+PLAIN = 3  # nothing to record (no_grad, inference, no input needs a gradient): the op call alone
 
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -42,7 +42,7 @@ def route(*tensors: Optional[torch.Tensor]) -> int:
     dual tensor has not: transforms come first, also while compiling. Without
     a transform, ``torch.compile`` traces the custom ops; an eager call takes
     the eager Function only when autograd records it (grad mode on and an
-    input that requires grad), else the launcher alone (no Function to build).
+    input that requires grad), else the op call alone (no Function to build).
     """
     if _functorch_active() or _fwad._current_level >= 0:
         return TRANSFORM
@@ -101,7 +101,7 @@ def fast_apply(function: type) -> Callable:
 
 def eager(name: str, forward: Callable, backward: Callable, doc: str = "") -> Callable:
     """The apply of ``<name>Eager``, the autograd.Function of the eager calls: ``forward(ctx, ...)``
-    runs the launchers, ``backward(ctx, *grads)`` the backward launcher (or, under
+    runs the forward computation, ``backward(ctx, *grads)`` the backward one (or, under
     ``create_graph=True``, the differentiable reference). Applied through the C++ apply when no
     functorch transform is active (:func:`fast_apply`)."""
     cls = type(f"{name}Eager", (torch.autograd.Function,), {
@@ -124,7 +124,7 @@ def transform(
 ) -> type:
     """``<name>Transform``: the autograd.Function for torch.func transforms and forward-mode AD.
 
-    ``forward`` (no ``ctx``) runs the launchers on plain tensors; ``setup_context`` saves for
+    ``forward`` (no ``ctx``) runs the ops on plain tensors; ``setup_context`` saves for
     the backward and for ``jvp`` (``ctx.save_for_forward``); ``vmap(info, in_dims, *args)``
     maps the batch dim onto the op (more rows, channels or samples: one kernel call, never a
     loop over the batch). The class is returned; its ``apply`` is the call.

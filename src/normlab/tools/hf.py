@@ -20,7 +20,7 @@ t5         ``T5LayerNorm``              ``RMSNorm(casting="llama")``
 convnext   ``ConvNextLayerNorm``        ``LayerNorm2d`` (``data_format="channels_first"``) or ``LayerNorm``
 =========  ===========================  ==================================================
 
-The families normlab is tested with (``tests/hf``): Llama, Mistral, Qwen2,
+The families normlab is tested with (``tests/tools/test_hf.py``): Llama, Mistral, Qwen2,
 Qwen3 and Phi-3 (kind llama), Gemma 1, 2 and 3 (kind gemma), T5 (kind t5),
 ConvNeXt (kind convnext: a ``torch.nn.LayerNorm`` subclass, permuted for
 channels-first input; its copies serve ConvNeXt V2, SAM, DINOv3's ConvNeXt...).

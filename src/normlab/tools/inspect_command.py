@@ -47,8 +47,13 @@ def _load(target: str) -> nn.Module:
                          f"path/to/models.py:build), got {target!r}")
     try:
         if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                what = "is a folder, not a file" if os.path.isdir(module_name) else "does not exist"
+                raise SystemExit(f"normlab inspect: {module_name!r} {what} (full path "
+                                 f"{os.path.abspath(module_name)}); give the path of a .py file, absolute or "
+                                 f"relative to the current directory, or a dotted module name (e.g. my_models:build)")
             spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
-            if spec is None or not os.path.exists(module_name):
+            if spec is None:
                 raise FileNotFoundError(module_name)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)

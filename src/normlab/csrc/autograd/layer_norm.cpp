@@ -83,7 +83,7 @@ std::tuple<Tensor, Tensor, Tensor> reference_grads(const Tensor& dy, const Tenso
   if (grouped) rows = {w.numel() / n_cols, -1, n_cols};
   Tensor xa = x.reshape(rows).to(acc), dya = dy.reshape(rows).to(acc);  // (n_rows, n_cols) or (G, R, n_cols)
   Tensor rstd, x_hat;
-  if (center) {  // shifted two passes (ops/_common.shifted_mean_var)
+  if (center) {  // shifted two passes (ops/numerics.shifted_mean_var)
     Tensor shift = xa.narrow(-1, 0, 1), d = xa - shift, md = d.mean(-1, true), xc = d - md;
     rstd = at::rsqrt((xc * xc).mean(-1, true) + eps);  // (.., 1)
     x_hat = (xa - (shift + md)) * rstd;

@@ -1,9 +1,8 @@
 // GroupNorm with S == 1 (e.g. a 2-D (N, C) input) and small groups, 2 <= Cg <= a vector's lanes. Cg a
 // power of two: packed, below; any other Cg: blocks of lanes groups read transposed (fwd_s1_odd).
 // Packed: each group's Cg values are contiguous, so a vector holds lanes / Cg whole groups; every step
-// runs on whole vectors (the algorithm of the Numba block kernels: a block of values vectorised across
-// channels, the groups' sums by pairwise halvings, each group's values spread to its channels), here
-// inside registers:
+// runs on whole vectors (a block of values vectorised across channels, the groups' sums by pairwise
+// halvings, each group's values spread to its channels), here inside registers:
 //   group_sum   a butterfly: v += v with lanes swapped at distance 1, 2, ..., Cg / 2: every lane
 //               ends with its group's sum, a pairwise tree (additions commute: the lanes of a group
 //               hold the same bits);

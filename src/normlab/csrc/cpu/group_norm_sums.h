@@ -13,8 +13,8 @@
 
 namespace normlab::group_norm {
 
-// q / count rounded once to A: the quotient in float64 (as the Numba kernels took it; for float, the
-// same bits as a float division whenever the count is exact in float).
+// q / count rounded once to A: the quotient in float64 (for float, the same bits as a float division
+// whenever the count is exact in float).
 template <class A> inline A over_count(A q, int64_t count) { return A(double(q) / double(count)); }
 
 // (sum dy, sum dy * (x - m)) over n values, in A; both from zero (not m - m: an infinite m must not

@@ -41,8 +41,8 @@ namespace normlab::ln2d {
 // block's planes stay in L2 through the passes; each plane's run at least kRunBytes (runs of a
 // few cache lines leave the hardware prefetcher no time to start) while the block stays within
 // kMaxBytes; at least kMinBlock pixels, a multiple of kVecPixels; halved (not below kMinBlock)
-// while there are fewer than kMinTasks tasks. (Measured on the Numba kernels this replaces:
-// docs/performance.md.)
+// while there are fewer than kMinTasks tasks. (The measurements behind these sizes:
+// docs/notes/performance-log-numba.md, "LayerNorm2d across channel counts; NCHW blocks in bytes".)
 namespace {
 constexpr int64_t kBlockBytes = 256 << 10;
 constexpr int64_t kRunBytes = 1 << 10;

@@ -1,13 +1,15 @@
-"""BatchNorm and its running statistics.
+"""BatchNorm, its running statistics and its variants.
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
-  the running-statistic update, the autograd Functions (backend ``"ref"``).
-- ``op.py``: the entry point of backend ``"cpu"`` on the C++ ops
-  ``torch.ops.normlab.batch_norm_*`` (``csrc/batch_norm.cpp``, ``csrc/cpu/``,
-  ``csrc/autograd/``, ``csrc/meta/``) and the transform Function; the ``"ref"``
-  one is ``reference.ref_batch_norm``.
-- ``sync.py``: SyncBatchNorm (the only caller of ``torch.distributed``);
-  ``ghost.py``, ``renorm.py``: GhostBatchNorm, BatchRenorm on BatchNorm's ops.
+  the running-statistic update, the autograd Functions, and the entry point of
+  backend ``"ref"`` (``ref_batch_norm``).
+- ``op.py``: the entry point of backend ``"cpu"``, on the C++ ops
+  ``torch.ops.normlab.batch_norm_*``, and its transform Function.
+- ``sync.py``: SyncBatchNorm, the statistics and gradient sums merged across the
+  ranks (the collectives of ``torch.distributed``); ``sync_parts.py``: its per-rank
+  computations on each backend.
+- ``ghost.py``: GhostBatchNorm's virtual batches as channels of one BatchNorm call;
+  ``renorm.py``: BatchRenorm's correction ``r``, ``d``.
 
 Importing this package enters ``batch_norm`` in the backend table (``"cpu"``
 when the C++ extension is installed).

@@ -1,6 +1,6 @@
-"""BatchNorm on the ``"cpu"`` backend: the C++ ops ``torch.ops.normlab.batch_norm_*`` (``csrc/``).
+"""BatchNorm on the ``"cpu"`` backend: the entry point on the C++ ops ``torch.ops.normlab.batch_norm_*``.
 
-The ops (schemas in ``csrc/batch_norm.cpp``; CPU, Meta and Autograd kernels beside them):
+The ops it calls (registered in ``csrc/batch_norm.cpp``):
 
 - ``batch_norm_train_fwd(x, w, b, eps) -> (y, stats)``: stats (3, C) float64 rows batch mean,
   biased var, rstd (not differentiable);

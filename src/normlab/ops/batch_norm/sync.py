@@ -1,7 +1,8 @@
 """SyncBatchNorm: BatchNorm whose statistics span every rank of a ``torch.distributed`` group.
 
-The only module of normlab that calls ``torch.distributed``. Works with any
-backend the group has: gloo on CPU tensors, NCCL on GPU tensors.
+The layers' one module that runs ``torch.distributed`` collectives (``normlab.nn.SyncBatchNorm``
+only asks which group to use). Works with any backend the group has: gloo on CPU tensors, NCCL
+on GPU tensors.
 
 Training forward, one collective::
 

@@ -1,11 +1,10 @@
 """GroupNorm and InstanceNorm.
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
-  the autograd Functions (backend ``"ref"``), torch's output-layout rule.
-- ``op.py``: the entry points of backend ``"cpu"`` on the C++ ops
-  (``torch.ops.normlab.group_norm``, ...: ``csrc/group_norm.cpp`` and its
-  ``cpu/``, ``meta/``, ``autograd/`` rooms), and the transform Function; the
-  ``"ref"`` ones are ``reference.ref_group_norm`` and ``ref_instance_norm``.
+  InstanceNorm's running-statistics update, the autograd Functions, and the
+  entry points of backend ``"ref"`` (``ref_group_norm``, ``ref_instance_norm``).
+- ``op.py``: the entry points of backend ``"cpu"``, on the C++ ops
+  (``torch.ops.normlab.group_norm``, ...), and their transform Function.
 
 Importing this package enters ``group_norm`` and ``instance_norm`` in the
 backend table (``"cpu"`` when the C++ extension is installed).

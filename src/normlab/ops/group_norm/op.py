@@ -1,7 +1,6 @@
-"""GroupNorm / InstanceNorm on the ``"cpu"`` backend: the C++ ops ``torch.ops.normlab.*``, handed to ``ops/_register``.
+"""GroupNorm / InstanceNorm on the ``"cpu"`` backend: the entry points on the C++ ops ``torch.ops.normlab.*``.
 
-The ops (schemas in ``csrc/group_norm.cpp``; CPU kernels in ``csrc/cpu/``, their Meta kernels in
-``csrc/meta/``, autograd in ``csrc/autograd/group_norm.cpp``):
+The ops they call (registered in ``csrc/group_norm.cpp``):
 
 - ``group_norm(x, num_groups, w, b, eps) -> y``: the output alone when autograd does not record
   the call (no statistics allocated), else through ``group_norm_fwd``;

@@ -1,15 +1,17 @@
-"""LayerNorm and RMSNorm (and their fused residual-add variants).
+"""LayerNorm, RMSNorm, their fused residual-add variants, and LayerNorm2d.
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the autograd Functions, and the entry points of backend ``"ref"``
   (:func:`ref_layer_norm`, ...).
-- ``op.py``: the entry points of backend ``"cpu"``: thin glue to the C++ ops
-  (``csrc/layer_norm.cpp``, ``csrc/cpu/layer_norm_kernels.cpp``) and the transform Function
-  (vmap and forward-mode rules) that calls them.
+- ``op.py``: the entry points of backend ``"cpu"`` for the row norms, on the C++ ops
+  (``torch.ops.normlab.layer_norm_fwd``, ...), and their transform Function (vmap and
+  forward-mode rules).
+- ``op_2d.py``: the entry point of backend ``"cpu"`` for LayerNorm2d, on the C++ op
+  ``torch.ops.normlab.layer_norm2d`` (both layouts).
 
 Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm`` and ``layer_norm2d`` (``op_2d.py``: LayerNorm2d's C++ ops, both layouts)
-in the backend table (``"cpu"`` where the C++ extension is installed).
+``add_rms_norm`` and ``layer_norm2d`` in the backend table (``"cpu"`` where the C++
+extension is installed).
 """
 
 from .. import _register, extension

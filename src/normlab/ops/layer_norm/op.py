@@ -1,6 +1,6 @@
-"""LayerNorm / RMSNorm on the ``"cpu"`` backend (the C++ ops ``torch.ops.normlab.*``, ``csrc/layer_norm.cpp``).
+"""LayerNorm / RMSNorm on the ``"cpu"`` backend: the entry points on the C++ ops ``torch.ops.normlab.*``.
 
-The ops, registered in C++ with their CPU, Meta and Autograd kernels:
+The ops they call (registered in ``csrc/layer_norm.cpp``):
 ``layer_norm_fwd``, ``rms_norm_fwd``, ``add_layer_norm_fwd``, ``add_rms_norm_fwd`` (forward with
 the (n_rows,) statistics, differentiable; double backward through the reference formula in
 ATen), ``layer_norm_bwd``, ``rms_norm_bwd`` (backward) and ``row_norm_infer`` (the output alone).

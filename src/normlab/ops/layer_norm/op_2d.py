@@ -1,10 +1,8 @@
-"""LayerNorm2d on the ``"cpu"`` backend: the C++ op ``torch.ops.normlab.layer_norm2d``.
+"""LayerNorm2d on the ``"cpu"`` backend: the entry point on the C++ op ``torch.ops.normlab.layer_norm2d``.
 
-The kernels, both layouts, are in ``csrc/cpu/layer_norm2d_kernels.cpp``: contiguous (NCHW)
-input streams the ``C`` planes of a block of pixels with the pixels as the vector lanes; a
-channels-last input is rows of ``C`` values. Neither copies the input; the output is
-contiguous or channels-last as the input. The op's autograd (and its differentiable backward
-under ``create_graph=True``) is registered in C++ (``csrc/autograd/layer_norm2d.cpp``).
+The op (registered in ``csrc/layer_norm2d.cpp``; its autograd, with a differentiable backward
+under ``create_graph=True``, is C++ too) reads a contiguous (NCHW) or channels-last input
+without a copy and writes the output in the input's layout.
 
 :func:`layer_norm2d` picks the form that runs a call: under torch.func transforms and
 forward-mode AD (which refuse a C++ autograd function) LayerNorm's row path on
