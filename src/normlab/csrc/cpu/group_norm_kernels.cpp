@@ -66,6 +66,95 @@ template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, ac
   return s;
 }
 
+// The first two passes of shifted_sum / shifted_sqdev (numerics/moments.h) over a group row, with
+// the row's differences kept in scratch (accumulation type): pass 1 stores d = x - shift, pass 2
+// reads d and stores e = d - m in its place. The same differences added in the same order (two
+// vector chains, hsum, the scalar tail), so the same sums; the output pass then reads e and
+// converts nothing (a bfloat16 / float16 row is widened once, not three times).
+template <class S> inline acc_t<S> shift_into(const S* x, acc_t<S>* d, int64_t n, acc_t<S> shift) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vs = vset1<A>(shift);
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) {
+    const vec<A> a = vload(x + j) - vs, b = vload(x + j + L) - vs;
+    vstore(d + j, a);
+    vstore(d + j + L, b);
+    s0 += a;
+    s1 += b;
+  }
+  if (j + L <= n) {
+    const vec<A> a = vload(x + j) - vs;
+    vstore(d + j, a);
+    s0 += a;
+    j += L;
+  }
+  A s = hsum<A>(s0 + s1);
+  for (; j < n; ++j) {
+    const A a = to_acc(x[j]) - shift;
+    d[j] = a;
+    s += a;
+  }
+  return s;
+}
+template <class A> inline A center_in_place(A* d, int64_t n, A m) {
+  constexpr int64_t L = lanes<A>;
+  vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vm = vset1<A>(m);
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) {
+    const vec<A> e = vload(d + j) - vm, f = vload(d + j + L) - vm;
+    vstore(d + j, e);
+    vstore(d + j + L, f);
+    s0 += e * e;
+    s1 += f * f;
+  }
+  if (j + L <= n) {
+    const vec<A> e = vload(d + j) - vm;
+    vstore(d + j, e);
+    s0 += e * e;
+    j += L;
+  }
+  A s = hsum<A>(s0 + s1);
+  for (; j < n; ++j) {
+    const A e = d[j] - m;
+    d[j] = e;
+    s += e * e;
+  }
+  return s;
+}
+
+// y[j] = e[j] * a + bc over n values (the output from the centred differences e of scratch), and
+// y[j] = e[j] * (rs * w[j]) + b[j] (S == 1: one value per channel).
+template <class S> inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_t<S> bc) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const vec<A> va = vset1<A>(a), vb = vset1<A>(bc);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, vload(e + j) * va + vb);
+  for (; j < n; ++j) y[j] = from_acc<S>(e[j] * a + bc);
+}
+template <class S>
+inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs, const acc_t<S>* w, const acc_t<S>* b) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const vec<A> vr = vset1<A>(rs);
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, vload(e + j) * (vr * vload(w + j)) + vload(b + j));
+  for (; j < n; ++j) y[j] = from_acc<S>(e[j] * (rs * w[j]) + b[j]);
+}
+
+// Hints: the cache lines of bytes [lo, hi) of p, for reading. They change no result.
+inline void prefetch_bytes(const void* p, int64_t lo, int64_t hi) {
+  for (int64_t q = lo; q < hi; q += 64) __builtin_prefetch(static_cast<const char*>(p) + q, 0, 3);
+}
+
+// Rows of up to this many values keep their differences in scratch (64 KiB of float32: L2).
+constexpr int64_t kScratchValues = 16384;
+// A row's passes ask for the bytes of x this far ahead (a few rows of a (256, 256, 8, 8) input):
+// the hardware prefetcher alone starts each row late. Measured: float32 (256, 256, 8, 8) forward
+// ~20 % faster, bfloat16 ~8 %.
+constexpr int64_t kAheadBytes = 4096;
+
 template <class R> inline void store_double(R* p, double v) {
   if constexpr (std::is_same_v<R, double>) *p = v;
   else *p = from_acc<R>(float(v));  // rounded to float first, then (half types) to R
@@ -85,6 +174,41 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   if (ns == 1 && !fixed && s1_packed<S>(c, g)) return fwd_s1_packed<S>(x, w, b, y, mean, var, rstd, n, c, g, eps);
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
+  if (!fixed && ncols > 256 && ncols <= kScratchValues) {
+    // Long rows, one at a time: pass 1 reads x from memory into scratch (d = x - shift); pass 2
+    // and the output run over scratch in L1/L2 (e = d - md, y = e * (rstd * w[c]) + b[c]).
+    const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
+    for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
+      std::vector<A> scratch(ncols);
+      A* d = scratch.data();
+      for (int64_t r = r0; r < r1; ++r) {
+        const S* xr = x + r * ncols;
+        const A shift = to_acc(xr[0]);
+        const A md = over_count(shift_into(xr, d, ncols, shift), ncols);
+        const int64_t ahead = r * row_bytes + kAheadBytes;
+        prefetch_bytes(x, ahead, std::min(x_bytes, ahead + row_bytes));
+        const A v = over_count(center_in_place(d, ncols, md), ncols);
+        const A rs = A(1) / std::sqrt(v + aeps);
+        if (mean != nullptr) {
+          A m = shift + md;
+          if (m != m) m = torch_mean(m, inf_mask(xr, 1, 0, ncols));  // InstanceNorm's running mean
+          mean[r] = m;
+          var[r] = v;
+          rstd[r] = rs;
+        }
+        const int64_t gi = r % g;
+        S* yr = y + r * ncols;
+        const A* wg = w + gi * cg;
+        const A* bg = b + gi * cg;
+        if (ns == 1) {
+          scale_shift_channels(d, yr, cg, rs, wg, bg);
+        } else {
+          for (int64_t j = 0; j < cg; ++j) scale_shift_run(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j]);
+        }
+      }
+    });
+    return;
+  }
   // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,
   // division, squared deviations, square root) are independent, so they overlap in the CPU.
   constexpr int64_t kBlock = 8;
