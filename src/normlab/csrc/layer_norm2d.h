@@ -20,17 +20,11 @@ at::Tensor layer_norm2d_call(const at::Tensor& x, const std::optional<at::Tensor
 std::optional<at::Tensor> layer_norm2d_fast(const at::Tensor& x, const std::optional<at::Tensor>& w,
                                             const std::optional<at::Tensor>& b, double eps);
 
-namespace ln2d {
-int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);
-}
-
 inline void bind_layer_norm2d(pybind11::module_& m) {
   m.def("layer_norm2d", &layer_norm2d_call,
         "LayerNorm over dim 1 of an (N, C, *) tensor at every pixel: layer_norm2d(x, weight, bias, eps) -> y");
   m.def("layer_norm2d_fast", &layer_norm2d_fast, "LayerNorm2d of arguments the checks accept, else None",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps").noconvert());
-  m.def("_layer_norm2d_block_size", &ln2d::block_size,
-        "pixels per NCHW task for (N, C, S pixels, itemsize): from the shape and dtype only");
 }
 
 }  // namespace normlab

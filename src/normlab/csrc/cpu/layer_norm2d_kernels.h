@@ -19,7 +19,8 @@ namespace normlab::ln2d {
 // Pixels per NCHW task for N = n samples, C = nc channels, S = ns pixels and itemsize-byte
 // storage: from the shape and dtype only (dw/db are merged per task, so their bits never
 // depend on the number of threads).
-int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);
+int64_t block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);      // the backward's
+int64_t fwd_block_size(int64_t n, int64_t nc, int64_t ns, int64_t itemsize);  // the forward's
 
 // A tensor of at least this many bytes is read with prefetches (it streams from memory).
 constexpr int64_t kFarBytes = int64_t(8) << 20;
