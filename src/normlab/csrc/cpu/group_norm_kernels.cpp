@@ -67,36 +67,10 @@ template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, ac
 }
 
 // The first two passes of shifted_sum / shifted_sqdev (numerics/moments.h) over a group row, with
-// the row's differences kept in scratch (accumulation type): pass 1 stores d = x - shift, pass 2
-// reads d and stores e = d - m in its place. The same differences added in the same order (two
+// the row's differences kept in scratch (accumulation type): pass 1 (shifted_sum_into) stores
+// d = x - shift, pass 2 (center_in_place) reads d and stores e = d - m in its place. The same differences added in the same order (two
 // vector chains, hsum, the scalar tail), so the same sums; the output pass then reads e and
 // converts nothing (a bfloat16 / float16 row is widened once, not three times).
-template <class S> inline acc_t<S> shift_into(const S* x, acc_t<S>* d, int64_t n, acc_t<S> shift) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vs = vset1<A>(shift);
-  int64_t j = 0;
-  for (; j + 2 * L <= n; j += 2 * L) {
-    const vec<A> a = vload(x + j) - vs, b = vload(x + j + L) - vs;
-    vstore(d + j, a);
-    vstore(d + j + L, b);
-    s0 += a;
-    s1 += b;
-  }
-  if (j + L <= n) {
-    const vec<A> a = vload(x + j) - vs;
-    vstore(d + j, a);
-    s0 += a;
-    j += L;
-  }
-  A s = hsum<A>(s0 + s1);
-  for (; j < n; ++j) {
-    const A a = to_acc(x[j]) - shift;
-    d[j] = a;
-    s += a;
-  }
-  return s;
-}
 template <class A> inline A center_in_place(A* d, int64_t n, A m) {
   constexpr int64_t L = lanes<A>;
   vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vm = vset1<A>(m);
@@ -184,7 +158,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       for (int64_t r = r0; r < r1; ++r) {
         const S* xr = x + r * ncols;
         const A shift = to_acc(xr[0]);
-        const A md = over_count(shift_into(xr, d, ncols, shift), ncols);
+        const A md = over_count(shifted_sum_into(xr, d, ncols, shift), ncols);
         const int64_t ahead = r * row_bytes + kAheadBytes;
         prefetch_bytes(x, ahead, std::min(x_bytes, ahead + row_bytes));
         const A v = over_count(center_in_place(d, ncols, md), ncols);

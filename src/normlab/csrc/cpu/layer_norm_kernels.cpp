@@ -114,31 +114,12 @@ inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc
   fwd_finish<S, S, W>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
 }
 
-// d[j] = x[j] - shift over a half row, widened to float32, and the sum of d in shifted_sum's
-// order (numerics/moments.h: two chains over pairs of vectors, one more vector, hsum, the tail).
-template <class S> inline float widen_shifted(const S* xr, float* d, int64_t n, float shift) {
-  constexpr int64_t L = vlanes<S>;
-  vec<float> s0 = vzero<float>(), s1 = vzero<float>(), vs = vset1<float>(shift);
-  int64_t j = 0;
-  for (; j + 2 * L <= n; j += 2 * L) {
-    vec<float> a = vload(xr + j) - vs, b = vload(xr + j + L) - vs;
-    vstore(d + j, a);
-    vstore(d + j + L, b);
-    s0 += a;
-    s1 += b;
-  }
-  if (j + L <= n) { vec<float> a = vload(xr + j) - vs; vstore(d + j, a); s0 += a; j += L; }
-  float s = hsum<float>(s0 + s1);
-  for (; j < n; ++j) { d[j] = to_acc(xr[j]) - shift; s += d[j]; }
-  return s;
-}
-
 // One half row of more than kWidenCols values through the scratch row d.
 template <class S, class W>
 inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* yr, int64_t n, float eps, bool center,
                             bool cast, float* mean, float* rstd) {
   const float shift = center ? to_acc(xr[0]) : 0.0f;
-  const float sum_d = widen_shifted(xr, d, n, shift);
+  const float sum_d = shifted_sum_into(xr, d, n, shift);  // d = x - shift, widened
   const float md = center ? over_n(sum_d, n) : 0.0f;
   fwd_finish<S, float, W>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
 }

@@ -30,6 +30,35 @@ template <class S> inline acc_t<S> shifted_sum(const S* x, int64_t n, acc_t<S> s
   return s;
 }
 
+// shifted_sum, and the differences themselves kept: d[j] = x[j] - shift (accumulation type) for
+// the later passes to read instead of converting x again. The same additions in the same order.
+template <class S> inline acc_t<S> shifted_sum_into(const S* x, acc_t<S>* d, int64_t n, acc_t<S> shift) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vs = vset1<A>(shift);
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) {
+    const vec<A> a = vload(x + j) - vs, b = vload(x + j + L) - vs;
+    vstore(d + j, a);
+    vstore(d + j + L, b);
+    s0 += a;
+    s1 += b;
+  }
+  if (j + L <= n) {
+    const vec<A> a = vload(x + j) - vs;
+    vstore(d + j, a);
+    s0 += a;
+    j += L;
+  }
+  A s = hsum<A>(s0 + s1);
+  for (; j < n; ++j) {
+    const A a = to_acc(x[j]) - shift;
+    d[j] = a;
+    s += a;
+  }
+  return s;
+}
+
 // sum_j ((x[j] - shift) - m)^2 over n values: the second pass, m the mean of the differences.
 template <class S> inline acc_t<S> shifted_sqdev(const S* x, int64_t n, acc_t<S> shift, acc_t<S> m) {
   using A = acc_t<S>;
