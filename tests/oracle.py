@@ -10,6 +10,19 @@ from dataclasses import dataclass, field
 import torch
 
 
+def saved_bytes_beyond_inputs(fn, *inputs) -> int:
+    """Bytes of the tensors autograd saves while ``fn`` runs on the "cpu" backend that are not the
+    inputs' own storage (torch's saved-tensor hooks: whatever the tensors are)."""
+    import normlab
+
+    kept = []
+    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t,
+                                                                                lambda t: t):
+        fn()
+    own = {t.untyped_storage().data_ptr() for t in inputs}
+    return sum(t.numel() * t.element_size() for t in kept if t.untyped_storage().data_ptr() not in own)
+
+
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative error in the Frobenius norm, computed in float64."""
     got, ref = got.double(), ref.double()

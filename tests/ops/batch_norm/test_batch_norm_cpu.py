@@ -21,6 +21,7 @@ import normlab.functional as NF
 from normlab import _backend
 from normlab.ops import extension
 from tests.oracle import (
+    saved_bytes_beyond_inputs,
     Step,
     assert_within_rounding,
     check_compiled_against_eager,
@@ -213,17 +214,6 @@ def test_empty_batch_and_gradient_of_an_expanded_dy():
     assert (xc.grad - xt.grad).abs().max() < 1e-5
 
 
-def _kept_beyond_inputs(fn, *inputs) -> int:
-    """Bytes of the tensors autograd saves while ``fn`` runs on the "cpu" backend that are not the
-    inputs' own storage."""
-    kept = []
-    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t,
-                                                                                lambda t: t):
-        fn()
-    own = {t.untyped_storage().data_ptr() for t in inputs}
-    return sum(t.numel() * t.element_size() for t in kept if t.untyped_storage().data_ptr() not in own)
-
-
 def test_forward_keeps_nothing_activation_sized_beyond_x():
     """What the forward keeps for the backward, beyond the inputs themselves: at most three float64
     values per channel (no activation-sized tensor: not y, not x_hat). Measured with torch's
@@ -231,7 +221,7 @@ def test_forward_keeps_nothing_activation_sized_beyond_x():
     x = _randn((8, 4, 3, 3)).requires_grad_()
     w, b = torch.ones(4, requires_grad=True), torch.zeros(4, requires_grad=True)
     rm, rv = torch.zeros(4), torch.ones(4)
-    kept = _kept_beyond_inputs(lambda: NF.batch_norm(x, rm, rv, w, b, True), x, w, b, rm, rv)
+    kept = saved_bytes_beyond_inputs(lambda: NF.batch_norm(x, rm, rv, w, b, True), x, w, b, rm, rv)
     assert kept <= 3 * 8 * 4, kept  # 4 channels
 
 

@@ -19,6 +19,7 @@ import normlab
 import normlab.functional as NF
 from normlab import _backend
 from tests.oracle import (
+    saved_bytes_beyond_inputs,
     Step,
     assert_within_rounding,
     check_compiled_against_eager,
@@ -427,24 +428,13 @@ def test_torch_compile_inductor_matches_eager():
         "normlab.rms_norm_fwd.default", "normlab.layer_norm_bwd.default", "normlab.rms_norm_bwd.default"})
 
 
-def _kept_beyond_inputs(fn, *inputs) -> int:
-    """Bytes of the tensors autograd saves while ``fn`` runs on the "cpu" backend that are not the
-    inputs' own storage."""
-    kept = []
-    with normlab.use_backend("cpu"), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t,
-                                                                                lambda t: t):
-        fn()
-    own = {t.untyped_storage().data_ptr() for t in inputs}
-    return sum(t.numel() * t.element_size() for t in kept if t.untyped_storage().data_ptr() not in own)
-
-
 def test_forward_keeps_nothing_activation_sized_beyond_x():
     """What the forward keeps for the backward, beyond the inputs themselves: at most three float64
     values per row (no activation-sized tensor: not y, not x_hat). Measured with torch's
     saved-tensor hooks, whatever the tensors are."""
     x = torch.randn(32, 16, requires_grad=True)
     w, b = torch.ones(16, requires_grad=True), torch.zeros(16, requires_grad=True)
-    kept = _kept_beyond_inputs(lambda: NF.layer_norm(x, (16,), w, b), x, w, b)
+    kept = saved_bytes_beyond_inputs(lambda: NF.layer_norm(x, (16,), w, b), x, w, b)
     assert kept <= 3 * 8 * 32, kept  # 32 rows
 
 
