@@ -11,6 +11,7 @@
 #include "cpu/group_norm_sums.h"
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
+#include "numerics/prefetch.h"
 #include "numerics/vec.h"
 
 namespace normlab::group_norm {
@@ -68,8 +69,8 @@ template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, ac
 
 // The first two passes of shifted_sum / shifted_sqdev (numerics/moments.h) over a group row, with
 // the row's differences kept in scratch (accumulation type): pass 1 (shifted_sum_into) stores
-// d = x - shift, pass 2 (center_in_place) reads d and stores e = d - m in its place. The same differences added in the same order (two
-// vector chains, hsum, the scalar tail), so the same sums; the output pass then reads e and
+// d = x - shift, pass 2 (center_in_place) reads d and stores e = d - m in its place. The same
+// differences added in the same order (two vector chains, hsum, the scalar tail), so the same sums; the output pass then reads e and
 // converts nothing (a bfloat16 / float16 row is widened once, not three times).
 template <class A> inline A center_in_place(A* d, int64_t n, A m) {
   constexpr int64_t L = lanes<A>;
@@ -117,11 +118,6 @@ inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs
   for (; j < n; ++j) y[j] = from_acc<S>(e[j] * (rs * w[j]) + b[j]);
 }
 
-// Hints: the cache lines of bytes [lo, hi) of p, for reading. They change no result.
-inline void prefetch_bytes(const void* p, int64_t lo, int64_t hi) {
-  for (int64_t q = lo; q < hi; q += 64) __builtin_prefetch(static_cast<const char*>(p) + q, 0, 3);
-}
-
 // Rows of up to this many values keep their differences in scratch (64 KiB of float32: L2).
 constexpr int64_t kScratchValues = 16384;
 // A row's passes ask for the bytes of x this far ahead (a few rows of a (256, 256, 8, 8) input):
@@ -160,7 +156,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         const A shift = to_acc(xr[0]);
         const A md = over_count(shifted_sum_into(xr, d, ncols, shift), ncols);
         const int64_t ahead = r * row_bytes + kAheadBytes;
-        prefetch_bytes(x, ahead, std::min(x_bytes, ahead + row_bytes));
+        if (ahead < x_bytes) prefetch_read(reinterpret_cast<const char*>(x) + ahead, std::min(row_bytes, x_bytes - ahead));
         const A v = over_count(center_in_place(d, ncols, md), ncols);
         const A rs = A(1) / std::sqrt(v + aeps);
         if (mean != nullptr) {

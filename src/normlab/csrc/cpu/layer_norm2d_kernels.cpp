@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "numerics/chunks.h"
+#include "numerics/prefetch.h"
 #include "numerics/vec.h"
 
 #if NORMLAB_VEC_BYTES == 64
@@ -55,7 +56,6 @@ constexpr int64_t kVecPixels = 16;
 constexpr int64_t kMinTasks = 16;
 // The first pass asks for the runs of the plane kAhead planes on (far tensors only).
 constexpr int64_t kAhead = 4;
-constexpr int64_t kLineBytes = 64;
 }  // namespace
 
 namespace {
@@ -115,14 +115,6 @@ template <class S> inline void store_k(S* p, vacc<S> v, int64_t k) {
   if (k == vlanes<S>) vstore(p, v); else store_part(p, v, k);
 }
 
-// Hints: the cache lines of bytes [p, p + n) for reading / writing. They change no result.
-inline void prefetch_run(const void* p, int64_t n) {
-  for (int64_t q = 0; q < n; q += kLineBytes) __builtin_prefetch(static_cast<const char*>(p) + q, 0, 3);
-}
-inline void prefetch_run_write(void* p, int64_t n) {
-  for (int64_t q = 0; q < n; q += kLineBytes) __builtin_prefetch(static_cast<char*>(p) + q, 1, 3);
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -165,7 +157,7 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         acc[v] = vzero<A>();
       }
       for (int64_t c = 0; c < nc; ++c) {  // pass 1: sum of d = x - shift
-        if (far && c + kAhead < nc) prefetch_run(xi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
+        if (far && c + kAhead < nc) prefetch_read(xi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
         const S* xr = xi + c * ns;
         for (int64_t v = 0; v < last; ++v) acc[v] += vload(xr + v * L) - sh[v];
         acc[last] += load_k(xr + last * L, tail) - sh[last];
@@ -199,7 +191,7 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         }
       }
       for (int64_t c = 0; c < nc; ++c) {  // output: y = x_hat * w + b
-        if (far_out && c + kAhead < nc) prefetch_run_write(yi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
+        if (far_out && c + kAhead < nc) prefetch_write(yi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
         const S* xr = xi + c * ns;
         S* yr = yi + c * ns;
         const V wc = vset1<A>(w != nullptr ? w[c] : one), bc = vset1<A>(b != nullptr ? b[c] : A(0));
@@ -256,8 +248,8 @@ void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       }
       for (int64_t c = 0; c < nc; ++c) {  // the per-pixel sums over channels
         if (far && c + kAhead < nc) {
-          prefetch_run(x + off + (c + kAhead) * ns, m * int64_t(sizeof(S)));
-          prefetch_run(dy + off + (c + kAhead) * ns, m * int64_t(sizeof(S)));
+          prefetch_read(x + off + (c + kAhead) * ns, m * int64_t(sizeof(S)));
+          prefetch_read(dy + off + (c + kAhead) * ns, m * int64_t(sizeof(S)));
         }
         const S* xr = x + off + c * ns;
         const S* dyr = dy + off + c * ns;

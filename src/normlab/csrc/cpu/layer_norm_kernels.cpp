@@ -15,6 +15,7 @@
 
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
+#include "numerics/prefetch.h"
 #include "numerics/vec.h"
 
 namespace normlab::ln {
@@ -135,11 +136,6 @@ inline int64_t rows_ahead(int64_t n_rows, int64_t row_bytes) {
   if (row_bytes > kAheadMaxRow || n_rows * row_bytes < kFarBytes) return 0;
   return (kAheadBytes + row_bytes - 1) / row_bytes;
 }
-// The cache lines of one row of n values at p, for reading.
-template <class S> inline void prefetch_row(const S* p, int64_t n) {
-  const char* q = reinterpret_cast<const char*>(p);
-  for (int64_t o = 0; o < n * int64_t(sizeof(S)); o += 64) __builtin_prefetch(q + o, 0, 3);
-}
 
 template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
   using A = acc_t<S>;
@@ -160,12 +156,12 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
   if constexpr (sizeof(S) == 2) {
     if (n > kWidenCols) scratch.reset(new float[n]);
   }
-  const int64_t ahead = rows_ahead(a.n_rows, n * int64_t(sizeof(S)));
+  const int64_t row_bytes = n * int64_t(sizeof(S)), ahead = rows_ahead(a.n_rows, row_bytes);
   for (int64_t i = lo; i < hi; ++i) {
     const S* xr = X + i * n;
     if (ahead > 0 && i + ahead < hi) {
-      prefetch_row(xr + ahead * n, n);
-      if (R != nullptr) prefetch_row(R + (i + ahead) * n, n);
+      prefetch_read(xr + ahead * n, row_bytes);
+      if (R != nullptr) prefetch_read(R + (i + ahead) * n, row_bytes);
     }
     if (R != nullptr) {  // the fused add: h's row, then normalise it (from L1)
       add_row(xr, R + i * n, H + i * n, n);
@@ -239,14 +235,15 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
   const bool center = a.center, cast = a.cast_x_hat;
   // half precision only: float32 rows came out 5-15 % slower with the hints (their sums' pass
   // waits on memory less than on the conversions a half row needs)
-  const int64_t ahead = sizeof(S) == 2 ? rows_ahead(a.n_rows, n * int64_t(sizeof(S))) : 0;
+  const int64_t row_bytes = n * int64_t(sizeof(S));
+  const int64_t ahead = sizeof(S) == 2 ? rows_ahead(a.n_rows, row_bytes) : 0;
   for (int64_t i = lo; i < hi; ++i) {
     const S* xr = X + i * n;
     const S* dyr = DY + i * n;
     if (ahead > 0 && i + ahead < hi) {
-      prefetch_row(xr + ahead * n, n);
-      prefetch_row(dyr + ahead * n, n);
-      if (DH != nullptr) prefetch_row(DH + (i + ahead) * n, n);
+      prefetch_read(xr + ahead * n, row_bytes);
+      prefetch_read(dyr + ahead * n, row_bytes);
+      if (DH != nullptr) prefetch_read(DH + (i + ahead) * n, row_bytes);
     }
     const S* dhr = DH == nullptr ? nullptr : DH + i * n;
     S* dxr = DX + i * n;
