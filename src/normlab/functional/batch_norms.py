@@ -17,6 +17,7 @@ from ..ops.batch_norm import ghost as _ghost
 from ..ops.batch_norm import renorm as _renorm
 from ..ops.layouts import output_memory_format
 from .checks import (check_channels_input, check_limit, check_momentum, check_per_channel, check_running_pair,
+                     check_virtual_batch_size,
                      momentum_value, plain_momentum, values_per_channel)
 
 _C = _extension.load()
@@ -205,12 +206,7 @@ def ghost_batch_norm(
     fn = "ghost_batch_norm"
     check_input(fn, input)
     check_channels_input(fn, input)
-    if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
-        raise TypeError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
-                        f"got {virtual_batch_size!r}")
-    if virtual_batch_size < 1:
-        raise ValueError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
-                         f"got {virtual_batch_size!r}")
+    check_virtual_batch_size(fn, virtual_batch_size)
     check_running_pair(fn, running_mean, running_var)
     check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
     check_eps(fn, eps)

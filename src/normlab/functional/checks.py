@@ -120,6 +120,16 @@ def check_channels_input(fn: str, x: torch.Tensor) -> None:
         )
 
 
+def check_virtual_batch_size(fn: str, virtual_batch_size) -> None:
+    """GhostBatchNorm's ``virtual_batch_size``: a positive int (not a bool)."""
+    if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
+        raise TypeError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
+                        f"got {virtual_batch_size!r}")
+    if virtual_batch_size < 1:
+        raise ValueError(f"{fn}: expected virtual_batch_size to be a positive int (samples per virtual batch), "
+                         f"got {virtual_batch_size!r}")
+
+
 def check_running_pair(fn: str, running_mean, running_var) -> None:
     if (running_mean is None) != (running_var is None):
         raise ValueError(

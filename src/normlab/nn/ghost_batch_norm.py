@@ -10,11 +10,10 @@ math is in ``normlab.functional.ghost_batch_norm`` (``ops/batch_norm/ghost.py``)
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from .. import functional as F
+from ..functional.checks import check_virtual_batch_size
 from ._base import _NormBase
 
 __all__ = ["GhostBatchNorm1d", "GhostBatchNorm2d", "GhostBatchNorm3d"]
@@ -36,12 +35,7 @@ class _GhostBatchNorm(_NormBase):
         *,
         bias: bool = True,
     ) -> None:
-        if not isinstance(virtual_batch_size, numbers.Integral) or isinstance(virtual_batch_size, bool):
-            raise TypeError(f"{type(self).__name__}: expected virtual_batch_size to be a positive int "
-                            f"(samples per virtual batch), got {virtual_batch_size!r}")
-        if virtual_batch_size < 1:
-            raise ValueError(f"{type(self).__name__}: expected virtual_batch_size to be a positive int "
-                             f"(samples per virtual batch), got {virtual_batch_size!r}")
+        check_virtual_batch_size(type(self).__name__, virtual_batch_size)
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
         self.virtual_batch_size = int(virtual_batch_size)
 
