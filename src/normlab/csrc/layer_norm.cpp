@@ -18,9 +18,11 @@ TORCH_LIBRARY_FRAGMENT(normlab, m) {
         " Tensor? bias, float eps) -> (Tensor y, Tensor h, Tensor mean, Tensor rstd)");
   m.def("add_rms_norm_fwd(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, float eps,"
         " float offset, bool cast_x_hat) -> (Tensor y, Tensor h, Tensor rstd)");
-  // backward: dx (plus dh), and dw / db in the accumulation dtype ((0,) unless need_wb / need_dw)
+  // backward: dx (plus dh), dw in the weight's dtype (the accumulation dtype without a weight)
+  // and db in db_dtype (the bias' dtype; None: the accumulation dtype); (0,) unless need_wb /
+  // need_dw
   m.def("layer_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean,"
-        " Tensor rstd, Tensor? dh, bool need_wb) -> (Tensor dx, Tensor dw, Tensor db)");
+        " Tensor rstd, Tensor? dh, bool need_wb, ScalarType? db_dtype=None) -> (Tensor dx, Tensor dw, Tensor db)");
   m.def("rms_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor rstd,"
         " Tensor? dh, bool need_dw, float offset, bool cast_x_hat) -> (Tensor dx, Tensor dw)");
   // inference: the output alone (h undefined without a residual), no statistics allocated;

@@ -130,6 +130,35 @@ def test_mixed_precision_float32_params():
         assert rel_err(a, r) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [4, 3000])  # one chunk of rows (summed in place) / many chunks (merged)
+@pytest.mark.parametrize("b_dtype", ["same", "float32", None])
+def test_backward_op_gives_parameter_grads_in_their_dtypes(dtype, rows, b_dtype):
+    """layer_norm_bwd / rms_norm_bwd return dw in the weight's dtype and db in db_dtype, rounded
+    once from the float32 sums: the bits of the float32 gradients (the same weight's values given
+    in float32) converted by .to(). The Meta kernels give the same dtypes and shapes."""
+    g = torch.Generator().manual_seed(rows)
+    n = 40
+    x, dy = (torch.randn(rows, n, generator=g).to(dtype) for _ in range(2))
+    w = torch.randn(n, generator=g).to(dtype)
+    db_dtype = {"same": dtype, "float32": torch.float32, None: None}[b_dtype]
+    ops = torch.ops.normlab
+    _, mean, rstd = ops.layer_norm_fwd(x, (n,), w, None, 1e-5)
+    dx, dw, db = ops.layer_norm_bwd(dy, x, (n,), w, mean, rstd, None, True, db_dtype)
+    dx32, dw32, db32 = ops.layer_norm_bwd(dy, x, (n,), w.float(), mean, rstd, None, True, None)
+    assert (dw.dtype, db.dtype) == (dtype, db_dtype or torch.float32)
+    assert (dw32.dtype, db32.dtype) == (torch.float32, torch.float32)
+    assert torch.equal(dx, dx32)
+    assert torch.equal(dw, dw32.to(dtype)) and torch.equal(db, db32.to(db.dtype))
+    _, rs = ops.rms_norm_fwd(x, (n,), w, 1e-5, 0.0, False)
+    dx_r, dw_r = ops.rms_norm_bwd(dy, x, (n,), w, rs, None, True, 0.0, False)
+    _, dw_r32 = ops.rms_norm_bwd(dy, x, (n,), w.float(), rs, None, True, 0.0, False)
+    assert dw_r.dtype == dtype and torch.equal(dw_r, dw_r32.to(dtype))
+    meta = [t.to("meta") for t in (dy, x, w, mean, rstd)]
+    _, mdw, mdb = ops.layer_norm_bwd(meta[0], meta[1], (n,), meta[2], meta[3], meta[4], None, True, db_dtype)
+    assert (mdw.dtype, mdw.shape, mdb.dtype, mdb.shape) == (dw.dtype, dw.shape, db.dtype, db.shape)
+
+
 @pytest.mark.parametrize("which", ["transposed", "strided"])
 def test_non_contiguous_input(which):
     g = torch.Generator().manual_seed(12)

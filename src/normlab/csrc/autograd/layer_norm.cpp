@@ -46,7 +46,7 @@ NORMLAB_OP(add_rms_norm_fwd, std::tuple<Tensor, Tensor, Tensor>(const Tensor&, c
                                                                  const OptTensor&, double, double, bool))
 NORMLAB_OP(layer_norm_bwd, std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef,
                                                                const OptTensor&, const Tensor&, const Tensor&,
-                                                               const OptTensor&, bool))
+                                                               const OptTensor&, bool, std::optional<at::ScalarType>))
 NORMLAB_OP(rms_norm_bwd, std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef, const OptTensor&,
                                                      const Tensor&, const OptTensor&, bool, double, bool))
 NORMLAB_OP(row_norm_infer, std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, at::IntArrayRef,
@@ -148,8 +148,9 @@ struct RowNormBackward : public RowStatsNode {  // saves x (h for the fused add)
       at::AutoDispatchBelowADInplaceOrView guard;
       const OptTensor wo = has_w_ ? OptTensor(w) : std::nullopt, dho = dh.defined() ? OptTensor(dh) : std::nullopt;
       if (center_) {
+        const std::optional<at::ScalarType> db_dt = has_b_ ? std::optional<at::ScalarType>(b_dtype_) : std::nullopt;
         std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, shape_, wo, mean_.unpack(), rstd_.unpack(), dho,
-                                                        need_w || need_b);
+                                                        need_w || need_b, db_dt);
       } else {
         std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, shape_, wo, rstd_.unpack(), dho, need_w, offset_,
                                                   cast_x_hat_);
@@ -157,9 +158,10 @@ struct RowNormBackward : public RowStatsNode {  // saves x (h for the fused add)
     }
     if (should_compute_output(0)) out[0] = dx;
     if (has_res_ && should_compute_output(1)) out[1] = dx;  // h = x + residual: both get h's whole gradient
+    // the ops give dw / db in the parameters' dtypes; the differentiable path, in the accumulation one
     if (need_w) out[2] = dw.scalar_type() == w.scalar_type() ? dw : dw.to(w.scalar_type());
     if (need_b) {
-      db = db.reshape(b_shape_);
+      if (db.sizes() != at::IntArrayRef(b_shape_)) db = db.reshape(b_shape_);
       out[3] = db.scalar_type() == b_dtype_ ? db : db.to(b_dtype_);
     }
     return out;

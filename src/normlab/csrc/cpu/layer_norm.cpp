@@ -152,8 +152,8 @@ Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArra
 
 std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, const Tensor& x_, at::IntArrayRef shape,
                                             const OptTensor& w_, const Tensor& mean, const Tensor& rstd,
-                                            const OptTensor& dh_, bool need_wb, bool center, double offset,
-                                            bool cast_x_hat) {
+                                            const OptTensor& dh_, bool need_wb, std::optional<at::ScalarType> db_dtype,
+                                            bool center, double offset, bool cast_x_hat) {
   auto [n_rows, n_cols] = row_shape(op, x_, shape);
   Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
   const auto st = x.scalar_type(), acc = acc_of(st);
@@ -173,19 +173,30 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
               mean.scalar_type() == acc)), op, ": expected (", n_rows, ",) statistics in ", acc,
               ", got rstd ", rstd.sizes(), " ", rstd.scalar_type());
   Tensor dx = empty_out(x.sizes(), x.options());
+  // dw in the weight's dtype (the accumulation dtype without one), db in db_dtype (None: the
+  // accumulation dtype). The kernel writes either the accumulation dtype or x's storage dtype
+  // (half-precision parameters: no conversion op after it); any other dtype is converted after.
+  const auto dw_dt = w_.has_value() && w_->defined() ? w_->scalar_type() : acc;
+  const auto db_dt = db_dtype.value_or(acc);
+  auto kernel_dt = [&](at::ScalarType t) { return t == st ? st : acc; };
   Tensor dw, db;
   if (need_wb) {
     std::vector<int64_t> s = w_.has_value() && w_->defined() ? w_->sizes().vec() : shape.vec();
-    dw = at::empty(s, x.options().dtype(acc));
-    db = at::empty(s, x.options().dtype(acc));
+    dw = at::empty(s, x.options().dtype(kernel_dt(dw_dt)));
+    db = at::empty(center ? s : std::vector<int64_t>{0}, x.options().dtype(kernel_dt(db_dt)));
   } else {
-    dw = at::empty({0}, x.options().dtype(acc));
-    db = at::empty({0}, x.options().dtype(acc));
+    dw = at::empty({0}, x.options().dtype(dw_dt));
+    db = at::empty({0}, x.options().dtype(db_dt));
   }
+  auto finish = [&]() -> std::tuple<Tensor, Tensor, Tensor> {
+    if (need_wb && dw.scalar_type() != dw_dt) dw = dw.to(dw_dt);
+    if (need_wb && db.scalar_type() != db_dt) db = db.to(db_dt);
+    return {dx, dw, db};
+  };
   if (n_rows * n_cols == 0) {
     if (dh.defined()) dx.copy_(dh);
     if (need_wb) { dw.zero_(); db.zero_(); }
-    return {dx, dw, db};
+    return finish();
   }
   Tensor m = center ? mean.contiguous() : Tensor(), r = rstd.contiguous();
   BwdArgs a{};
@@ -197,14 +208,16 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
   a.dh = dh.defined() ? dh.const_data_ptr() : nullptr;
   a.dx = dx.data_ptr();
   a.dw = need_wb ? dw.data_ptr() : nullptr;
-  a.db = need_wb ? db.data_ptr() : nullptr;
+  a.db = need_wb && center ? db.data_ptr() : nullptr;
+  a.dw_storage = dw.scalar_type() == st && st != acc;
+  a.db_storage = db.scalar_type() == st && st != acc;
   a.n_rows = n_rows;
   a.n_cols = n_cols;
   a.n_w = n_w;
   a.center = center;
   a.cast_x_hat = cast_x_hat;
   norm_bwd(dtype_of(st), p.dt, a);
-  return {dx, dw, db};
+  return finish();
 }
 
 // ---- the ops ----
@@ -245,15 +258,16 @@ std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& res,
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape,
                                                   const OptTensor& w, const Tensor& mean, const Tensor& rstd,
-                                                  const OptTensor& dh, bool need_wb) {
-  return backward("layer_norm_bwd", dy, x, shape, w, mean, rstd, dh, need_wb, true, 0.0, false);
+                                                  const OptTensor& dh, bool need_wb,
+                                                  std::optional<at::ScalarType> db_dtype) {
+  return backward("layer_norm_bwd", dy, x, shape, w, mean, rstd, dh, need_wb, db_dtype, true, 0.0, false);
 }
 
 std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
                                         const Tensor& rstd, const OptTensor& dh, bool need_dw, double offset,
                                         bool cast_x_hat) {
-  auto [dx, dw, db] = backward("rms_norm_bwd", dy, x, shape, w, Tensor(), rstd, dh, need_dw, false, offset,
-                               cast_x_hat);
+  auto [dx, dw, db] = backward("rms_norm_bwd", dy, x, shape, w, Tensor(), rstd, dh, need_dw, std::nullopt, false,
+                               offset, cast_x_hat);
   return {dx, dw};
 }
 

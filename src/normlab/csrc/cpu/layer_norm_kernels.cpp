@@ -321,12 +321,16 @@ template <class S, class W> void bwd(const BwdArgs& a) {
   bwd_t<S, W>(a);
 }
 
+// Sum k of dw or db: in the accumulation dtype, or rounded on to storage S.
+template <class S> void put_sum(void* out, bool storage, int64_t k, acc_t<S> v) {
+  if (storage) static_cast<S*>(out)[k] = from_acc<S>(v);
+  else static_cast<acc_t<S>*>(out)[k] = v;
+}
+
 template <class S, class W> void bwd_t(const BwdArgs& a) {
   using A = acc_t<S>;
   const int64_t n = a.n_cols, n_w = a.n_w > 0 ? a.n_w : 1;
-  A* dw = static_cast<A*>(a.dw);
-  A* db = static_cast<A*>(a.db);
-  if (dw == nullptr) {
+  if (a.dw == nullptr) {
     for_rows(a.n_rows, n, [&](int64_t lo, int64_t hi) { bwd_rows<S, W>(a, lo, hi, nullptr, nullptr); });
     return;
   }
@@ -335,8 +339,21 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
   const int64_t per_w = (rpw + rows - 1) / rows;  // chunks per weight row
   const int64_t n_chunks = n_w * per_w;
   if (n_chunks == 1) {  // one chunk: its partials are the sums
-    for (int64_t j = 0; j < n; ++j) dw[j] = db[j] = A(0);
-    bwd_rows<S, W>(a, 0, a.n_rows, dw, a.center ? db : nullptr);
+    // summed in place, else in a row of the accumulation dtype first
+    const bool direct = !a.dw_storage && (a.db == nullptr || !a.db_storage);
+    std::unique_ptr<A[]> sums(direct ? nullptr : new A[2 * n]);
+    A* sw = direct ? static_cast<A*>(a.dw) : sums.get();
+    A* sb = direct ? static_cast<A*>(a.db) : sums.get() + n;
+    const bool with_b = a.center && a.db != nullptr;
+    for (int64_t j = 0; j < n; ++j) sw[j] = A(0);
+    if (with_b) for (int64_t j = 0; j < n; ++j) sb[j] = A(0);
+    bwd_rows<S, W>(a, 0, a.n_rows, sw, with_b ? sb : nullptr);
+    if (!direct) {
+      for (int64_t j = 0; j < n; ++j) {
+        put_sum<S>(a.dw, a.dw_storage, j, sw[j]);
+        if (a.db != nullptr) put_sum<S>(a.db, a.db_storage, j, sb[j]);
+      }
+    }
     return;
   }
   std::unique_ptr<A[]> part(new A[2 * n_chunks * n]);  // per chunk: dw's partial row, then db's
@@ -366,8 +383,8 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
         }
       }
       for (int64_t j = j0; j < j1; ++j) {
-        dw[gw * n + j] = A(sw[j - j0]);
-        db[gw * n + j] = A(sb[j - j0]);
+        put_sum<S>(a.dw, a.dw_storage, gw * n + j, A(sw[j - j0]));
+        if (a.db != nullptr) put_sum<S>(a.db, a.db_storage, gw * n + j, A(sb[j - j0]));
       }
     }
   });

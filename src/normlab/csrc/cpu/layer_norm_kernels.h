@@ -37,10 +37,15 @@ struct BwdArgs {
   const void* rstd;  // (n_rows,)         saved 1 / sqrt(var + eps)
   const void* dh;    // (n_rows, n_cols)  gradient arriving at h = x + res (nullptr: none)
   void* dx;          // (n_rows, n_cols)  out: gradient of x (plus dh), storage dtype
-  void* dw;          // (n_w, n_cols)     out: sum over each weight's rows of dy * x_hat, accumulation dtype
-  void* db;          // (n_w, n_cols)     out: sum over each weight's rows of dy (dw, db nullptr: not needed)
+  void* dw;          // (n_w, n_cols)     out: sum over each weight's rows of dy * x_hat
+  void* db;          // (n_w, n_cols)     out: sum over each weight's rows of dy (dw nullptr: neither needed;
+                     //                   db nullptr: no bias)
   int64_t n_rows, n_cols, n_w;
   bool center, cast_x_hat;
+  // dw / db stored in the storage dtype (the sums rounded to the accumulation dtype, then to
+  // storage, as a .to() after them would) rather than in the accumulation dtype: half-precision
+  // parameters get their gradients without a conversion op after the kernel
+  bool dw_storage, db_storage;
 };
 
 void norm_fwd(Dtype x, Dtype w, const FwdArgs& a);

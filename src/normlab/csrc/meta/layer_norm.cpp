@@ -52,23 +52,28 @@ std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& res,
   return {center ? rows_out(x) : rms_out(x), res.has_value() ? rows_out(x) : Tensor()};
 }
 
-std::pair<Tensor, Tensor> grads_wb(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, bool need) {
-  auto opt = x.options().dtype(acc_of(x.scalar_type()));
-  if (!need) return {at::empty({0}, opt), at::empty({0}, opt)};
-  auto s = w.has_value() && w->defined() ? w->sizes().vec() : shape.vec();
-  return {at::empty(s, opt), at::empty(s, opt)};
+// dw in the weight's dtype (the accumulation dtype without one), db in db_dtype (None: the
+// accumulation dtype); (0,) where not needed, db also for RMSNorm.
+std::pair<Tensor, Tensor> grads_wb(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, bool need, bool center,
+                                   std::optional<at::ScalarType> db_dtype) {
+  const auto acc = acc_of(x.scalar_type());
+  const bool has_w = w.has_value() && w->defined();
+  auto dw_opt = x.options().dtype(has_w ? w->scalar_type() : acc), db_opt = x.options().dtype(db_dtype.value_or(acc));
+  if (!need) return {at::empty({0}, dw_opt), at::empty({0}, db_opt)};
+  auto s = has_w ? w->sizes().vec() : shape.vec();
+  return {at::empty(s, dw_opt), at::empty(center ? s : std::vector<int64_t>{0}, db_opt)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor&, const Tensor& x, at::IntArrayRef shape,
                                                   const OptTensor& w, const Tensor&, const Tensor&, const OptTensor&,
-                                                  bool need_wb) {
-  auto [dw, db] = grads_wb(x, shape, w, need_wb);
+                                                  bool need_wb, std::optional<at::ScalarType> db_dtype) {
+  auto [dw, db] = grads_wb(x, shape, w, need_wb, true, db_dtype);
   return {rows_out(x), dw, db};
 }
 
 std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor&, const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
                                         const Tensor&, const OptTensor&, bool need_dw, double, bool) {
-  return {rows_out(x), grads_wb(x, shape, w, need_dw).first};
+  return {rows_out(x), grads_wb(x, shape, w, need_dw, false, std::nullopt).first};
 }
 
 }  // namespace

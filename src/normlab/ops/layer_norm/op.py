@@ -91,7 +91,8 @@ def _transform_backward(ctx, dy, _dmean, _drstd):
         if w is not None and w.dim() == 3:
             w = w.squeeze(1)
     elif ctx.center:
-        dx, dw, db = _ops.layer_norm_bwd(dy, x, (x.shape[1],), w, mean, rstd, None, need_dw or need_db)
+        dx, dw, db = _ops.layer_norm_bwd(dy, x, (x.shape[1],), w, mean, rstd, None, need_dw or need_db,
+                                            ctx.b_dtype)
     else:
         dx, dw = _ops.rms_norm_bwd(dy, x, (x.shape[1],), w, rstd, None, need_dw, ctx.offset, ctx.cast_x_hat)
         db = None
