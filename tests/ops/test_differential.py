@@ -33,8 +33,8 @@ Vector lanes depend on the instruction set the extension was built for
   two threads.
 - **LayerNorm / RMSNorm** (``cpu/layer_norm_kernels.cpp``): ``kWidenCols = 512`` (half-precision rows
   longer than this are widened once into a float32 scratch row); ``kWidenRows = 8`` (a
-  half-precision weight is widened from 8 rows); ``bwd_rows_per_chunk``: ``max(16, ceil(65536 /
-  n_cols))`` rows per dw/db chunk, at most ``n_rows``, enlarged to ``min(256, n_rows / 32)``; one
+  half-precision weight is widened from 8 rows); ``bwd_rows_per_chunk``: ``max(16, min(ceil(65536 /
+  n_cols), ceil(n_rows / 8)))`` rows per dw/db chunk, at most ``n_rows``, enlarged to ``min(256, n_rows / 32)``; one
   chunk writes the sums, more write partials merged in blocks of ``B = 256`` columns.
   ``over_n``: float32 means of rows over ``2**24`` values divide in float64 (not reached: a
   row of 16M values).
@@ -134,9 +134,12 @@ def _cases():
         _case("layer_norm", (3, 512), HALF), _case("layer_norm", (3, 513), HALF),    # kWidenCols: 512 | 513
         _case("rms_norm", (3, 513), HALF),
         _case("layer_norm", (16, 4096), WIDE), _case("layer_norm", (17, 4096), WIDE),  # 1 | 2 dw/db chunks (16 rows)
-        _case("layer_norm", (257, 257), WIDE),   # 256 rows a chunk: 2 chunks; 2 merge blocks of 256 columns
+        _case("layer_norm", (257, 257), WIDE),   # an eighth of the rows: 8 chunks of 33; 2 merge blocks of 256 columns
         _case("rms_norm", (300, 257), WIDE),
-        _case("layer_norm", (544, 1024), WIDE, threads=2),  # 64 rows a chunk, enlarged to 544 / 32 = 17
+        _case("layer_norm", (100, 512), WIDE),   # an eighth is 13 rows, raised to 16: 7 chunks
+        _case("layer_norm", (128, 512), WIDE), _case("layer_norm", (129, 512), WIDE, threads=2),  # 8 x 16 | 8 x 17
+        _case("layer_norm", (544, 1024), WIDE, threads=2),  # 64 rows a chunk (65536 values < an eighth, 68)
+        _case("layer_norm", (2112, 1024), (torch.float32,), threads=2),  # enlarged to 2112 / 32 = 66 rows
         _case("layer_norm", (512, 64), WIDE), _case("layer_norm", (513, 64), WIDE, threads=2),  # grain: 512 rows
         _case("layer_norm", (4, 6, 33), ALL, layout="transposed"),                    # a copy first
         _case("layer_norm", (6, 100), (torch.float32,), offset=1000.0),               # the shifted two passes

@@ -393,10 +393,13 @@ template <class S, class W> void bwd_t(const BwdArgs& a) {
 }  // namespace
 
 int64_t bwd_rows_per_chunk(int64_t n_rows, int64_t n_cols) {
-  // about 65536 values and at least 16 rows a chunk, enlarged up to 256 rows while at least
-  // 32 chunks remain (fewer partial rows to write and merge for long tensors)
-  int64_t rows = std::max<int64_t>(16, (65536 + std::max<int64_t>(n_cols, 1) - 1) / std::max<int64_t>(n_cols, 1));
-  rows = std::max<int64_t>(1, std::min(rows, n_rows));
+  // about 65536 values a chunk, but no more than an eighth of the rows (two to eight threads
+  // get even shares of a mid-sized tensor: 3 chunks of 128, 128 and 64 rows gave 2 threads
+  // 256 and 64), and at least 16 rows; enlarged up to 256 rows while at least 32 chunks remain
+  // (fewer partial rows to write and merge for long tensors)
+  const int64_t cols = std::max<int64_t>(n_cols, 1);
+  int64_t rows = std::min((65536 + cols - 1) / cols, (n_rows + 7) / 8);
+  rows = std::max<int64_t>(1, std::min(std::max<int64_t>(16, rows), n_rows));
   return std::max(rows, std::min<int64_t>(256, n_rows / 32));
 }
 
