@@ -17,15 +17,9 @@ when the C++ extension is installed).
 
 from .. import _register, extension
 from . import op
-from .reference import (  # noqa: F401 (private names: those of the room's former single module)
+from .reference import (
     BatchNormEvalFunction,
     BatchNormTrainFunction,
-    _channel_mean,
-    _channel_sum,
-    _mean_var_xc,
-    _per_channel,
-    _reduce_dims,
-    _stat_shape,
     batch_norm_eval_backward_ref,
     batch_norm_eval_ref,
     batch_norm_ref,
