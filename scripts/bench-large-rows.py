@@ -3,7 +3,8 @@ normlab versions in two virtual environments (the C++ kernels and the last Numba
 
     venv-a/bin/python scripts/bench-large-rows.py > a.txt && venv-b/bin/python scripts/bench-large-rows.py > b.txt
 
-Prints 'name<TAB>ms' lines: the minimum over repeats of one call's thread CPU time, after warm-up."""
+Prints 'name<TAB>ms' lines: the minimum over repeats of one call's thread CPU time, after warm-up.
+scripts/compare-large-rows.py runs it alternately in two environments and makes the table."""
 import time
 
 import torch
