@@ -45,6 +45,30 @@ def assert_within_rounding(
     assert err <= bound, f"{what}: relative error {err:.3e} > {factor} x rounding error to {dtype} ({bound:.3e})"
 
 
+HALF = (torch.bfloat16, torch.float16)
+
+
+def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh leaf copy of ``t`` that requires grad (None stays None)."""
+    return None if t is None else t.detach().clone().requires_grad_()
+
+
+def assert_matches_reference(got, ref, ref64, dtype: torch.dtype, tight: dict, what: str) -> None:
+    """Results of one backend against the reference path's (``ref``) and float64's (``ref64``),
+    in order (None where an input was absent, on both sides): the reference path's dtype;
+    float32/float64 within ``tight[dtype]`` relative error of it; half precision within 2x the
+    error of rounding the float64 result."""
+    for i, (a, r, r64) in enumerate(zip(got, ref, ref64)):
+        assert (a is None) == (r is None), (what, i)
+        if a is None:
+            continue
+        assert a.dtype == r.dtype, (what, i, a.dtype, r.dtype)
+        if dtype in HALF:
+            assert_within_rounding(a, r64, 2.0, f"{what} #{i}")
+        else:
+            assert rel_err(a, r) < tight[dtype], (what, i, rel_err(a, r))
+
+
 def graph_nodes(t: torch.Tensor) -> list[str]:
     """Class names of every autograd node that ``t`` was computed through."""
     seen, stack, names = set(), [t.grad_fn], []

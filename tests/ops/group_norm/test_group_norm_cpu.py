@@ -17,14 +17,16 @@ import normlab
 import normlab.functional as NF
 from normlab import _backend
 from tests.oracle import (
+    HALF,
     saved_bytes_beyond_inputs,
     Step,
+    assert_matches_reference,
     assert_within_rounding,
     check_compiled_against_eager,
+    leaf,
     rel_err,
 )
 
-HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
 CL = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -61,13 +63,9 @@ def _inputs(shape, dtype, affine="both", layout="contiguous", seed=0, param_dtyp
     return x, w, b, dy
 
 
-def _leaf(t):
-    return None if t is None else t.detach().clone().requires_grad_()
-
-
 def _run(backend, fn, tensors, dy):
     """``fn(*tensors)`` under ``backend``, backward with ``dy``; returns [y, *grads] (None for absent inputs)."""
-    leaves = [_leaf(t) for t in tensors]
+    leaves = [leaf(t) for t in tensors]
     with normlab.use_backend(backend):
         y = fn(*leaves)
     y.backward(dy)
@@ -85,19 +83,6 @@ def _assert_nonfinite_like(pairs):
 
 def _f64(t):
     return None if t is None else t.detach().double()
-
-
-def _check(got, ref, ref64, dtype, what):
-    """float32/float64: close to the reference path; half: the 2x rounding-error rule."""
-    for i, (a, r, r64) in enumerate(zip(got, ref, ref64)):
-        assert (a is None) == (r is None), (what, i)
-        if a is None:
-            continue
-        assert a.dtype == r.dtype, (what, i, a.dtype, r.dtype)
-        if dtype in HALF:
-            assert_within_rounding(a, r64, 2.0, f"{what} #{i}")
-        else:
-            assert rel_err(a, r) < TIGHT[dtype], (what, i, rel_err(a, r))
 
 
 def _samples_per_chunk(n, s, c):
@@ -129,7 +114,7 @@ def test_group_norm_matches_reference(dtype, case, affine):
     got = _run("cpu", fn, (x, w, b), dy)
     ref = _run("ref", fn, (x, w, b), dy)
     ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), dy.double())
-    _check(got, ref, ref64, dtype, f"group_norm {shape} G={groups} {layout}")
+    assert_matches_reference(got, ref, ref64, dtype, TIGHT, f"group_norm {shape} G={groups} {layout}")
     y_torch = TF.group_norm(x, groups, w, b)
     assert _strides(got[0]) == _strides(y_torch)  # torch's output layout
     if dtype in (torch.float32, torch.float64):
@@ -158,7 +143,7 @@ def test_large_groups_stream_through_tiles(dtype, layout):
     got = _run("cpu", fn, (x, w, b), dy)
     ref = _run("ref", fn, (x, w, b), dy)
     ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), dy.double())
-    _check(got, ref, ref64, dtype, f"large groups {layout}")
+    assert_matches_reference(got, ref, ref64, dtype, TIGHT, f"large groups {layout}")
 
 
 def test_mixed_precision_float32_params():
@@ -327,7 +312,7 @@ def test_instance_norm_matches_reference(dtype, case, use_input_stats):
     got = _run("cpu", make("cpu"), (x, w, b), dy)
     ref = _run("ref", make("ref"), (x, w, b), dy)
     ref64 = _run("ref", make("ref64", torch.float64), (_f64(x), _f64(w), _f64(b)), dy.double())
-    _check(got, ref, ref64, dtype, f"instance_norm {shape} {layout}")
+    assert_matches_reference(got, ref, ref64, dtype, TIGHT, f"instance_norm {shape} {layout}")
     assert got[0].is_contiguous()  # torch's instance_norm output is contiguous
     for s, s_ref, s64 in zip(stats["cpu"], stats["ref"], stats["ref64"]):
         assert s.dtype == stat_dtype

@@ -7,7 +7,6 @@ be within 2x the error of rounding the float64 result to their dtype.
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
@@ -19,14 +18,16 @@ import normlab
 import normlab.functional as NF
 from normlab import _backend
 from tests.oracle import (
+    HALF,
     saved_bytes_beyond_inputs,
     Step,
+    assert_matches_reference,
     assert_within_rounding,
     check_compiled_against_eager,
+    leaf,
     rel_err,
 )
 
-HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # (input shape, normalized_shape): rows from 20 to 2250 values, with and without a vector tail
 CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5)), ((3, 700), (700,)), ((5, 2100), (2100,)),
@@ -34,13 +35,9 @@ CASES = [((7, 33), (33,)), ((2, 3, 40), (40,)), ((3, 4, 5), (4, 5)), ((3, 700), 
 TIGHT = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
-def _leaf(t):
-    return None if t is None else t.detach().clone().requires_grad_()
-
-
 def _run(backend, fn, tensors, grads_out):
     """Run ``fn(*tensors)`` under ``backend``; backward with ``grads_out``; returns outputs + grads."""
-    leaves = [_leaf(t) for t in tensors]
+    leaves = [leaf(t) for t in tensors]
     with normlab.use_backend(backend):
         out = fn(*leaves)
     out = out if isinstance(out, tuple) else (out,)
@@ -56,16 +53,6 @@ def _inputs(shape, norm_shape, dtype, affine, seed=0, param_dtype=None):
     b = (0.5 * torch.randn(norm_shape, generator=g)).to(pd) if affine == "both" else None
     dy = torch.randn(shape, generator=g).to(dtype)
     return x, w, b, dy
-
-
-def _check(got, ref_same, ref64, dtype, what):
-    """float32/float64: close to the reference path; half: the 2x rounding-error rule."""
-    for i, (a, r, r64) in enumerate(zip(got, ref_same, ref64)):
-        assert a.dtype == r.dtype, (what, i, a.dtype, r.dtype)
-        if dtype in HALF:
-            assert_within_rounding(a, r64, 2.0, f"{what} #{i}")
-        else:
-            assert rel_err(a, r) < TIGHT[dtype], (what, i, rel_err(a, r))
 
 
 def _f64(t):
@@ -90,7 +77,7 @@ def test_layer_norm_matches_reference(dtype, case, affine):
     got = _run("cpu", fn, (x, w, b), (dy,))
     ref = _run("ref", fn, (x, w, b), (dy,))
     ref64 = _run("ref", fn, (_f64(x), _f64(w), _f64(b)), (dy.double(),))
-    _check(got, ref, ref64, dtype, "layer_norm")
+    assert_matches_reference(got, ref, ref64, dtype, TIGHT, "layer_norm")
     if dtype in (torch.float32, torch.float64):  # and torch itself
         tor = _run("ref", lambda x, w, b: TF.layer_norm(x, ns, w, b), (x, w, b), (dy,))
         for a, t in zip(got, tor):
@@ -112,7 +99,7 @@ def test_rms_norm_matches_reference(dtype, case, affine):
     ref64 = _run("ref", lambda x, w: NF.rms_norm(x, ns, w, eps=torch.finfo(torch.float32).eps
                                                  if dtype != torch.float64 else None),
                  (_f64(x), _f64(w)), (dy.double(),))
-    _check(got, ref, ref64, dtype, "rms_norm")
+    assert_matches_reference(got, ref, ref64, dtype, TIGHT, "rms_norm")
     if dtype in (torch.float32, torch.float64):
         tor = _run("ref", lambda x, w: TF.rms_norm(x, ns, w), (x, w), (dy,))
         for a, t in zip(got, tor):
