@@ -15,9 +15,9 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from normlab.ops import extension
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import assert_within_rounding, leaf, rel_err
 from tests.ops.group_norm.test_group_norm_cpu import _inputs as _gn_inputs
-from tests.ops.group_norm.test_group_norm_cpu import _leaf, _run, _samples_per_chunk
+from tests.ops.group_norm.test_group_norm_cpu import _run, _samples_per_chunk
 
 pytestmark = pytest.mark.skipif(not extension.available(), reason="the C++ extension is not installed")
 
@@ -129,10 +129,10 @@ def test_weight_only(dtype):
 def test_weight_and_bias_grads_without_dx(dtype):
     """x not requiring grad: the backward makes dw and db only (no dx)."""
     x, w, b, dy = _inputs((700, 64), dtype, True, seed=38)
-    wl, bl = _leaf(w), _leaf(b)
+    wl, bl = leaf(w), leaf(b)
     with normlab.use_backend("cpu"):
         NF.group_norm(x, 8, wl, bl, EPS).backward(dy)
-    w64, b64 = _leaf(w.double()), _leaf(b.double())
+    w64, b64 = leaf(w.double()), leaf(b.double())
     TF.group_norm(x.double(), 8, w64, b64, EPS).backward(dy.double())
     assert rel_err(wl.grad, w64.grad) < TIGHT[dtype]
     assert rel_err(bl.grad, b64.grad) < TIGHT[dtype]
