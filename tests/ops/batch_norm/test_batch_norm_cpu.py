@@ -27,6 +27,8 @@ from tests.oracle import (
     check_compiled_against_eager,
     rel_err,
 )
+from tests.ops.batch_norm.test_batch_norm import _params as _bn_params
+from tests.ops.batch_norm.test_batch_norm import _randn
 
 _C = extension.load()
 
@@ -35,18 +37,9 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 TIGHT = {torch.float32: 2e-6, torch.float64: 1e-12}
 
 
-def _randn(shape, dtype=torch.float32, seed=0, scale=1.0, shift=0.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
-
-
 def _params(c, dtype, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    w = (1 + 0.5 * torch.randn(c, generator=g, dtype=torch.float64)).to(dtype)
-    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
-    rm = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
-    rv = (0.5 + torch.rand(c, generator=g, dtype=torch.float64)).to(dtype)
-    return w, b, rm, rv
+    """(weight, bias, running_mean, running_var) of c channels (test_batch_norm's, seed 1 here)."""
+    return _bn_params(c, dtype, seed)
 
 
 # name -> input of logical shape (N, C, ...)
