@@ -53,6 +53,21 @@ def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().clone().requires_grad_()
 
 
+def affine_params(shape, affine: str, dtype=torch.float64, requires_grad: bool = False, seed: int = 0):
+    """(weight, bias) of ``shape`` for a norm layer: weight about 1 (+- 0.5), bias about 0 (+- 1),
+    drawn in float64 from ``seed``; ``affine`` is "both", "weight" (bias None) or "none"."""
+    if affine == "none":
+        return None, None
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.5 + 1).to(dtype)
+    b = None if affine == "weight" else torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    if requires_grad:
+        w.requires_grad_(True)
+        if b is not None:
+            b.requires_grad_(True)
+    return w, b
+
+
 def assert_matches_reference(got, ref, ref64, dtype: torch.dtype, tight: dict, what: str) -> None:
     """Results of one backend against the reference path's (``ref``) and float64's (``ref64``),
     in order (None where an input was absent, on both sides): the reference path's dtype;

@@ -10,7 +10,13 @@ import torch.nn.functional as TF
 
 import normlab.functional as NF
 from normlab.ops import group_norm as gn_ops
-from tests.oracle import assert_within_rounding, forbid_ops, graph_nodes, rel_err
+from tests.oracle import (
+    affine_params,
+    assert_within_rounding,
+    forbid_ops,
+    graph_nodes,
+    rel_err,
+)
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -18,20 +24,6 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def _params(c, affine, dtype=torch.float64, requires_grad=False, seed=0):
-    """Per-channel weight/bias; ``affine`` is "both", "weight" or "none"."""
-    if affine == "none":
-        return None, None
-    g = _gen(seed)
-    w = (torch.randn(c, generator=g, dtype=torch.float64) * 0.5 + 1).to(dtype)
-    b = None if affine == "weight" else torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
-    if requires_grad:
-        w.requires_grad_(True)
-        if b is not None:
-            b.requires_grad_(True)
-    return w, b
 
 
 def _make_x(shape, layout, dtype=torch.float64, seed=0, scale=2.0, shift=1.0):
@@ -95,7 +87,7 @@ def _split(args, w, b):
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_group_norm_gradcheck_and_gradgradcheck(x_shape, groups, affine):
     x = _make_x(x_shape, "contiguous", seed=3).requires_grad_(True)
-    w, b = _params(x_shape[1], affine, requires_grad=True)
+    w, b = affine_params(x_shape[1], affine, requires_grad=True)
     inputs = tuple(t for t in (x, w, b) if t is not None)
 
     def fn(*args):
@@ -115,7 +107,7 @@ IN_GRAD_SHAPES = [(2, 3, 4), (1, 2, 2, 3), (2, 2, 2, 1, 2)]
 def test_instance_norm_gradcheck_and_gradgradcheck(x_shape, affine, use_input_stats):
     c = x_shape[1]
     x = _make_x(x_shape, "contiguous", seed=4).requires_grad_(True)
-    w, b = _params(c, affine, requires_grad=True)
+    w, b = affine_params(c, affine, requires_grad=True)
     g = _gen(5)
     rm = torch.randn(c, generator=g, dtype=torch.float64)
     rv = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
@@ -134,7 +126,7 @@ def test_instance_norm_gradcheck_and_gradgradcheck(x_shape, affine, use_input_st
 def test_second_derivative_matches_torch():
     """d/dx of <dx, v> (a Hessian-vector product through GroupNorm) equals torch's."""
     x = _make_x((2, 6, 5), "contiguous", seed=6)
-    w, b = _params(6, "both")
+    w, b = affine_params(6, "both")
     dy = torch.randn(2, 6, 5, generator=_gen(7), dtype=torch.float64)
     v = torch.randn(2, 6, 5, generator=_gen(8), dtype=torch.float64)
     out = []
@@ -228,7 +220,7 @@ def test_group_norm_matches_torch(x_shape, groups, layout, dtype, affine):
     x = _make_x(x_shape, layout, dtype)
     if layout != "contiguous":
         assert not x.is_contiguous()
-    w, b = _params(x_shape[1], affine, dtype)
+    w, b = affine_params(x_shape[1], affine, dtype)
     dy = torch.randn(x_shape, generator=_gen(1), dtype=torch.float64).to(dtype)
     _compare_with_torch(
         lambda x, w, b: NF.group_norm(x, groups, w, b, eps=1e-4),
@@ -256,7 +248,7 @@ IN_CASES = [
 def test_instance_norm_matches_torch(x_shape, layout, dtype, affine, use_input_stats):
     c = x_shape[1]
     x = _make_x(x_shape, layout, dtype)
-    w, b = _params(c, affine, dtype)
+    w, b = affine_params(c, affine, dtype)
     dy = torch.randn(x_shape, generator=_gen(1), dtype=torch.float64).to(dtype)
     g = _gen(2)
     rm0 = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
@@ -328,7 +320,7 @@ def test_instance_norm_running_var_is_unbiased_batch_average():
 
 def test_group_norm_float64_against_written_out_formula():
     x = _make_x((3, 6, 5), "contiguous", seed=12)
-    w, b = _params(6, "both")
+    w, b = affine_params(6, "both")
     xg = x.reshape(3, 2, 15)
     mean = xg.mean(-1, keepdim=True)
     var = xg.var(-1, unbiased=False, keepdim=True)
@@ -361,7 +353,7 @@ def test_group_norm_output_layout_follows_torch(make_view):
 def test_empty_input(x_shape):
     """Empty in, empty out (shape as torch's); the parameter gradients are sums over
     nothing: exactly zero (torch 2.13 gives NaN for dweight when a spatial size is 0)."""
-    w, b = _params(4, "both")
+    w, b = affine_params(4, "both")
     x = torch.zeros(x_shape, dtype=torch.float64)
     dy = torch.zeros(x_shape, dtype=torch.float64)
     rm, rv = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
@@ -401,7 +393,7 @@ LP_CASES = [((4, 16, 9), 4, "contiguous"), ((2, 32, 6, 7), 8, "channels_last"),
 def test_group_norm_half_within_twice_rounding_error(dtype, param_dtype, x_shape, groups, layout):
     pdt = dtype if param_dtype == "same" else torch.float32
     x = _make_x(x_shape, layout, dtype)
-    w, b = _params(x_shape[1], "both", pdt)
+    w, b = affine_params(x_shape[1], "both", pdt)
     dy = torch.randn(x_shape, generator=_gen(1)).to(dtype)
     y, grads = _run(lambda x, w, b: NF.group_norm(x, groups, w, b), x, [w, b], dy)
     y64, grads64 = _run(lambda x, w, b: TF.group_norm(x, groups, w, b),
@@ -421,7 +413,7 @@ def test_instance_norm_half_within_twice_rounding_error(dtype, param_dtype, use_
     pdt = dtype if param_dtype == "same" else torch.float32
     c = x_shape[1]
     x = _make_x(x_shape, layout, dtype)
-    w, b = _params(c, "both", pdt)
+    w, b = affine_params(c, "both", pdt)
     rm = torch.randn(c, generator=_gen(2)).to(pdt)
     rv = (torch.rand(c, generator=_gen(3)) + 0.5).to(pdt)
     dy = torch.randn(x_shape, generator=_gen(1)).to(dtype)

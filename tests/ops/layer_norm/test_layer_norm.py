@@ -10,23 +10,16 @@ from hypothesis import strategies as st
 
 import normlab
 import normlab.functional as NF
-from tests.oracle import assert_within_rounding, forbid_ops, graph_nodes, rel_err
+from tests.oracle import (
+    affine_params,
+    assert_within_rounding,
+    forbid_ops,
+    graph_nodes,
+    rel_err,
+)
 
 ALL_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 HALF_DTYPES = [torch.bfloat16, torch.float16]
-
-
-def _params(shape, affine, dtype=torch.float64, requires_grad=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if affine == "none":
-        return None, None
-    w = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.5 + 1).to(dtype)
-    b = None if affine == "weight" else torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
-    if requires_grad:
-        w.requires_grad_(True)
-        if b is not None:
-            b.requires_grad_(True)
-    return w, b
 
 
 # ----------------------------------------------------------------------------
@@ -40,7 +33,7 @@ GRAD_CASES = [((3, 5), (5,)), ((2, 3, 4), (4,)), ((2, 3, 4), (3, 4)), ((1, 7), (
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm_gradcheck_and_gradgradcheck(x_shape, norm_shape, affine):
     x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
-    w, b = _params(norm_shape, affine, requires_grad=True)
+    w, b = affine_params(norm_shape, affine, requires_grad=True)
     inputs = tuple(t for t in (x, w, b) if t is not None)
 
     def fn(*args):
@@ -58,7 +51,7 @@ def test_layer_norm_gradcheck_and_gradgradcheck(x_shape, norm_shape, affine):
 @pytest.mark.parametrize("affine", [True, False])
 def test_rms_norm_gradcheck_and_gradgradcheck(x_shape, norm_shape, affine):
     x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
-    w, _ = _params(norm_shape, "weight" if affine else "none", requires_grad=True)
+    w, _ = affine_params(norm_shape, "weight" if affine else "none", requires_grad=True)
     inputs = (x, w) if affine else (x,)
 
     def fn(xx, ww=None):
@@ -111,7 +104,7 @@ def _compare_with_torch(fn_ours, fn_torch, x, params, dtype):
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm_matches_torch(x_shape, norm_shape, dtype, affine):
     x = torch.randn(x_shape, dtype=dtype) * 2 + 1
-    w, b = _params(norm_shape, affine, dtype)
+    w, b = affine_params(norm_shape, affine, dtype)
     _compare_with_torch(
         lambda x, w, b: NF.layer_norm(x, norm_shape, w, b),
         lambda x, w, b: TF.layer_norm(x, norm_shape, w, b),
@@ -124,7 +117,7 @@ def test_layer_norm_matches_torch(x_shape, norm_shape, dtype, affine):
 @pytest.mark.parametrize("eps", [None, 1e-6])
 def test_rms_norm_matches_torch(x_shape, norm_shape, dtype, eps):
     x = torch.randn(x_shape, dtype=dtype)
-    w, _ = _params(norm_shape, "weight", dtype)
+    w, _ = affine_params(norm_shape, "weight", dtype)
     _compare_with_torch(
         lambda x, w: NF.rms_norm(x, norm_shape, w, eps),
         lambda x, w: TF.rms_norm(x, norm_shape, w, eps),
@@ -142,12 +135,12 @@ def test_non_contiguous_input(make_view):
     x = make_view(base)
     assert not x.is_contiguous()
     d = x.shape[-1]
-    w, b = _params((d,), "both")
+    w, b = affine_params((d,), "both")
     torch.testing.assert_close(NF.layer_norm(x, (d,), w, b), TF.layer_norm(x, (d,), w, b))
     torch.testing.assert_close(NF.rms_norm(x, (d,), w), TF.rms_norm(x, (d,), w))
 
 
-def test_mixed_precision_half_input_float32_params():
+def test_mixed_precision_half_input_float32affine_params():
     """As in torch: bfloat16 input with float32 gamma/beta gives bfloat16 output, float32 grads."""
     x = torch.randn(8, 16).to(torch.bfloat16).requires_grad_(True)
     w = torch.randn(16, requires_grad=True)
@@ -261,7 +254,7 @@ def test_layer_norm_sample_is_independent_of_its_batch(n_mates, d, scale, seed):
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(1, d, generator=g, dtype=torch.float64)
     mates = torch.randn(n_mates, d, generator=g, dtype=torch.float64) * scale
-    w, b = _params((d,), "both", seed=seed)
+    w, b = affine_params((d,), "both", seed=seed)
     alone = NF.layer_norm(s, (d,), w, b)
     in_batch = NF.layer_norm(torch.cat([s, mates]), (d,), w, b)[:1]
     assert torch.equal(alone, in_batch)
@@ -319,7 +312,7 @@ def test_errors_are_raised_before_any_work(monkeypatch):
 
 def test_float64_error_is_tiny_against_float64_reference():
     x = torch.randn(50, 33, dtype=torch.float64)
-    w, b = _params((33,), "both")
+    w, b = affine_params((33,), "both")
     mean = x.mean(-1, keepdim=True)
     var = x.var(-1, unbiased=False, keepdim=True)
     manual = (x - mean) / torch.sqrt(var + 1e-5) * w + b
