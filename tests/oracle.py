@@ -84,15 +84,16 @@ def assert_matches_reference(got, ref, ref64, dtype: torch.dtype, tight: dict, w
             assert rel_err(a, r) < tight[dtype], (what, i, rel_err(a, r))
 
 
-def graph_nodes(t: torch.Tensor) -> list[str]:
-    """Class names of every autograd node that ``t`` was computed through."""
+def graph_nodes(t: torch.Tensor, own_names: bool = False) -> list[str]:
+    """Class names of every autograd node that ``t`` was computed through (``own_names``: each
+    node's ``name()`` instead, which for a C++ node is its own class, not the binding's)."""
     seen, stack, names = set(), [t.grad_fn], []
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        names.append(type(node).__name__)
+        names.append(node.name() if own_names else type(node).__name__)
         stack.extend(n for n, _ in node.next_functions)
     return names
 

@@ -487,12 +487,7 @@ def _net_and_input(channels_last):
 
 
 def _eager_and_compiled(backend, channels_last, modes=(True, True, False)):
-    torch.manual_seed(0)
-    net = _Net()
-    x = torch.randn(8, 3, 5, 5)
-    if channels_last:
-        net = net.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
+    net, x = _net_and_input(channels_last)
     results = []
     with normlab.use_backend("cpu"):
         for compiled in (False, True):

@@ -138,19 +138,6 @@ def test_second_derivative_matches_torch():
         torch.testing.assert_close(ours, ref, atol=1e-10, rtol=1e-10)
 
 
-def _node_names(t):
-    """The autograd nodes' own names (``node.name()``: a C++ Function's names its class)."""
-    seen, stack, names = set(), [t.grad_fn], []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(node.name())
-        stack.extend(n for n, _ in node.next_functions)
-    return names
-
-
 @pytest.mark.parametrize("fn,name", [
     (lambda x, w: NF.group_norm(x, 2, w), "GroupNorm"),
     (lambda x, w: NF.instance_norm(x, weight=w), "GroupNorm"),
@@ -163,7 +150,7 @@ def test_backward_is_the_hand_written_function(fn, name):
     forward composite."""
     x = torch.randn(3, 4, 5, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
-    names = graph_nodes(fn(x, w)) + _node_names(fn(x, w))
+    names = graph_nodes(fn(x, w)) + graph_nodes(fn(x, w), own_names=True)
     assert any(name in n for n in names), names
     assert not any(n.startswith(("Mean", "Sum", "Rsqrt", "Var", "Sub")) for n in names), names
 
@@ -387,6 +374,16 @@ LP_CASES = [((4, 16, 9), 4, "contiguous"), ((2, 32, 6, 7), 8, "channels_last"),
             ((3, 12, 4, 5), 3, "sliced"), ((2, 8, 3, 4, 5), 2, "contiguous"), ((64, 24), 6, "contiguous")]
 
 
+def _assert_half_results(y, grads, y64, grads64, dtype, pdt):
+    """y and dx in the input's dtype, dw and db in the parameters' (pdt); each within 2x the error
+    of rounding the float64 result."""
+    assert y.dtype == dtype and grads[0].dtype == dtype
+    assert grads[1].dtype == pdt and grads[2].dtype == pdt
+    assert_within_rounding(y, y64, 2.0, f"{dtype} y", dtype=dtype)
+    for name, g, g64 in zip(("dx", "dw", "db"), grads, grads64):
+        assert_within_rounding(g, g64, 2.0, f"{dtype} {name}", dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("param_dtype", ["same", "float32"])
 @pytest.mark.parametrize("x_shape,groups,layout", LP_CASES)
@@ -398,11 +395,7 @@ def test_group_norm_half_within_twice_rounding_error(dtype, param_dtype, x_shape
     y, grads = _run(lambda x, w, b: NF.group_norm(x, groups, w, b), x, [w, b], dy)
     y64, grads64 = _run(lambda x, w, b: TF.group_norm(x, groups, w, b),
                         x.double(), [w.double(), b.double()], dy.double())
-    assert y.dtype == dtype and grads[0].dtype == dtype
-    assert grads[1].dtype == pdt and grads[2].dtype == pdt
-    assert_within_rounding(y, y64, 2.0, f"{dtype} y", dtype=dtype)
-    for name, g, g64 in zip(("dx", "dw", "db"), grads, grads64):
-        assert_within_rounding(g, g64, 2.0, f"{dtype} {name}", dtype=dtype)
+    _assert_half_results(y, grads, y64, grads64, dtype, pdt)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -423,11 +416,7 @@ def test_instance_norm_half_within_twice_rounding_error(dtype, param_dtype, use_
     rm64, rv64 = rm.double(), rv.double()
     y64, grads64 = _run(lambda x, w, b: TF.instance_norm(x, rm64, rv64, w, b, use_input_stats),
                         x.double(), [w.double(), b.double()], dy.double())
-    assert y.dtype == dtype and grads[0].dtype == dtype
-    assert grads[1].dtype == pdt and grads[2].dtype == pdt
-    assert_within_rounding(y, y64, 2.0, f"{dtype} y", dtype=dtype)
-    for name, g, g64 in zip(("dx", "dw", "db"), grads, grads64):
-        assert_within_rounding(g, g64, 2.0, f"{dtype} {name}", dtype=dtype)
+    _assert_half_results(y, grads, y64, grads64, dtype, pdt)
     # the running statistics are stored in their own dtype, rounded once
     assert rm_ours.dtype == rv_ours.dtype == pdt
     for got, ref in ((rm_ours, rm64), (rv_ours, rv64)):
