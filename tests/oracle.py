@@ -84,6 +84,18 @@ def assert_matches_reference(got, ref, ref64, dtype: torch.dtype, tight: dict, w
             assert rel_err(a, r) < tight[dtype], (what, i, rel_err(a, r))
 
 
+def assert_close_to_float64(got, ref64, dtype: torch.dtype, tight: dict, names) -> None:
+    """Results (named ``names``) against a float64 run on the same inputs: each in ``dtype``;
+    float32/float64 within ``tight[dtype]`` relative error, half precision within 2x the error
+    of rounding the float64 result."""
+    for name, a, r in zip(names, got, ref64):
+        assert a.dtype == dtype, name
+        if dtype in HALF:
+            assert_within_rounding(a, r.detach(), 2.0, name)
+        else:
+            assert rel_err(a, r) < tight[dtype], (name, rel_err(a, r))
+
+
 def graph_nodes(t: torch.Tensor, own_names: bool = False) -> list[str]:
     """Class names of every autograd node that ``t`` was computed through (``own_names``: each
     node's ``name()`` instead, which for a C++ node is its own class, not the binding's)."""

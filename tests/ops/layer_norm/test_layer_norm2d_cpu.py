@@ -14,7 +14,7 @@ import torch
 import normlab
 import normlab.functional as NF
 from normlab.ops import extension
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import assert_close_to_float64, rel_err
 
 pytestmark = pytest.mark.skipif(not extension.available(), reason="the C++ extension is not built")
 
@@ -58,12 +58,8 @@ def test_against_float64_torch(shape, dtype):
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
     y64 = _torch64(x64, w64, b64)
     y64.backward(dy.double())
-    for name, a, r in zip(["y", "dx", "dw", "db"], got, [y64, x64.grad, w64.grad, b64.grad]):
-        assert a.dtype == dtype, name
-        if dtype in (torch.bfloat16, torch.float16):
-            assert_within_rounding(a, r.detach(), 2.0, name)
-        else:
-            assert rel_err(a, r) < (5e-6 if dtype == torch.float32 else 1e-12), (name, rel_err(a, r))
+    assert_close_to_float64(got, [y64, x64.grad, w64.grad, b64.grad], dtype,
+                            {torch.float32: 5e-6, torch.float64: 1e-12}, ["y", "dx", "dw", "db"])
 
 
 def test_large_mean_against_the_spread_keeps_its_digits():
