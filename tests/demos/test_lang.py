@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from normlab.demos import _lang, batchnorm, compare, layernorm, shapes
+from normlab.demos import SOURCE_PAGE, _lang, batchnorm, compare, layernorm, shapes
 
 DEMOS = {"layernorm": layernorm, "batchnorm": batchnorm, "shapes": shapes, "compare": compare}
 # a line of numbers each chapter prints, and Indonesian words the explanation must use
@@ -103,3 +103,16 @@ def test_compare_cli_lang(args, rc):
         assert "Traceback" not in p.stderr and "--lang" in p.stderr
     with pytest.raises(ValueError, match="normlab compare: expected --lang"):
         compare.run(lang="fr")
+
+
+# English words a translated line must not keep (torch's own error message, quoted, may; "output"
+# is Indonesian too, and the page's path stays a path)
+ENGLISH = re.compile(r"\b(the|and|with|of|see|chapter|source|samples?|alone|same)\b", re.I)
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_no_english_line_left_in_the_indonesian_printout(name):
+    mod = DEMOS[name]
+    text = mod.render(mod.run(lang="id")).replace(PRINTED["compare"][0], "").replace(SOURCE_PAGE, "")
+    left = [line for line in text.splitlines() if ENGLISH.search(line)]
+    assert not left, left

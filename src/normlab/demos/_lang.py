@@ -14,6 +14,15 @@ LANGS = ("en", "id")
 
 ID = {
     "source: {chapter}": "sumber: {chapter}",
+    # the chapters' labels (normlab.demos.source_label), translated whole
+    "LayerNorm chapter, layernorm_manual.py (see docs/chapters/source.md)":
+        "bab LayerNorm, layernorm_manual.py (lihat docs/chapters/source.md)",
+    "BatchNorm chapter, batchnorm_train_eval.py (see docs/chapters/source.md)":
+        "bab BatchNorm, batchnorm_train_eval.py (lihat docs/chapters/source.md)",
+    "LayerNorm answer, nn.LayerNorm(d_model) (see docs/chapters/source.md)":
+        "jawaban tentang LayerNorm, nn.LayerNorm(d_model) (lihat docs/chapters/source.md)",
+    "LayerNorm chapter, closing comparison (see docs/chapters/source.md)":
+        "bab LayerNorm, perbandingan penutupnya (lihat docs/chapters/source.md)",
     # layernorm
     "LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm":
         "LayerNorm manual vs normlab.nn.LayerNorm vs torch.nn.LayerNorm",

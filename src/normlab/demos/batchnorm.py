@@ -148,7 +148,7 @@ def render(r: dict) -> str:
         return rows
 
     out = [t("BatchNorm1d: batch statistics, running statistics, train vs eval"),
-           t("source: {chapter}", chapter=r["chapter"]), ""]
+           t("source: {chapter}", chapter=t(r["chapter"])), ""]
 
     out.append(t("1. anatomy of BatchNorm1d(3), freshly built:"))
     rows = []

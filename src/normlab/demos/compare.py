@@ -179,7 +179,7 @@ def render(r: dict) -> str:
     n, d = r["input_shape"]
     lines = [
         t("BatchNorm1d vs LayerNorm, measured on an ({n}, {d}) input", n=n, d=d),
-        t("source: {chapter}", chapter=r["chapter"]),
+        t("source: {chapter}", chapter=t(r["chapter"])),
         "",
         table([[t(label), *(_cell(lang, key, r["table"][key][layer]) for layer in LAYERS)] for key, label in ROWS],
               header=["", "normlab.nn.BatchNorm1d", "normlab.nn.LayerNorm"]),

@@ -135,7 +135,7 @@ def render(r: dict) -> str:
 
     out = [
         t("LayerNorm by hand vs normlab.nn.LayerNorm vs torch.nn.LayerNorm"),
-        t("source: {chapter}", chapter=r["chapter"]),
+        t("source: {chapter}", chapter=t(r["chapter"])),
         "",
         t("x = randn(4, 6) * 3.0 + 5.0 with seed {seed} (4 samples x 6 features):", seed=r["seed"]),
         *("    " + fmt(row, 2) for row in r["x"]),

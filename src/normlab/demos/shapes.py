@@ -97,7 +97,7 @@ def render(r: dict) -> str:
                  repr(r["torch"]["batch1_vs_full_batch_max_abs_diff"])])
     return "\n".join([
         tr("LayerNorm(d_model) on [batch, seq_len, d_model] = [{b}, {t}, {d}]", b=b, t=t, d=d),
-        tr("source: {chapter}", chapter=r["chapter"]),
+        tr("source: {chapter}", chapter=tr(r["chapter"])),
         tr("x = randn({b}, {t}, {d}) with seed {seed}; LayerNorm({d}, eps=1e-5)", b=b, t=t, d=d, seed=r["seed"]),
         "",
         table(rows, header=["", "normlab.nn.LayerNorm", "torch.nn.LayerNorm"]),
