@@ -18,6 +18,8 @@ rows are already there (n/a rows count as there).
     normlab bench --sizes 4x6,4096x1024 --providers torch,normlab-ref,limit
     python -m normlab.bench --quick            # the same without the top-level CLI
     normlab bench --suite chapters --quick     # module calls at the chapters' sizes (normlab.bench.chapters)
+    normlab bench --suite sweep --quick        # module calls on seeded random shapes (normlab.bench.sweep)
+    normlab bench --suite memory --quick       # peak and held memory, a process per call (normlab.bench.memory)
 
 From Python (what the CLI and the tests call)::
 
@@ -39,8 +41,8 @@ __all__ = ["run_bench", "add_arguments", "add_bench_parser", "main_bench", "run"
            "OPS", "MODES", "PROVIDERS"]
 
 #: ``--suite``: "default" is this module's op benchmark; "chapters" is :mod:`normlab.bench.chapters`;
-#: "blocks" is :mod:`normlab.bench.blocks`
-SUITES = ("default", "chapters", "blocks")
+#: "blocks" is :mod:`normlab.bench.blocks`; "sweep" :mod:`normlab.bench.sweep`; "memory" :mod:`normlab.bench.memory`
+SUITES = ("default", "chapters", "blocks", "sweep", "memory")
 
 # --------------------------------------------------------------------------
 # Command line
@@ -56,7 +58,9 @@ def add_arguments(parser) -> None:
                              "chapters: normlab.nn module calls against torch.nn's at the chapters' "
                              "sizes, and the chapter's training loop (normlab.bench.chapters); "
                              "blocks: a Llama decoder block with and without normlab.convert, and "
-                             "LayerNorm2d vs permute+LayerNorm (normlab.bench.blocks)")
+                             "LayerNorm2d vs permute+LayerNorm (normlab.bench.blocks); sweep: normlab.nn vs "
+                             "torch.nn on seeded random shapes (normlab.bench.sweep); memory: peak and held "
+                             "memory of one call, a fresh process each (normlab.bench.memory)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"directory for bench.csv, bench.json and the PNGs; chapters.csv, chapters.json with "
                              f"--suite chapters (default {DEFAULT_OUT}/)")
@@ -78,10 +82,40 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, metavar="N", help="warm-up samples per provider (default 2; quick 1)")
     parser.add_argument("--compile-backend", default="inductor", metavar="NAME",
                         help="torch.compile backend of the 'compile' provider (default inductor)")
+    parser.add_argument("--cells", type=int, metavar="N", help="--suite sweep: cells to draw (default 300; quick 24)")
+    parser.add_argument("--seed", type=int, metavar="N", help="--suite sweep: seed of the draw (default 0)")
+    parser.add_argument("--max-mb", type=float, metavar="MB", help="--suite sweep: largest input in MiB (default 64)")
+    parser.add_argument("--worst", type=int, metavar="N", help="--suite sweep: cells in the worst-cell table (default 15)")
+    parser.add_argument("--rerun-worst", type=int, metavar="K",
+                        help="--suite sweep: measure the K slowest cells in --out again, 3x the repeats")
+    parser.add_argument("--large", action="store_true",
+                        help="--suite memory: add a (1, 8, 4096, 4096) image and a 3-D volume (GBs of memory)")
 
 
 _OPTION_NAMES = ("suite", "out", "quick", "resume", "ops", "modes", "dtypes", "threads", "providers",
                  "sizes", "repeats", "warmup", "compile_backend")
+
+
+# --suite sweep / memory: their own options, and the shared ones each takes
+_SUITE_OPTION_NAMES = ("cells", "seed", "max_mb", "worst", "rerun_worst", "large")
+_SUITE_OPTIONS = {"sweep": ("out", "quick", "resume", "ops", "modes", "dtypes", "threads", "repeats", "warmup",
+                            "cells", "seed", "max_mb", "worst", "rerun_worst"),
+                  "memory": ("out", "quick", "resume", "ops", "modes", "dtypes", "threads", "large")}
+
+
+def _run_sweep_or_memory(options: dict, suite: str) -> dict:
+    given = {k: v for k, v in options.items() if v is not None and v is not False and k != "compile_backend"}
+    for name in given:
+        if name not in _SUITE_OPTIONS[suite]:
+            raise ValueError(f"normlab bench --suite {suite}: --{name.replace('_', '-')} is not used by this suite "
+                             f"(it takes {', '.join('--' + o.replace('_', '-') for o in _SUITE_OPTIONS[suite])})")
+    if suite == "memory":
+        from .memory import run_memory
+        return run_memory(**given)
+    from .sweep import run_sweep
+    if "worst" in given:
+        given["worst_n"] = given.pop("worst")
+    return run_sweep(**given)
 
 
 # --suite chapters: the options it takes (--ops names its layers); the rest must be unset
@@ -105,6 +139,12 @@ def run(**options) -> dict:
     suite = options.pop("suite", None) or "default"
     if suite not in SUITES:
         raise ValueError(f"normlab bench: unknown suite {suite!r}; expected one of {list(SUITES)}")
+    for name in _SUITE_OPTION_NAMES if suite not in ("sweep", "memory") else ():
+        if options.get(name) not in (None, False):
+            raise ValueError(f"normlab bench: --{name.replace('_', '-')} belongs to --suite "
+                             f"{'memory' if name == 'large' else 'sweep'}, got --suite {suite}")
+    if suite in ("sweep", "memory"):
+        return _run_sweep_or_memory(options, suite)
     if suite in ("chapters", "blocks"):
         return _run_chapters(options, suite)
     return run_bench(**{k: v for k, v in options.items() if k in _OPTION_NAMES})
@@ -122,6 +162,9 @@ def _footer(result: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """``normlab.cli`` convention: the result as text (table, then the files written)."""
+    if result.get("suite") in ("sweep", "memory"):
+        from importlib import import_module
+        return import_module(f".{result['suite']}", __name__).render(result)
     if result.get("suite") == "blocks":
         from .blocks import render as render_blocks
         return render_blocks(result)
@@ -148,13 +191,13 @@ def main_bench(args) -> int:
     from rich.console import Console
 
     try:
-        result = run(**{k: getattr(args, k) for k in _OPTION_NAMES if hasattr(args, k)})
+        result = run(**{k: getattr(args, k) for k in _OPTION_NAMES + _SUITE_OPTION_NAMES if hasattr(args, k)})
     except ValueError as e:
         if not str(e).startswith("normlab"):
             raise
         sys.stderr.write(f"{e}\n")
         return 2
-    if result.get("suite") in ("chapters", "blocks"):
+    if result.get("suite") in ("chapters", "blocks", "sweep", "memory"):
         from importlib import import_module
         import_module(f".{result['suite']}", __name__).print_result(result)
         return 130 if result["interrupted"] else 0
