@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -57,9 +61,9 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_elems) {
   const Constants& k = constants();
   int64_t fold = 1;
-  const int64_t fw = n_rows * width >= k.fold_small_elems ? k.fold_width : k.fold_width_small;
-  for (int64_t f = std::min(n_rows, std::max<int64_t>(1, fw / width)); f > 1; --f)
-    if (n_rows % f == 0) { fold = f; break; }
+  if (width < k.fold_below)  // narrow rows: F consecutive rows read as one (F divides the rows)
+    for (int64_t f = std::min(n_rows, std::max<int64_t>(1, k.fold_width / width)); f > 1; --f)
+      if (n_rows % f == 0) { fold = f; break; }
   n_rows /= fold;
   width *= fold;
   const int64_t n_ch = width / s_len;
@@ -74,28 +78,39 @@ Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_el
   const int64_t n_cb = std::max<int64_t>(1, cdiv(width, k.column_block));
   const int64_t cw = std::max<int64_t>(1, cdiv(width, n_cb));
   const int64_t sub = std::max<int64_t>(1, std::min({k.max_chunk_rows, n_rows, k.chunk_elems / cw}));
-  const int64_t group = std::max<int64_t>(1, k.task_elems / (sub * cw));
+  // row groups (tasks down the rows) of about task_elems values; at most 64 of them and at most
+  // max_partials per-column partials in all: the scratch stays small whatever the tensor
+  const int64_t max_groups = std::clamp<int64_t>(k.max_partials / width, 1, 64);
+  const int64_t group = std::max({int64_t(1), k.task_elems / (sub * cw), cdiv(cdiv(n_rows, max_groups), sub)});
   return {fold, cw, sub, group, false};
 }
 
 namespace {
 
-// This thread's float64 scratch for per-task partials (kept between calls, only grows: fresh
-// pages each call would be faulted in again).
-double* scratch(int64_t n) {
-  thread_local std::vector<double> buf;
-  if (int64_t(buf.size()) < n) buf.resize(n);
-  return buf.data();
-}
+// A call's scratch array of n values of T, freed when the call returns: nothing is kept between
+// calls, and no array grows with the largest call ever seen. Up to `Inline` values live in the
+// object itself (no allocation on a small call); a larger array is uninitialised heap memory
+// (pages are touched only where written). An allocation that fails raises what torch's CPU
+// allocator raises, a std::runtime_error (Python: RuntimeError) naming the size.
+template <class T, int64_t Inline = 256> class Scratch {
+ public:
+  explicit Scratch(int64_t n) : p_(local_) {
+    if (n <= Inline) return;
+    heap_.reset(static_cast<T*>(std::malloc(size_t(n) * sizeof(T))));
+    if (!heap_)
+      throw std::runtime_error("DefaultCPUAllocator: not enough memory: you tried to allocate " +
+                               std::to_string(n * int64_t(sizeof(T))) + " bytes (normlab batch_norm scratch).");
+    p_ = heap_.get();
+  }
+  T* get() const { return p_; }
+  T& operator[](int64_t i) const { return p_[i]; }
 
-// This thread's scratch arrays for per-channel and per-column constants (slot: which one; kept
-// between calls, uninitialised: no allocation or zeroing on a small call).
-template <class T> T* buffer(int slot, int64_t n) {
-  thread_local std::vector<T> bufs[8];
-  std::vector<T>& b = bufs[slot];
-  if (int64_t(b.size()) < n) b.resize(n);
-  return b.data();
-}
+ private:
+  struct Free { void operator()(T* q) const { std::free(q); } };
+  T local_[Inline];
+  std::unique_ptr<T, Free> heap_;
+  T* p_;
+};
 
 template <class A> inline A acc_cast(double v) { return A(v); }
 
@@ -300,48 +315,6 @@ double inf_mean(const S* x, int64_t n_rows, int64_t width, double m, int64_t c, 
   return m;
 }
 
-// Mean and biased variance (float64) of each channel of a task holding every row r0..r1 of
-// whole planes (columns c0..c0+n, multiples of S >= plane_min), into mean/var from channel ch0:
-// each plane in pieces of at most plane_piece values, the shifted two passes of a piece (its
-// sum in float64), pieces merged in row and piece order in float64, shifted by the channel's
-// first value ref:  mean = ref + sum(k * dev) / N,  M2 = sum(M2_piece) + sum(k * dev^2) - N * mean(dev)^2.
-// x: (R, W) storage.
-template <class S>
-void task_stats_planes(const S* x, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
-                       double* mean, double* var, int64_t ch0) {
-  using A = acc_t<S>;
-  const int64_t n_pl = n / s_len, piece = constants().plane_piece;
-  std::vector<double> acc(4 * n_pl, 0.0);  // per plane: ref, sum k*dev, sum k*dev^2, sum of M2
-  std::vector<A> d(std::min(s_len, piece));
-  for (int64_t i = r0; i < r1; ++i) {
-    const S* xr = x + i * width + c0;
-    for (int64_t p = 0; p < n_pl; ++p) {
-      const S* xp = xr + p * s_len;
-      if (i == r0) acc[p] = to_acc(xp[0]);
-      const double ref = acc[p];
-      for (int64_t lo = 0; lo < s_len; lo += piece) {
-        const int64_t k = std::min(piece, s_len - lo);
-        const A sh = to_acc(xp[lo]);
-        const double s = shifted_sum64(xp + lo, d.data(), k, sh);  // pass 1
-        const A md = acc_cast<A>(s / double(k));
-        const double sk = s / double(k), corr = sk - double(md);  // md's rounding
-        const double q = double(shifted_sqdev<A>(d.data(), k, A(0), md)) - double(k) * corr * corr;  // pass 2
-        const double dev = (double(sh) - ref) + sk;
-        acc[n_pl + p] += double(k) * dev;
-        acc[2 * n_pl + p] += double(k) * dev * dev;
-        acc[3 * n_pl + p] += q < 0.0 ? 0.0 : q;  // rounding; NaN stays NaN
-      }
-    }
-  }
-  const double cnt = double((r1 - r0) * s_len);
-  for (int64_t p = 0; p < n_pl; ++p) {
-    const double dm = acc[n_pl + p] / cnt;
-    mean[ch0 + p] = acc[p] + dm;
-    const double m2 = acc[3 * n_pl + p] + (acc[2 * n_pl + p] - acc[n_pl + p] * dm);
-    var[ch0 + p] = (m2 < 0.0 ? 0.0 : m2) / cnt;
-  }
-}
-
 // (mean, biased var) of a channel from its columns' (mean, M2), each of n_rows values: columns
 // start + r*period .. + S for r < fold (equal counts: the mean of the means shifted by the
 // first, and M2 plus the spread of the means).  tm, tq: per-column float64.
@@ -389,8 +362,9 @@ inline void channel_sums(const double* ty, const double* tx, int64_t start, int6
 // y = ((x - hi) - lo) * a + b = (x - hi) * a + b2 with hi = the mean rounded to the accumulation
 // dtype, lo = the rest, a = rstd * w, b2 = b - lo * a (float64, rounded once).
 template <class A> struct Affine {
+  Scratch<A> hs, as, bs;
   A *hi, *a, *b2;
-  explicit Affine(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), b2(buffer<A>(2, c)) {}
+  explicit Affine(int64_t c) : hs(c), as(c), bs(c), hi(hs.get()), a(as.get()), b2(bs.get()) {}
   void set(int64_t c0, int64_t c1, const double* mean, const double* var, double eps, const Chan& w, const Chan& b,
            double* rstd) {
     double wb[2 * 64];
@@ -413,9 +387,8 @@ template <class A> struct Affine {
 };
 
 // Per-column copies of per-channel values for S == 1 (column u of a folded row: channel u % C),
-// in scratch slot `slot`.
-template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, int slot) {
-  A* e = buffer<A>(slot, width);
+// into e (width values).
+template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e) {
   for (int64_t u = 0; u < width; u += n_ch) std::copy(v, v + n_ch, e + u);
   return e;
 }
@@ -448,9 +421,156 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
   }
 }
 
+// ----------------------------------------------------------------------------------------------
+// Planes: contiguous (N, C, *spatial) with S >= plane_min values per plane
+// ----------------------------------------------------------------------------------------------
+//
+// Channel c holds V = N * S values, plane n at x + (n * C + c) * S. The rule, from the shape alone:
+//   - the V values are cut into P parts of equal length (whole cache lines), P = ceil(V /
+//     part_values) at most 64: a task is one (channel, part), so few channels still make many tasks;
+//   - a task reads its part run by run (plane segments) in pieces of at most plane_piece values,
+//     two passes over each piece in L1, the pieces merged into the part in order (Chan, float64);
+//   - the parts of a channel are merged in part order: the same bits for any number of threads;
+//   - P == 1 (a channel of at most part_values values: it stays in L2) lets the task finish its
+//     channel and write it (y, dx) while it is in cache; otherwise an elementwise pass follows,
+//     over blocks of at most phase1_values values of the planes.
+// Scratch: (C, P) float64 partials, freed at the end of the call.
+
+struct Parts {
+  int64_t total, n_parts, len;  // V, P, values per part (the last may be shorter)
+};
+
+inline Parts parts_of(int64_t n, int64_t s_len) {
+  const int64_t total = n * s_len;
+  const int64_t p = std::clamp<int64_t>(cdiv(total, constants().part_values), 1, 64);
+  const int64_t len = cdiv(cdiv(total, p), 64) * 64;
+  return {total, cdiv(total, len), len};
+}
+
+// f(offset, len) for the runs of channel c's values [v0, v1) in plane order: x + offset.
+template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, const F& f) {
+  while (v0 < v1) {
+    const int64_t n = v0 / s_len, s = v0 - n * s_len, len = std::min(v1 - v0, s_len - s);
+    f((n * n_ch + c) * s_len + s, len);
+    v0 += len;
+  }
+}
+
+// A running (count, mean, M2) in float64, merged by Chan's formula.
+struct Moments {
+  double n = 0.0, mean = 0.0, m2 = 0.0;
+  void merge(double k, double m, double q) {
+    if (n == 0.0) { n = k; mean = m; m2 = q; return; }
+    const double t = n + k, delta = m - mean;
+    mean += delta * (k / t);
+    m2 += q + delta * delta * (n * k / t);
+    n = t;
+  }
+};
+
+// (mean, M2) of k values at p by the shifted two passes, pass 1 summed in float64, pass 2
+// around the mean rounded to the accumulation dtype (md) and corrected for that rounding.
+// d: (k,) scratch of the differences.
+template <class S> inline void piece_moments(const S* p, int64_t k, acc_t<S>* d, double* m, double* q) {
+  using A = acc_t<S>;
+  const A sh = to_acc(p[0]);
+  const double s = shifted_sum64(p, d, k, sh);  // pass 1
+  const double sk = s / double(k);
+  const A md = acc_cast<A>(sk);
+  const double corr = sk - double(md);  // md's rounding
+  const double qq = double(shifted_sqdev<A>(d, k, A(0), md)) - double(k) * corr * corr;  // pass 2
+  *m = double(sh) + sk;
+  *q = qq < 0.0 ? 0.0 : qq;  // rounding; NaN stays NaN
+}
+
+// The moments of channel c's values [v0, v1).  x: (N, C, S) storage; d: plane_piece scratch.
+template <class S>
+Moments part_moments(const S* x, int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, acc_t<S>* d) {
+  Moments mo;
+  const int64_t piece = constants().plane_piece;
+  plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
+    for (int64_t lo = 0; lo < len; lo += piece) {
+      const int64_t k = std::min(piece, len - lo);
+      double m, q;
+      piece_moments(x + off + lo, k, d, &m, &q);
+      mo.merge(double(k), m, q);
+    }
+  });
+  return mo;
+}
+
+// y = (x - h) * f + bc over len values.
+template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
+  using A = acc_t<S>;
+  vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
+  columns<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
+             [&](int64_t t) { y[t] = from_acc<S>((to_acc(x[t]) - h) * f + bc); });
+}
+
+// g(c, offset, len) over every plane in blocks of at most phase1_values values, in parallel.
+template <class G> void over_planes(int64_t n_planes, int64_t s_len, int64_t n_ch, const G& g) {
+  const int64_t block = constants().phase1_values, nb = cdiv(s_len, block), len = std::min(block, s_len);
+  run_tasks(n_planes * nb, len, [&](int64_t t) {
+    const int64_t pl = t / nb, s0 = (t - pl * nb) * block;
+    g(pl % n_ch, pl * s_len + s0, std::min(block, s_len - s0));
+  });
+}
+
+template <class S>
+void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& rm, const Chan& rv, double* stats,
+                    View v, double eps, bool train) {
+  using A = acc_t<S>;
+  const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows, period = n_ch * s_len;
+  double *mean = stats, *var = stats + n_ch, *rstd = stats + 2 * n_ch;
+  Affine<A> k(n_ch);
+  if (train) {
+    const Parts pt = parts_of(n, s_len);
+    const bool local = pt.n_parts == 1;
+    Scratch<double> part(local ? 0 : 3 * n_ch * pt.n_parts);  // (C, P) of (count, mean, M2)
+    run_tasks(n_ch * pt.n_parts, pt.len, [&](int64_t t) {
+      const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
+      Scratch<A, 1> d(std::min(constants().plane_piece, v1 - v0));
+      const Moments mo = part_moments(x, c, v0, v1, s_len, n_ch, d.get());
+      if (!local) {
+        part[3 * t] = mo.n; part[3 * t + 1] = mo.mean; part[3 * t + 2] = mo.m2;
+        return;
+      }
+      mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
+      var[c] = mo.m2 / mo.n;
+      k.set(c, c + 1, mean, var, eps, w, b, rstd);
+      if (y)
+        plane_runs(c, 0, pt.total, s_len, n_ch,
+                   [&](int64_t off, int64_t len) { normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]); });
+    });
+    if (local) return;
+    for (int64_t c = 0; c < n_ch; ++c) {  // the parts of a channel, in order
+      Moments mo;
+      for (int64_t p = 0; p < pt.n_parts; ++p) {
+        const double* q = part.get() + 3 * (c * pt.n_parts + p);
+        mo.merge(q[0], q[1], q[2]);
+      }
+      mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
+      var[c] = mo.m2 / mo.n;
+    }
+  } else {
+    load_chan<double>(rm, mean, 0, n_ch, 0.0);
+    load_chan<double>(rv, var, 0, n_ch, 1.0);
+  }
+  k.set(0, n_ch, mean, var, eps, w, b, rstd);
+  if (!y) return;
+  over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
+    normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Rows: (M, C) and channels-last inputs (S = 1), and planes shorter than plane_min
+// ----------------------------------------------------------------------------------------------
+
 template <class S>
 void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps, bool train) {
   using A = acc_t<S>;
+  if (v.s_len >= constants().plane_min) return forward_planes(x, y, w, b, rm, rv, stats, v, eps, train);
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
@@ -459,31 +579,25 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   Affine<A> k(n_ch);
   const bool local = g.local && train;
   if (train) {
-    double* pmean = scratch(2 * n_rg * width);  // (G, W) per-task, per-column partial means
-    double* pm2 = pmean + n_rg * width;          // (G, W) ... M2
-    const int64_t plane_min = constants().plane_min;
+    Scratch<double> part(2 * n_rg * width);
+    double* pmean = part.get();          // (G, W) per-task, per-column partial means
+    double* pm2 = pmean + n_rg * width;  // (G, W) ... M2
     run_tasks(n_tasks(n_rows, width, rows, g.cw, 0), rows * g.cw, [&](int64_t task) {
       const Span sp = span(task, 0, n_rows, width, rows, g.cw);
-      if (local) {  // whole channels, every row: finish them here, then normalise while in cache
-        const int64_t ch0 = sp.c0 / s_len;
-        if (s_len >= plane_min) {
-          task_stats_planes(x, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, mean, var, ch0);
-        } else {
-          double* tm = pmean + sp.g * width + sp.c0;
-          double* tq = pm2 + sp.g * width + sp.c0;
-          task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, tm, tq);
-          for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c)
-            channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, period, n_rows, &mean[c], &var[c]);
-        }
-        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
-        k.set(ch0, ch0 + sp.n / s_len, mean, var, eps, w, b, rstd);
-        if (y) {
-          const int64_t off = s_len == 1 ? sp.c0 : 0;
-          normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off);
-        }
-      } else {
-        task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, pmean + sp.g * width + sp.c0,
-                   pm2 + sp.g * width + sp.c0);
+      double* tm = pmean + sp.g * width + sp.c0;
+      double* tq = pm2 + sp.g * width + sp.c0;
+      task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, tm, tq);
+      if (!local) return;
+      // whole channels, every row: finish them here, then normalise while in cache
+      const int64_t ch0 = sp.c0 / s_len;
+      for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
+        channel_stats(tm, tq, (c - ch0) * s_len, s_len, 1, period, n_rows, &mean[c], &var[c]);
+        mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
+      }
+      k.set(ch0, ch0 + sp.n / s_len, mean, var, eps, w, b, rstd);
+      if (y) {
+        const int64_t off = s_len == 1 ? sp.c0 : 0;
+        normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off);
       }
     });
     if (local) return;
@@ -510,9 +624,11 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
+  const bool tile = s_len == 1 && width != n_ch;
+  Scratch<A> th(tile ? width : 0), ta(tile ? width : 0), tb(tile ? width : 0);
   const A *ph = k.hi, *pa = k.a, *pb = k.b2;
-  if (s_len == 1 && width != n_ch) {
-    ph = tiled(k.hi, n_ch, width, 3); pa = tiled(k.a, n_ch, width, 4); pb = tiled(k.b2, n_ch, width, 5);
+  if (tile) {
+    ph = tiled(k.hi, n_ch, width, th.get()); pa = tiled(k.a, n_ch, width, ta.get()); pb = tiled(k.b2, n_ch, width, tb.get());
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
@@ -529,8 +645,10 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
 //          m1 = mean(dy) (term 2), m2 = rstd^2 * mean(dy * xc) (term 3), k2 = a * m2, k0 = a * m1 - k2 * lo
 //   eval:  dx = a * dy,  a = rstd * w (term 1)
 template <class A> struct GradConst {
+  Scratch<A> hs, as, k2s, k0s;
   A *hi, *a, *k2, *k0;
-  explicit GradConst(int64_t c) : hi(buffer<A>(0, c)), a(buffer<A>(1, c)), k2(buffer<A>(2, c)), k0(buffer<A>(3, c)) {}
+  explicit GradConst(int64_t c)
+      : hs(c), as(c), k2s(c), k0s(c), hi(hs.get()), a(as.get()), k2(k2s.get()), k0(k0s.get()) {}
   // hi, a of every channel; k2 = k0 = 0 (eval)
   void init(int64_t n_ch, const Chan& w, const double* mean, const double* rstd) {
     double wb[64];
@@ -616,45 +734,6 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
   *o2 = s2;
 }
 
-// task_grad_sums for a task of whole planes (columns c0..c0+n, multiples of S >= plane_min):
-// per row and plane, the sums over the plane in pieces of at most plane_piece (SIMD lanes),
-// added in float64 into the plane's first column of ty/tx. fused: also dx = dy * a[c].
-// dy, x, dx: (R, W) storage; ty, tx: (n,) float64 at column c0.
-template <class S>
-void task_grad_sums_planes(const S* dy, const S* x, S* dx, int64_t width, int64_t t0, int64_t t1, int64_t c0,
-                           int64_t n, int64_t s_len, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, double* ty,
-                           double* tx, bool fused, bool local) {
-  using A = acc_t<S>;
-  const int64_t piece = constants().plane_piece;
-  // local (the task finishes its channels, reading first columns only): zero only those
-  for (int64_t u = 0; u < n; u += local ? s_len : 1) { ty[u] = 0.0; tx[u] = 0.0; }
-  const int64_t ch0 = (c0 / s_len) % n_ch;
-  for (int64_t i = t0; i < t1; ++i) {
-    const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
-    int64_t c = ch0;
-    for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-      const S *xp = xr + p0, *gp = gr + p0;
-      double sy = 0.0, sx = 0.0;
-      for (int64_t lo = 0; lo < s_len; lo += piece) {
-        A s1, s2;
-        grad_sums(gp + lo, xp + lo, std::min(piece, s_len - lo), hi[c], &s1, &s2);
-        sy += double(s1);
-        sx += double(s2);
-      }
-      ty[p0] += sy;
-      tx[p0] += sx;
-      if (fused) {
-        S* op = dx + i * width + c0 + p0;
-        vec<A> vf = vset1<A>(a[c]);
-        const A f = a[c];
-        columns<S>(s_len, [&](int64_t t) { vstore(op + t, vload(gp + t) * vf); },
-                   [&](int64_t t) { op[t] = from_acc<S>(to_acc(gp[t]) * f); });
-      }
-      c = c + 1 < n_ch ? c + 1 : 0;
-    }
-  }
-}
-
 // dx over rows r0..r1, columns c0..c0+n: (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval).
 // S == 1: per-column constants (indexed by column - c0); S > 1: planes from channel ch0.
 template <class S>
@@ -695,10 +774,84 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
   }
 }
 
+// dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
+template <class S>
+inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, acc_t<S> h, acc_t<S> q2, acc_t<S> q0,
+                       bool train) {
+  using A = acc_t<S>;
+  vec<A> vf = vset1<A>(f);
+  if (train) {
+    vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
+    columns<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
+               [&](int64_t t) { dx[t] = from_acc<S>((f * to_acc(dy[t]) - q2 * (to_acc(x[t]) - h)) - q0); });
+  } else {
+    columns<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
+               [&](int64_t t) { dx[t] = from_acc<S>(to_acc(dy[t]) * f); });
+  }
+}
+
+// The backward of planes (the forward_planes rule): a task sums channel c's part, per piece of at
+// most plane_piece values in the accumulation dtype, the pieces added in float64 in order; the
+// parts of a channel added in part order. fused (eval, dw/db and dx wanted): dx = dy * a in the
+// same pass. P == 1: the task finishes its channel and writes its dx while in cache.
+template <class S>
+void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double* stats, double* dw, double* db,
+                     View v, bool train, bool need_dx, bool need_wb) {
+  using A = acc_t<S>;
+  const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows;
+  const double *mean = stats, *rstd = stats + 2 * n_ch;
+  const bool need_sums = train || need_wb;
+  const bool fused = need_dx && need_wb && !train;
+  GradConst<A> k(n_ch);
+  k.init(n_ch, w, mean, rstd);
+  auto finish = [&](int64_t c, double sy, double sx) {
+    const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
+    db[c] = sy;
+    dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
+    if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, double(n * s_len));
+  };
+  auto dx_channel = [&](int64_t c, int64_t off, int64_t len) {
+    grad_x_run(dy + off, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train);
+  };
+  if (need_sums) {
+    const Parts pt = parts_of(n, s_len);
+    const bool local = pt.n_parts == 1;
+    Scratch<double> part(local ? 0 : 2 * n_ch * pt.n_parts);  // (C, P) of (sum dy, sum dy * (x - hi))
+    const int64_t piece = constants().plane_piece;
+    run_tasks(n_ch * pt.n_parts, 2 * pt.len, [&](int64_t t) {
+      const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
+      const A h = k.hi[c], f = k.a[c];
+      double sy = 0.0, sx = 0.0;
+      plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
+        for (int64_t lo = 0; lo < len; lo += piece) {
+          A s1, s2;
+          grad_sums(dy + off + lo, x + off + lo, std::min(piece, len - lo), h, &s1, &s2);
+          sy += double(s1);
+          sx += double(s2);
+        }
+        if (fused) grad_x_run(dy + off, x + off, dx + off, len, f, h, A(0), A(0), false);
+      });
+      if (!local) { part[2 * t] = sy; part[2 * t + 1] = sx; return; }
+      finish(c, sy, sx);
+      if (need_dx && !fused) plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) { dx_channel(c, off, len); });
+    });
+    if (local) return;
+    for (int64_t c = 0; c < n_ch; ++c) {  // the parts of a channel, in order
+      double sy = 0.0, sx = 0.0;
+      for (int64_t p = 0; p < pt.n_parts; ++p) { sy += part[2 * (c * pt.n_parts + p)]; sx += part[2 * (c * pt.n_parts + p) + 1]; }
+      finish(c, sy, sx);
+    }
+  }
+  if (!need_dx || fused) return;
+  over_planes(n * n_ch, s_len, n_ch, dx_channel);
+}
+
 template <class S>
 void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
                    bool train, bool need_dx, bool need_wb) {
   using A = acc_t<S>;
+  if (v.s_len >= constants().plane_min)
+    return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb);
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
@@ -710,7 +863,6 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   GradConst<A> k(n_ch);
   k.init(n_ch, w, mean, rstd);
   const bool local = g.local && need_sums;
-  const int64_t plane_min = constants().plane_min;
   auto finish = [&](int64_t c, double sy, double sx) {
     const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
     db[c] = sy;
@@ -718,40 +870,33 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
     if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, cnt);
   };
   if (need_sums) {
-    double* pdy = scratch(2 * n_rg * width);  // (G, W) per-task, per-column sums of dy
-    double* pdx = pdy + n_rg * width;          // (G, W) ... of dy * (x - hi)
+    Scratch<double> part(2 * n_rg * width);
+    double* pdy = part.get();          // (G, W) per-task, per-column sums of dy
+    double* pdx = pdy + n_rg * width;  // (G, W) ... of dy * (x - hi)
     run_tasks(n_tasks(n_rows, width, rows, g.cw, 0), rows * g.cw, [&](int64_t task) {
       const Span sp = span(task, 0, n_rows, width, rows, g.cw);
       double* ty = pdy + sp.g * width + sp.c0;
       double* tx = pdx + sp.g * width + sp.c0;
-      const bool planes = s_len >= plane_min && sp.c0 % s_len == 0 && sp.n % s_len == 0;
-      if (planes) {
-        task_grad_sums_planes(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, n_ch, k.hi, k.a, ty,
-                              tx, fused, local);
-      } else {
-        std::vector<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
-        for (int64_t u = 0; u < sp.n; ++u) {
-          const int64_t c = ((sp.c0 + u) % period) / s_len;
-          eh[u] = k.hi[c];
-          ea[u] = k.a[c];
-        }
-        task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, g.sub, eh.data(),
-                       ea.data(), ty, tx, fused);
+      Scratch<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
+      for (int64_t u = 0; u < sp.n; ++u) {
+        const int64_t c = ((sp.c0 + u) % period) / s_len;
+        eh[u] = k.hi[c];
+        ea[u] = k.a[c];
       }
-      if (local) {  // whole channels, every row: finish them here, then dx while in cache
-        const int64_t ch0 = sp.c0 / s_len;
-        for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
-          const int64_t u = (c - ch0) * s_len;
-          double sy, sx;
-          if (planes) { sy = ty[u]; sx = tx[u]; }  // a plane's sums sit in its first column
-          else channel_sums(ty, tx, u, s_len, 1, period, &sy, &sx);
-          finish(c, sy, sx);
-        }
-        if (need_dx && !fused) {
-          const int64_t off = s_len == 1 ? sp.c0 : 0;
-          grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off, k.k2 + off,
-                 k.k0 + off, train);
-        }
+      task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, g.sub, eh.get(),
+                     ea.get(), ty, tx, fused);
+      if (!local) return;
+      // whole channels, every row: finish them here, then dx while in cache
+      const int64_t ch0 = sp.c0 / s_len;
+      for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
+        double sy, sx;
+        channel_sums(ty, tx, (c - ch0) * s_len, s_len, 1, period, &sy, &sx);
+        finish(c, sy, sx);
+      }
+      if (need_dx && !fused) {
+        const int64_t off = s_len == 1 ? sp.c0 : 0;
+        grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off, k.k2 + off,
+               k.k0 + off, train);
       }
     });
     if (local) return;
@@ -766,10 +911,12 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
     }
   }
   if (!need_dx || fused) return;
+  const bool tile = s_len == 1 && width != n_ch;
+  Scratch<A> t1(tile ? width : 0), t2(tile ? width : 0), t3(tile ? width : 0), t4(tile ? width : 0);
   const A *pa = k.a, *ph = k.hi, *p2 = k.k2, *p0 = k.k0;
-  if (s_len == 1 && width != n_ch) {
-    pa = tiled(k.a, n_ch, width, 4); ph = tiled(k.hi, n_ch, width, 5);
-    p2 = tiled(k.k2, n_ch, width, 6); p0 = tiled(k.k0, n_ch, width, 7);
+  if (tile) {
+    pa = tiled(k.a, n_ch, width, t1.get()); ph = tiled(k.hi, n_ch, width, t2.get());
+    p2 = tiled(k.k2, n_ch, width, t3.get()); p0 = tiled(k.k0, n_ch, width, t4.get());
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);

@@ -52,9 +52,8 @@ struct Geometry {
 // The constants of the geometry (settable for tests: tiny values put chunk, task and
 // column-block boundaries everywhere).
 struct Constants {
-  int64_t fold_width = 2048;       // narrow rows folded into rows of at most this many values
-  int64_t fold_width_small = 256;  // ... in tensors below fold_small_elems
-  int64_t fold_small_elems = 1 << 17;
+  int64_t fold_below = 64;         // rows narrower than this many values are folded ...
+  int64_t fold_width = 256;        // ... into rows of at most this many (per-column constants in L1)
   int64_t column_block = 2048;     // columns per task
   int64_t chunk_elems = 65536;     // values per chunk (two passes in cache)
   int64_t max_chunk_rows = 256;
@@ -63,6 +62,8 @@ struct Constants {
   int64_t min_local_run = 1024;    // ... read in runs of at least this many values per row
   int64_t plane_min = 256;         // planes of at least this many values: per-plane sums
   int64_t plane_piece = 4096;      // ... in pieces of at most this many values
+  int64_t part_values = 65536;     // ... a channel cut into ceil(N * S / this) parts (at most 64)
+  int64_t max_partials = 1 << 19;  // rows: at most this many per-column partials (and 64 row groups)
   int64_t phase1_values = 65536;   // values per task of the elementwise passes
 };
 Constants& constants();
