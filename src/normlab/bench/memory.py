@@ -35,9 +35,9 @@ with the table). MB = 2^20 bytes.
 Targets (issue 32): normlab's peak <= torch's + 16 MB and held (both counts) <= torch's + 32 MB;
 ``verdict`` says ``ok`` or what is over.
 
-    normlab bench --suite memory --quick            # 12 cases, float32 (one bfloat16): < 2 min
-    normlab bench --suite memory                    # every family, layout, mode, float32 + bfloat16
-    normlab bench --suite memory --quick --large    # plus a (1, 8, 4096, 4096) image, a 3-D volume
+    normlab bench --suite memory --quick            # 12 cases, float32 (one bfloat16): ~1.5 min
+    normlab bench --suite memory                    # 88 cases: every family, layout, mode; float32, bfloat16
+    normlab bench --suite memory --quick --large    # plus a (1, 8, 4096, 4096) image, a 3-D volume: ~3 GB
     normlab bench --suite memory --ops batch_norm --modes "fwd,eval fwd+bwd" --dtypes bfloat16
 
 Files in ``--out``: ``memory.csv``, ``memory.json`` (after every case; ``--resume`` skips
@@ -93,7 +93,7 @@ def _c(family, name, args, shape, layout="contiguous", kwargs=()):
     return SweepCase(name, tuple(args), tuple(shape), tuple(kwargs), layout, family)
 
 
-# one case per family and layout, about 32 MB of float32 each (channels_last where it exists too)
+# one case per family and layout, 16-32 MB of float32 each (channels_last where it exists too)
 _BASE = (
     _c("layer_norm", "LayerNorm", (4096,), (2048, 4096)),
     _c("rms_norm", "RMSNorm", (4096,), (2048, 4096)),
@@ -406,7 +406,7 @@ def summary(rows) -> str:
 
 
 def _mb(v) -> str:
-    return "" if v is None else f"{v:,.0f}"
+    return "" if v is None else f"{int(round(v)):,}"  # int: no "-0" for a few freed KB
 
 
 def make_table(rows):

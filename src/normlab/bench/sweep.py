@@ -24,15 +24,16 @@ warm-up; the first call timed apart). ``x_torch`` = torch's median / normlab's (
 at least as fast).
 
 Files in ``--out`` (default ``bench-results/``): ``sweep.csv`` and ``sweep.json`` (rewritten
-after every cell: Ctrl-C keeps what was measured; ``--resume`` skips cells already there) and
+after every cell: Ctrl-C keeps what was measured; ``--resume`` with the same seed and filters
+skips the cells already there, and keeps rows of another draw beside the new ones) and
 ``sweep.png`` (the ratio against the input's size, a colour per family, a panel per layout and
 thread count). The printed report: the worst ``--worst`` cells (15) and the geometric mean of
 ``x_torch`` per family, layout and thread count, and overall.
 
     normlab bench --suite sweep --quick                   # 24 cells, few repeats: ~1 min
-    normlab bench --suite sweep                           # 300 cells, seed 0: ~10-15 min on 2 cores
+    normlab bench --suite sweep                           # 300 cells, seed 0: ~5 min on 2 cores
     normlab bench --suite sweep --cells 100 --seed 3 --threads 2 --ops batch_norm,group_norm
-    normlab bench --suite sweep --resume --rerun-worst 10 # the 10 worst again, 3x the repeats
+    normlab bench --suite sweep --rerun-worst 10          # the 10 worst in --out again, 3x the repeats
 
 ``--rerun-worst K`` measures the K slowest cells already in ``--out`` again with three times the
 repeats and keeps the first ratio beside the new one (``x_torch_first``): a cell that comes back
