@@ -55,7 +55,6 @@ import torch
 from .cases import Candidate
 from .chapters import _cell, build_modules as build_nn_pair, run_plan, timing_options
 from .chapters_data import Case, choose, make_row, read_rows, row_key
-from .report import write_json
 from .run_context import DEFAULT_OUT, check_count, make_out, run_meta
 from .sweep_report import print_result, render, summary, worst, write_csv, write_png  # noqa: F401
 
