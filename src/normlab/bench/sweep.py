@@ -245,11 +245,13 @@ def _nullcontext():
 
 def sweep_row(cell: Cell, timed: Mapping, seed: int, previous: Mapping | None = None) -> dict:
     """A row: :func:`normlab.bench.chapters_data.make_row`'s fields and the cell's own (its place
-    in the draw, family, size, the case as JSON); after a rerun, the first ratio and the count."""
+    in the draw, family, size, the case as JSON, the 1-minute load average when it was written);
+    after a rerun, the first ratio and the count."""
     row = make_row(cell.case, cell.dtype, cell.threads, cell.mode, timed)
     del row["data"]
     row.update(cell=cell.index, seed=seed, family=cell.case.family, numel=cell.case.numel,
-               mbytes=round(cell.mbytes, 4), spec=cell.case.spec(), x_torch_first=None, reruns=0)
+               mbytes=round(cell.mbytes, 4), spec=cell.case.spec(), x_torch_first=None, reruns=0,
+               load1=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)  # above the cores: noisy
     if previous is not None:
         first = previous.get("x_torch_first")
         row.update(x_torch_first=previous.get("x_torch") if first is None else first,

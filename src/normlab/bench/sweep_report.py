@@ -12,7 +12,7 @@ from .chapters_data import FIELDS as CHAPTER_FIELDS, _table, write_csv as _write
 from .report import ratio_and_times
 
 FIELDS = ("cell", "family", *[f for f in CHAPTER_FIELDS if f not in ("torch_runs_per_s", "normlab_runs_per_s", "data")],
-          "numel", "mbytes", "x_torch_first", "reruns", "seed", "spec")
+          "numel", "mbytes", "x_torch_first", "reruns", "load1", "seed", "spec")
 FAMILY_ORDER = ("layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm", "layer_norm2d")
 _COLORS = {"layer_norm": "tab:blue", "rms_norm": "tab:cyan", "batch_norm": "tab:red", "group_norm": "tab:green",
            "instance_norm": "tab:purple", "layer_norm2d": "tab:orange"}
