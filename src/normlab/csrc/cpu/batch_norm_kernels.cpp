@@ -674,6 +674,11 @@ template <class A> struct GradConst {
   }
 };
 
+// The backward's sums run in the accumulation dtype for at most kSumRun terms per lane (rows of a
+// column; values of a SIMD lane in a plane piece of kSumRun * 4 vectors), then in float64: short
+// float32 chains keep dweight and dbias near the rounding of their exact values.
+constexpr int64_t kSumRun = 16;
+
 // Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
 // (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
 // dx = dy * ea[u].  dy, x, dx: (R, ld) storage at the block's first column; eh, ea: (n,).
@@ -817,7 +822,7 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
     const Parts pt = parts_of(n, s_len);
     const bool local = pt.n_parts == 1;
     Scratch<double> part(local ? 0 : 2 * n_ch * pt.n_parts);  // (C, P) of (sum dy, sum dy * (x - hi))
-    const int64_t piece = constants().plane_piece;
+    const int64_t piece = kSumRun * 4 * vlanes<S>;
     run_tasks(n_ch * pt.n_parts, 2 * pt.len, [&](int64_t t) {
       const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
       const A h = k.hi[c], f = k.a[c];
@@ -883,7 +888,7 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
         eh[u] = k.hi[c];
         ea[u] = k.a[c];
       }
-      task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, g.sub, eh.get(),
+      task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, kSumRun, eh.get(),
                      ea.get(), ty, tx, fused);
       if (!local) return;
       // whole channels, every row: finish them here, then dx while in cache
