@@ -1,13 +1,19 @@
 """MkDocs hooks of normlab's documentation site (``mkdocs.yml``: ``hooks:``).
 
-- ``on_pre_build``: draw the figures (``normlab.figures.run``) into a temporary folder, once
-  per process, with the quick stability study in a store that the experiments page reads
-  back (``NORMLAB_DOCS_STORE``), so that the page's table and the heat map are the same runs.
+- ``on_pre_build``: once per process, run the quick stability study into a fresh store in a
+  temporary folder and keep its result as JSON (``NORMLAB_DOCS_STUDY``): the experiments page
+  prints that result, so it shows the runs this build trained; then draw the figures
+  (``normlab.figures.run``) there, the heat map read back from the same store.
 - ``on_files``: add the figures to the site as ``figures/<name>.png``.
 - ``on_page_content``: formulas (``$...$`` / ``$$...$$``, marked by pymdownx.arithmatex in
   its generic mode) become MathML at build time with latex2mathml: no script, no font and
   no network needed to read them.
-- ``on_post_page``: the Indonesian pages (``id/``) say ``lang="id"``.
+- ``on_page_context`` / ``on_post_page``: an Indonesian page (``id/``) is rendered with the
+  theme in Indonesian (``lang="id"``, "Cari", "Daftar isi", ...) and the navigation's titles
+  from ``extra.nav_id`` in mkdocs.yml; both are put back for the next page. A title without a
+  translation is a warning, so ``--strict`` fails on it.
+- ``on_shutdown``: remove the temporary folder (after ``mkdocs build`` has copied the figures,
+  or when ``mkdocs serve`` stops).
 - ``on_post_build``: ``id/sitemap.xml``, the Indonesian pages, which the theme's language
   switch reads to stay on the same page (without it, every page logs a 404).
 """
@@ -15,9 +21,11 @@
 from __future__ import annotations
 
 import html
+import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,12 +43,24 @@ def on_pre_build(config, **kwargs):
     if "figures" in _state:
         return
     from normlab import figures
+    from normlab.experiments import stability
 
-    tmp = tempfile.mkdtemp(prefix="normlab-site-")
-    store = os.environ.setdefault("NORMLAB_DOCS_STORE", os.path.join(tmp, "runs.sqlite"))
+    tmp = _state["tmp"] = tempfile.mkdtemp(prefix="normlab-site-")
+    store = os.path.join(tmp, "runs.sqlite")
+    study = stability.run(quick=True, store=store, workers=1)
+    study["store"] = "a temporary store of this build, removed when the build ends"
+    os.environ["NORMLAB_DOCS_STUDY"] = os.path.join(tmp, "stability.json")
+    Path(os.environ["NORMLAB_DOCS_STUDY"]).write_text(json.dumps(study))
     res = figures.run(out=os.path.join(tmp, "figures"), store=store)
     log.info("normlab: drew %d figures in %.1f s", len(res["figures"]), sum(f["seconds"] for f in res["figures"]))
     _state["figures"] = res["figures"]
+
+
+def on_shutdown(**kwargs):
+    tmp = _state.pop("tmp", None)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _state.pop("figures", None)
 
 
 def on_files(files, config, **kwargs):
@@ -86,7 +106,32 @@ def on_post_build(config, **kwargs):
                     f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n{body}</urlset>\n')
 
 
+def _nav_items(items):
+    for item in items:
+        yield item
+        yield from _nav_items(getattr(item, "children", None) or [])
+
+
+def on_page_context(context, page, config, nav, **kwargs):
+    if not page.file.src_uri.startswith("id/"):
+        return context
+    names = config.extra.get("nav_id") or {}
+    saved = [(config.theme, "language", config.theme["language"])]
+    config.theme["language"] = "id"
+    for item in _nav_items(nav.items):
+        if item.title not in names:
+            log.warning("normlab: mkdocs.yml extra.nav_id has no Indonesian title for %r", item.title)
+            continue
+        saved.append((item, "title", item.title))
+        item.title = names[item.title]
+    _state["restore"] = saved
+    return context
+
+
 def on_post_page(output, page, config, **kwargs):
-    if page.file.src_uri.startswith("id/"):
-        output = output.replace('<html lang="en"', '<html lang="id"', 1)
+    for obj, attr, value in reversed(_state.pop("restore", [])):
+        if attr == "language":
+            obj["language"] = value
+        else:
+            setattr(obj, attr, value)
     return output
