@@ -89,11 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status after Ctrl-C (128 + SIGINT), for every command.
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 on success)."""
+    """Run the command line; returns the exit status (0 on success, 2 after a bad option, 130
+    after Ctrl-C)."""
     parser = build_parser()
     namespace, unknown = parser.parse_known_args(argv)
     args = vars(namespace)
+    name = " ".join(filter(None, (args.get("command"), args.get("topic"))))
     if unknown:  # the subcommand's own usage, not the top-level one
         args.get("_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.pop("_parser")
@@ -103,13 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.pop("topic", None)
     try:
         result = module.run(**args)
+        sys.stdout.write((json.dumps(result) if as_json else module.render(result)) + "\n")
     except ValueError as e:  # a command's own check of its options: the message, not a traceback
         if not str(e).startswith("normlab"):
             raise
         sys.stderr.write(f"{e}\n")
         return 2
-    sys.stdout.write((json.dumps(result) if as_json else module.render(result)) + "\n")
-    return 0
+    except KeyboardInterrupt:  # Ctrl-C where a command does not catch it itself: one line, 130
+        sys.stderr.write(f"normlab {name}: interrupted (Ctrl-C)\n")
+        return INTERRUPTED
+    # a command that stopped at Ctrl-C and kept its work says so in its result: 130 as well,
+    # as a shell reports an interrupted command (and as the experiments exit)
+    return INTERRUPTED if isinstance(result, dict) and result.get("interrupted") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

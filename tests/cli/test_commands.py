@@ -180,6 +180,7 @@ def test_bad_command_or_argument_is_named_with_the_usage(argv, says, capsys):
     (["--providers", "foo"], ["unknown provider 'foo'", "'torch'"]),
     (["--sizes", "4xq"], ["expected a shape like 4096x1024, got '4xq'"]),
     (["--threads", "0"], ["thread counts >= 1, got [0]"]),
+    (["--compile-backend", "nosuch"], ["normlab bench: unknown --compile-backend 'nosuch'", "inductor", "aot_eager"]),
     (["--repeats", "x"], ["--repeats", "invalid int value: 'x'"]),
     (["--suite", "chapters", "--sizes", "4x6"], ["--suite chapters", "--sizes is not used by this suite"]),
     (["--suite", "blocks", "--providers", "torch"], ["--suite blocks", "--providers is not used by this suite"]),

@@ -81,6 +81,9 @@ def run_bench(
     min_sample_s = 1e-3 * (_DEFAULTS["min_sample_ms"][q] if min_sample_ms is None else min_sample_ms)
     max_group_s = _DEFAULTS["max_group_s"][q] if max_group_s is None else float(max_group_s)
 
+    if "compile" in providers:
+        check_compile_backend(compile_backend)
+
     options = {"ops": ops, "modes": modes, "dtypes": dtypes, "threads": thread_list,
                "providers": providers, "sizes": [list(s) for s in shapes] if shapes else None,
                "quick": quick, "repeats": repeats, "warmup": warmup,
@@ -162,9 +165,24 @@ def run_bench(
     if not os.path.exists(files["json"]):  # nothing to measure: still leave valid files
         write_csv(rows, files["csv"])
         write_json(rows, meta, files["json"])
-    files["png"] = write_png(rows, out)
+    try:
+        files["png"] = write_png(rows, out)
+    except KeyboardInterrupt:  # Ctrl-C while drawing: the CSV and JSON are complete already
+        interrupted = True
+        console.print(f"[yellow]interrupted while drawing the plots: {CSV_NAME} and {JSON_NAME} in {out} hold every "
+                      "measured group; --resume draws the plots again without measuring[/]")
     return {"out": out, "files": files, "rows": rows, "measured": measured,
             "skipped": skipped, "interrupted": interrupted, "warnings": warnings}
+
+
+def check_compile_backend(name: str) -> str:
+    """``--compile-backend``: a name torch.compile knows, checked before any work."""
+    from torch import _dynamo
+
+    if not isinstance(name, str) or name not in _dynamo.list_backends(exclude_tags=()):
+        raise ValueError(f"normlab bench: unknown --compile-backend {name!r}; expected one torch.compile knows: "
+                         f"{', '.join(_dynamo.list_backends())} (or a debug one such as aot_eager, eager)")
+    return name
 
 
 def _summary(case: Case, threads: int, mode: str, rows: list[dict]) -> str:
