@@ -1,6 +1,8 @@
 """The README's and the docs' snippets as a newcomer pastes them: each runs on its own
 (every name defined), and the "30 seconds" example shows that the conversion happened.
-The two set-up commands stay exactly as they are; the CPU wheel index is named beside them."""
+The two set-up commands stay exactly as they are; one install story before them, the same
+words in the README and in Getting started: where the CPU build of torch comes from, the
+command for it, and the install time measured."""
 
 from __future__ import annotations
 
@@ -43,11 +45,29 @@ def test_register_conversion_snippet_runs_as_pasted(tmp_path):
     assert "<class 'normlab.nn.layer_norm.LayerNorm2d'>" in p.stdout
 
 
+def _story(path: Path) -> str:
+    text = path.read_text()
+    start = text.index("**Which torch.**")
+    return text[start:text.index("\n\n", start)]
+
+
 def test_setup_commands_unchanged_and_cpu_wheel_index_named():
     readme = (ROOT / "README.md").read_text()
     commands = [b.strip() for b in _blocks(ROOT / "README.md", "bash")]
     assert commands[:2] == SETUP
-    assert "--index-url https://download.pytorch.org/whl/cpu" in commands[2]
     assert "shared/seeds" not in readme and "docs/chapters/source.md" in readme
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "normlab-runs/" in ignored and "normlab-report/" in ignored
+
+
+def test_one_install_story_in_the_readme_and_getting_started():
+    story = _story(ROOT / "README.md")
+    assert _story(ROOT / "docs" / "getting-started.md") == story
+    flat = " ".join(story.split())
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in flat
+    assert "On Linux x86-64 that is PyTorch's CUDA build" in flat and "4 minutes on a loaded one" in flat
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = page.read_text()
+        assert [b.strip() for b in _blocks(page, "bash")][:2] == SETUP, page
+        assert text.index("**Which torch.**") < text.index(SETUP[0]), page      # read before running
+        assert "so that pip takes the CPU build" not in text, page
