@@ -39,14 +39,15 @@ Vector lanes depend on the instruction set the extension was built for
   ``over_n``: float32 means of rows over ``2**24`` values divide in float64 (not reached: a
   row of 16M values).
 - **BatchNorm** (``cpu/batch_norm_kernels.h``, ``Constants``; ``geometry`` in
-  ``cpu/batch_norm_kernels.cpp``): rows narrower than ``fold_width = 2048`` (``fold_width_small = 256``
-  below ``fold_small_elems = 2**17`` values) are folded; ``column_block = 2048`` columns per task;
-  ``chunk_elems = 65536`` values and at most ``max_chunk_rows = 256`` rows per chunk;
-  ``task_elems = 2**19``; a block of whole channels is "local" (statistics and output in one
-  task) when ``n_rows * S <= local_elems = 2**18`` (forward; ``2**17`` backward) and it reads runs of
-  at least ``min_local_run = 1024`` values; planes of ``S >= plane_min = 256`` values take per-plane
-  sums, in pieces of ``plane_piece = 4096``; the elementwise passes take ``phase1_values = 65536``
-  values per task.
+  ``cpu/batch_norm_kernels.cpp``): planes of ``S >= plane_min = 256`` values are cut per channel
+  into ``P = ceil(N * S / part_values)`` parts (``part_values = 65536``, at most 64), read in
+  pieces of ``plane_piece = 4096``; ``P == 1`` finishes a channel in cache. Rows narrower than
+  ``fold_below = 64`` values are folded to at most ``fold_width = 256``; ``column_block = 2048``
+  columns per task; ``chunk_elems = 65536`` values and at most ``max_chunk_rows = 256`` rows per
+  chunk; ``task_elems = 2**19``, at most 64 row groups and ``max_partials = 2**19`` partials;
+  a block of whole channels is "local" when ``n_rows * S <= local_elems = 2**18`` (forward;
+  ``2**17`` backward) and it reads runs of at least ``min_local_run = 1024`` values; the
+  elementwise passes take ``phase1_values = 65536`` values per task.
 - **GroupNorm / InstanceNorm** (``cpu/group_norm_kernels.cpp``, ``group_norm_s1_kernels.cpp``,
   ``group_norm_nhwc_kernels.cpp``): ``S == 1`` with ``2 <= Cg <= L`` takes the S1 kernels (``Cg`` a power
   of two: packed; else blocks of transposed groups); the row kernel takes rows of ``Cg * S <= 256``
@@ -148,13 +149,16 @@ def _cases():
     ]
     # BatchNorm: (N, C, S) views
     out += [
-        _case("batch_norm", (5, 3)),                                  # folded 2-D, small tensor (fold width 256)
-        _case("batch_norm", (600, 300), WIDE),                        # folded, fold width 2048 (>= 2**17 values)
+        _case("batch_norm", (5, 3)),                                  # folded 2-D (rows of 3 < fold_below)
+        _case("batch_norm", (600, 300), WIDE),                        # rows of 300: not folded
+        _case("batch_norm", (600, 63), WIDE), _case("batch_norm", (600, 64), WIDE),  # fold_below: 63 | 64
         _case("batch_norm", (300, 2500), WIDE),                       # 2 column blocks, chunks of 52 rows
         _case("batch_norm", (6, 5, 7)), _case("batch_norm", (6, 5, 2 * L32 + 1)),  # lane tails within a plane
         _case("batch_norm", (8, 64, 200), WIDE),                      # local, row sums (S < plane_min 256)
         _case("batch_norm", (4, 8, 255), WIDE), _case("batch_norm", (4, 8, 256), WIDE),  # plane_min: 255 | 256
         _case("batch_norm", (2, 4, 4096), WIDE), _case("batch_norm", (2, 4, 4097), WIDE),  # plane_piece 4096
+        _case("batch_norm", (16, 2, 4096), WIDE), _case("batch_norm", (16, 2, 4097), WIDE),  # P: 1 | 2 parts
+        _case("batch_norm", (3, 2, 300000), WIDE, threads=2),        # P = 14 parts cutting planes
         _case("batch_norm", (128, 3, 1024), WIDE),                    # local forward and backward
         _case("batch_norm", (129, 3, 1024), WIDE),                    # local forward, not backward (2**17)
         _case("batch_norm", (257, 3, 1024), WIDE, threads=2),         # local in neither (2**18)

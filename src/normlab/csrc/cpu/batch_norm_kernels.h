@@ -1,11 +1,17 @@
 // BatchNorm's CPU kernels on raw pointers (docs/derivations/batch_norm.md, "The cpu kernels").
 //
-// Every input reaches the kernels as one 2-D view (n_rows, width): rows (M, C) for (N, C) and
-// channels-last tensors (S = 1), planes (N, C * S) for contiguous (N, C, *spatial) -- channel c
-// at columns c*S .. c*S+S of each row. Narrow rows are folded (F consecutive rows read as one).
-// Statistics per column per chunk by the shifted two passes, merged with Chan's formula in
-// float64 in a fixed order; planes of S >= PLANE_MIN values per piece, summed in float64. The
-// chunk and task boundaries depend on the shape only: the same bits for any thread count.
+// Two views, each with its rule (docs/derivations/batch_norm.md, "The cpu kernels"):
+//  - planes: contiguous (N, C, *spatial) with S >= plane_min values per plane. A channel's N*S
+//    values are cut into P = ceil(N*S / part_values) parts (at most 64); a task is one
+//    (channel, part), read in pieces of plane_piece values (two passes in L1, Chan-merged in
+//    float64); parts merged in order. P == 1: the task finishes its channel while in cache.
+//  - rows (n_rows, width): (M, C) and channels-last tensors (S = 1), and short planes (N, C*S)
+//    with channel c at columns c*S .. c*S+S. Rows narrower than fold_below are folded (F rows
+//    read as one, up to fold_width values). Statistics per column per chunk of rows by the
+//    shifted two passes, merged with Chan's formula in float64 in a fixed order.
+// Boundaries depend on the shape only: the same bits for any thread count. Scratch belongs to a
+// call (nothing is kept between calls) and is bounded: C * 64 partials (planes), at most
+// max_partials per-column partials (rows).
 //
 // No torch headers here beyond <ATen/Parallel.h> (via chunks.h, in the .cpp): this compiles in
 // about a second.
