@@ -225,8 +225,11 @@ _COLORS = {"normlab-cpu": "tab:red", "normlab-ref": "tab:orange", "torch": "tab:
 
 
 def write_png(rows: Sequence[Mapping], out_dir: str) -> list[str]:
-    """GB/s against input size per provider: one PNG per (dtype, threads), a panel per
-    (op, layout) and mode. Uses matplotlib's Agg canvas directly (no pyplot, no global
+    """GB/s per provider: one PNG per (dtype, threads). When some (op, layout) was measured at
+    three sizes or more, GB/s against input size, a panel per (op, layout) and mode; otherwise
+    (a run at one or two sizes, as ``--quick``) one panel per mode with a group of bars per
+    case, so a few points are not spread over dozens of near-empty panels. The legend is the
+    figure's, above every panel. Uses matplotlib's Agg canvas directly (no pyplot, no global
     backend switch). Returns the paths written."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -238,25 +241,18 @@ def write_png(rows: Sequence[Mapping], out_dir: str) -> list[str]:
         panels = sorted({(r["op"], r["layout"]) for r in sel},
                         key=lambda p: (_index(OPS, p[0]), _index(_LAYOUTS, p[1])))
         modes = [m for m in MODES if any(r["mode"] == m for r in sel)]
-        fig = Figure(figsize=(4.2 * len(modes), 3.0 * len(panels)), layout="constrained")
+        sizes = max(len({r["shape"] for r in sel if (r["op"], r["layout"]) == p}) for p in panels)
+        fig = Figure(layout="constrained")
         FigureCanvasAgg(fig)
-        axes = fig.subplots(len(panels), len(modes), squeeze=False)
-        for i, (op, layout) in enumerate(panels):
-            for j, mode in enumerate(modes):
-                ax = axes[i][j]
-                for provider in PROVIDERS:
-                    pts = sorted((r["bytes"] / max(1, _rw(r)), r["gbps"]) for r in sel
-                                 if (r["op"], r["layout"], r["mode"], r["provider"]) == (op, layout, mode, provider))
-                    if pts:
-                        ax.plot(*zip(*pts), marker="o", ms=3, label=provider, color=_COLORS.get(provider),
-                                ls="--" if provider == "limit" else "-")
-                ax.set_xscale("log")
-                ax.set_title(f"{op}{'' if layout == 'contiguous' else ' ' + layout} — {mode}", fontsize=9)
-                ax.set_xlabel("size of x (bytes)", fontsize=8)
-                ax.set_ylabel("GB/s (minimal bytes)", fontsize=8)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
+        if sizes >= 3:
+            _draw_lines(fig, sel, panels, modes)
+        else:
+            _draw_bars(fig, sel, modes)
+        handles = {}
+        for ax in fig.axes:
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, h)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=len(handles), fontsize=8)
         fig.suptitle(f"normlab bench — {dtype}, {threads} thread{'s' if threads != 1 else ''}")
         path = os.path.join(out_dir, f"gbps_{dtype}_t{threads}.png")
         tmp = path + f".tmp{os.getpid()}.png"
@@ -264,6 +260,51 @@ def write_png(rows: Sequence[Mapping], out_dir: str) -> list[str]:
         os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+def _draw_lines(fig, sel: list, panels: list, modes: list) -> None:
+    fig.set_size_inches(4.2 * len(modes), 3.0 * len(panels) + 0.6)
+    axes = fig.subplots(len(panels), len(modes), squeeze=False)
+    for i, (op, layout) in enumerate(panels):
+        for j, mode in enumerate(modes):
+            ax = axes[i][j]
+            for provider in PROVIDERS:
+                pts = sorted((r["bytes"] / max(1, _rw(r)), r["gbps"]) for r in sel
+                             if (r["op"], r["layout"], r["mode"], r["provider"]) == (op, layout, mode, provider))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, label=provider, color=_COLORS.get(provider),
+                            ls="--" if provider == "limit" else "-")
+            ax.set_xscale("log")
+            ax.set_title(f"{op}{'' if layout == 'contiguous' else ' ' + layout} — {mode}", fontsize=9)
+            ax.set_xlabel("size of x (bytes)", fontsize=8)
+            ax.set_ylabel("GB/s (minimal bytes)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+
+
+def _draw_bars(fig, sel: list, modes: list) -> None:
+    """A panel per mode; a row per case (op, layout, shape), one bar per provider."""
+    cases = sorted({(r["op"], r["layout"], r["shape"]) for r in sel},
+                   key=lambda c: (_index(OPS, c[0]), _index(_LAYOUTS, c[1]), c[2]))
+    providers = [p for p in PROVIDERS if any(r["provider"] == p for r in sel)]
+    fig.set_size_inches(5.0 * len(modes), 0.32 * len(cases) * len(providers) + 1.6)
+    axes = fig.subplots(1, len(modes), squeeze=False, sharey=True)[0]
+    height = 0.8 / len(providers)
+    for ax, mode in zip(axes, modes):
+        for k, provider in enumerate(providers):
+            got = {(r["op"], r["layout"], r["shape"]): r["gbps"] for r in sel
+                   if r["mode"] == mode and r["provider"] == provider}
+            ys = [i + (k - (len(providers) - 1) / 2) * height for i, c in enumerate(cases) if c in got]
+            ax.barh(ys, [got[c] for c in cases if c in got], height=height, label=provider,
+                    color=_COLORS.get(provider), hatch="//" if provider == "limit" else None,
+                    alpha=0.55 if provider == "limit" else 1.0)
+        ax.set_yticks(range(len(cases)),
+                      [f"{op}{'' if lay == 'contiguous' else ' ' + lay}\n{shape}" for op, lay, shape in cases], fontsize=8)
+        ax.set_title(mode, fontsize=10)
+        ax.set_xlabel("GB/s (minimal bytes / median time; higher is faster)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].invert_yaxis()  # the first case on top (the axes share it: once)
 
 
 def _rw(row: Mapping) -> int:
