@@ -116,3 +116,15 @@ def test_api_pages_read_like_torchs(site):
     # signatures are formatted: one argument a line once they are long
     sig = re.sub(r"<[^>]+>", "", re.search(r'id="normlab.nn.BatchNorm1d".*?<pre[^>]*>(.*?)</pre>', html, re.S)[1])
     assert max(len(line) for line in sig.splitlines()) <= 72, sig
+
+
+def test_performance_page_compares_with_what_a_user_would_pick_instead(site):
+    """The large-tensor table is normlab against torch eager and torch.compile (the history
+    against the former kernels is in docs/notes), with normlab bench's plots and the slower rows."""
+    html = (site / "performance.html").read_text()
+    headers = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th[^>]*>(.*?)</th>", html, re.S)]
+    assert {"torch", "compile", "normlab"} <= set(headers) and not any("Numba" in h for h in headers)
+    for name in ("large-float32-t1.png", "large-bfloat16-t1.png"):
+        assert f'src="bench/{name}"' in html and (site / "bench" / name).stat().st_size > 10_000
+    assert re.search(r"<td[^>]*>[^<]*<strong>0\.\d\d</strong>", html)          # a row where normlab is slower
+    assert re.findall(r'<h2 id="[^"]*">([^<]*)', html)[-1] == "Shape sweep and memory"
