@@ -45,3 +45,14 @@ def test_every_parser_refuses_abbreviations():
         for action in p._actions:
             if action.choices and isinstance(action.choices, dict):
                 seen += list(action.choices.values())
+
+
+@pytest.mark.parametrize("topic, says", [("stability", "5 norms x lr 0.1, 1, 2, 4 x 4 seeds"),
+                                         ("batch-size", "BatchNorm and GroupNorm x batch 8, 32, 128"),
+                                         ("train-eval", "BatchNorm and LayerNorm x 3 seeds")])
+def test_each_experiment_describes_its_own_quick_sweep(topic, says, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["experiment", topic, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--quick a small sweep (CI, README): {says}" in text
+    assert "stability --quick" not in text          # batch-size's help once gave the stability study's time

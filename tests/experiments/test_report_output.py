@@ -53,6 +53,8 @@ def built(store, tmp_path_factory):
     ("README.md/sub", "lies under README.md, which is a file, not a folder"),
     ("", "--out must name a folder"),
     ("/proc/nope", "cannot write into --out /proc/nope"),
+    # a folder root may not write to either: the message names the user, not a guess
+    ("/proc/sys/nope", "/proc/sys is not writable for user"),
 ])
 def test_bad_out_is_one_line(tmp_path, store, bad, says):
     (tmp_path / "README.md").write_text("keep me\n")
@@ -60,6 +62,7 @@ def test_bad_out_is_one_line(tmp_path, store, bad, says):
     p = _normlab(tmp_path, "report", "--store", str(store), "--out", bad)
     assert p.returncode == 2, p.stderr
     assert says in p.stderr and "Traceback" not in p.stderr and p.stdout == ""
+    assert p.stderr.count("normlab report:") == 1, p.stderr          # the command named once
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "README.md").read_text() == "keep me\n"
     assert not os.path.exists("/proc/nope")

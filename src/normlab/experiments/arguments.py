@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from typing import Callable, Iterable, Sequence
 
 from .store import DEFAULT_STORE, StoreError, check_path
@@ -130,12 +131,14 @@ def parse_executor(value: str) -> str:
 
 
 def arg(check: Callable) -> Callable:
-    """An argparse ``type=``: ``check(text)``, its ValueError/StoreError as an argparse error."""
+    """An argparse ``type=``: ``check(text)``, its ValueError/StoreError as an argparse error
+    (without the check's own "normlab COMMAND: " prefix: argparse's line names the command and
+    the option already)."""
     def wrapped(text):
         try:
             return check(text)
         except (ValueError, StoreError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(re.sub(r"^normlab [a-z -]+?: ", "", str(e))) from None
     wrapped.__name__ = check.__name__
     return wrapped
 
@@ -156,8 +159,9 @@ class _Parallel(argparse.Action):
                          f"lower one of them")
 
 
-def add_common_arguments(p: argparse.ArgumentParser) -> None:
-    """``--store``, ``--workers``, ``--executor``, ``--ray-address``, ``--quick``."""
+def add_common_arguments(p: argparse.ArgumentParser, quick: str) -> None:
+    """``--store``, ``--workers``, ``--executor``, ``--ray-address``, and ``--quick`` described by
+    ``quick`` (the experiment's own small sweep and how long it takes)."""
     p.add_argument("--store", type=arg_store, default=DEFAULT_STORE,
                    help=f"SQLite results store (default {DEFAULT_STORE}); stored runs are skipped")
     p.add_argument("--workers", type=arg(parse_workers), default="auto", action=_Parallel,
@@ -169,4 +173,4 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="local (this machine) or ray (a Ray cluster; pip install 'normlab[ray]')")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster address for --executor ray (default: start a local Ray instance)")
-    p.add_argument("--quick", action="store_true", help="a small sweep (CI, README): stability --quick takes ~9 s on 2 cores")
+    p.add_argument("--quick", action="store_true", help=f"a small sweep (CI, README): {quick}")

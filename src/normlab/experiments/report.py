@@ -293,7 +293,8 @@ a { color: #1a4fb5; }
 def check_out(out) -> Path:
     """The report's folder, checked before any work; nothing is created. An existing folder
     or a new one (its parents are created too); an empty path, a file, a path under a file
-    or a place this user cannot write to raises ValueError with the reason."""
+    or a place that cannot be written (a read-only file system, a folder this user may not
+    write to) raises ValueError with the reason."""
     text = "" if out is None else str(out)
     if not text.strip():
         raise ValueError("normlab report: --out must name a folder (e.g. --out normlab-report), got an empty path")
@@ -307,7 +308,12 @@ def check_out(out) -> Path:
     if not parent.is_dir():
         raise ValueError(f"normlab report: --out {text} lies under {parent}, which is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"normlab report: cannot write into --out {text}: {parent} is not writable by this user")
+        if os.statvfs(parent).f_flag & os.ST_RDONLY:
+            why = f"{parent} is on a read-only file system; give a folder on a writable one"
+        else:
+            import getpass
+            why = f"{parent} is not writable for user {getpass.getuser()}; give a folder you can write to"
+        raise ValueError(f"normlab report: cannot write into --out {text}: {why}")
     return path
 
 
