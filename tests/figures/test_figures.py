@@ -251,3 +251,50 @@ def test_command_writes_the_pngs_it_names(tmp_path):
         assert img.shape[0] > 300 and img.shape[1] > 600
     assert sorted(x.name for x in out.iterdir()) == ["batch_dependence.png", "running_stats.png"]
     assert set(FIGURES) == {"norm_axes", "saturation", "batch_dependence", "running_stats", "stability_map"}
+
+
+# --- every figure: readable at the documentation page's width ----------------------------------
+
+PAGE_PX = 700        # the site's content column; a wider picture is shrunk to it
+
+
+def _drawn(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _smallest_text_px(fig) -> float:
+    """The smallest axis label, title or legend text, in pixels once the figure fits the page."""
+    _drawn(fig)
+    scale = min(1.0, PAGE_PX / (fig.get_figwidth() * fig.dpi))
+    texts = [t for ax in fig.axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label) if t.get_text()]
+    texts += [t for leg in fig.legends for t in leg.get_texts()]
+    return min(t.get_fontsize() * fig.dpi / 72 * scale for t in texts)
+
+
+def _lines_under_legends(fig) -> list:
+    """Data points of any panel that a legend (the panel's or the figure's) covers."""
+    renderer = _drawn(fig)
+    boxes = [leg.get_window_extent(renderer) for leg in fig.legends]
+    boxes += [ax.get_legend().get_window_extent(renderer) for ax in fig.axes if ax.get_legend()]
+    covered = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            for x, y in ax.transData.transform(line.get_xydata()):
+                covered += [(line.get_label(), x, y) for b in boxes if b.contains(x, y)]
+    return covered
+
+
+@pytest.mark.parametrize("mod", [norm_axes, batch_dependence, running_stats])
+def test_figure_text_is_readable_at_page_width(mod, tmp_path):
+    fig = mod.draw(mod.compute(), tmp_path / "f.png")
+    assert _smallest_text_px(fig) >= 9.0
+
+
+@pytest.mark.parametrize("mod", [batch_dependence, running_stats])
+def test_no_legend_covers_the_data(mod, tmp_path):
+    fig = mod.draw(mod.compute(), tmp_path / "f.png")
+    assert not _lines_under_legends(fig)

@@ -52,7 +52,7 @@ def draw(data: dict, path) -> object:
     import numpy as np
     from ._plot import new_figure, save
 
-    fig = new_figure(12, 7)
+    fig = new_figure(9, 7.6)
     axes = fig.subplots(2, 2, sharex=True, sharey=True)
     for i, (name, res) in enumerate(data["layers"].items()):
         for j, mode in enumerate(("train", "eval")):
@@ -62,11 +62,13 @@ def draw(data: dict, path) -> object:
                 ax.plot(range(1, ys.shape[0] + 1), ys[:, f], marker=".", label=f"feature {f}")
             moved = res[mode]["spread"]
             verdict = f"moves by up to {moved:.2f}" if moved > 1e-6 else "never moves"
-            ax.set_title(f"{name}, {mode} mode: the output {verdict}", fontsize=10)
-            ax.set_xlabel("batch (the 7 other samples redrawn each time)")
-            ax.set_ylabel("output of the fixed sample (normalised units)")
+            ax.set_title(f"{name}, {mode} mode: the output {verdict}", fontsize=11)
+            ax.set_xlabel(f"batch (the {BATCH - 1} other samples redrawn each time)", fontsize=10)
+            ax.set_ylabel("output (normalised units)", fontsize=10)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, ncol=2)
+    # one legend for the four panels, under them: inside a panel it covered the curves
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=len(names), frameon=False, fontsize=10)
     fig.suptitle(f"{TITLE}\n(batch of {BATCH}, {FEATURES} features; eval-mode BatchNorm after {WARM_STEPS} "
                  "training steps)")
     save(fig, path)

@@ -63,31 +63,33 @@ def compute() -> dict:
 
 
 def draw(data: dict, path) -> object:
-    """Four 3-D blocks (N across, C in depth, H*W up), the shared set shaded."""
+    """Four 3-D blocks (N across, C in depth, H*W up), the shared set shaded; 2 x 2, so that the
+    labels stay readable when the picture is shrunk to a page's width."""
     import numpy as np
     from matplotlib.patches import Patch
     from mpl_toolkits.mplot3d import Axes3D  # noqa: F401  (registers the 3d projection)
 
-    fig = new_figure(13, 4.2)
+    fig = new_figure(9, 8.4)
     shade, rest = "#1f77b4", "#d9d9d9"
     for k, (name, d) in enumerate(data["layers"].items()):
-        ax = fig.add_subplot(1, 4, k + 1, projection="3d")
+        ax = fig.add_subplot(2, 2, k + 1, projection="3d")
         mask = np.array(d["mask"])                       # (N, C, HW)
         # two solids: the shared set, opaque, and the rest, faint (voxels draws outer faces only)
         ax.voxels(mask, facecolors=shade, edgecolor=(0.1, 0.2, 0.4, 0.6), linewidth=0.4, alpha=0.9)
         ax.voxels(~mask, facecolors=rest, edgecolor=(0.3, 0.3, 0.3, 0.3), linewidth=0.3, alpha=0.12)
-        ax.set_xlabel("N: sample (index)")
-        ax.set_ylabel("C: channel (index)")
-        ax.set_zlabel("H·W: pixel (index)", labelpad=-2)
+        ax.set_xlabel("N: sample (index)", fontsize=11)
+        ax.set_ylabel("C: channel (index)", fontsize=11)
+        ax.set_zlabel("H·W: pixel (index)", fontsize=11, labelpad=-2)
+        ax.tick_params(labelsize=10)
         ax.set_box_aspect(None, zoom=0.85)
-        ax.set_title(f"{name}\nstatistics over {', '.join(d['axes'])}", fontsize=10)
+        ax.set_title(f"{name}\nstatistics over {', '.join(d['axes'])}", fontsize=12)
         ax.view_init(elev=22, azim=-58)
         for axis, n in zip((ax.set_xticks, ax.set_yticks, ax.set_zticks), mask.shape):
             axis(range(0, n + 1, max(1, n // 2)))
     n0, c0, h0, w0 = data["probe"]
     fig.legend(handles=[Patch(color=shade, label=f"values that share the mean/variance of x[{n0}, {c0}, {h0}, {w0}]"),
                         Patch(color=rest, label="values normalised with other statistics")],
-               loc="outside lower center", ncol=2, frameon=False)
+               loc="outside lower center", ncol=1, frameon=False, fontsize=11)
     n, c, h, w = data["shape"]
     fig.suptitle(f"{TITLE}\n(input (N, C, H, W) = ({n}, {c}, {h}, {w}); measured by nudging one value)")
     save(fig, path)

@@ -46,7 +46,7 @@ def draw(data: dict, path) -> object:
     """Two panels (mean, variance) against the training step, the population value dashed."""
     from ._plot import new_figure, save
 
-    fig = new_figure(12, 4.8)
+    fig = new_figure(9, 5.2)
     axes = fig.subplots(1, 2)
     steps = range(1, data["steps"] + 1)
     for ax, key, what in ((axes[0], "running_mean", "mean"), (axes[1], "running_var", "var")):
@@ -55,13 +55,14 @@ def draw(data: dict, path) -> object:
             label = "momentum=None (cumulative average)" if mom is None else f"momentum={mom:g}"
             ax.plot(steps, run[key], label=label, lw=1.3)
         ax.axhline(data["population"][what], color="k", ls="--", lw=1.2,
-                   label=f"population {'mean' if what == 'mean' else 'variance'} = {data['population'][what]:g}")
+                   label="the population's value")
         ax.set_xlabel("training step (one batch of 16)")
         ax.set_ylabel(f"{key} (units of x{'' if what == 'mean' else '²'})")
         ax.set_title(f"{key}: starts at {0 if what == 'mean' else 1}, should reach {data['population'][what]:g}",
-                     fontsize=10)
+                     fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend under both panels (inside one it covered the curves)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False, fontsize=10)
     fig.suptitle(f"{TITLE}\n(batches of {data['batch']} from N(mean {POP_MEAN:g}, std {POP_STD:g}); "
                  "momentum is the weight of the new batch's statistic)")
     save(fig, path)
