@@ -71,3 +71,12 @@ def test_one_install_story_in_the_readme_and_getting_started():
         assert [b.strip() for b in _blocks(page, "bash")][:2] == SETUP, page
         assert text.index("**Which torch.**") < text.index(SETUP[0]), page      # read before running
         assert "so that pip takes the CPU build" not in text, page
+
+
+def test_torchscript_snippet_runs_as_pasted(tmp_path):
+    """normlab's modules do not script (TorchScript stops at their fast path's Python); the
+    layers page shows the way that works, and it must keep working."""
+    (code,) = [b for b in _blocks(ROOT / "docs" / "layers.md", "python") if "torch.jit.script" in b]
+    p = _run(code, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["RecursiveScriptModule", "torch.Size([3,", "8])"]
