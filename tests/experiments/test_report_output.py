@@ -119,3 +119,10 @@ def test_plots_show_every_series_within_bounds(built):
     assert plots["accuracy_vs_lr.png"]["xticks"] == ["0.1", "2"]
     assert plots["failed_vs_lr.png"]["xticks"] == ["0.1", "2"]
     assert plots["accuracy_vs_batch_size.png"]["xticks"] == ["2", "16", "128"]
+    # each learning rate is one step of the axis; its series stay within 0.2 of a step of its tick
+    # (on a log axis the old nudge made lr 2 read as 1.7..2.3), and chance is marked
+    for name in ("accuracy_vs_lr.png", "failed_vs_lr.png", "accuracy_vs_batch_size.png"):
+        ticks = sorted(plots[name]["ticks"].values())
+        for s in plots[name]["series"].values():
+            assert all(min(abs(x - t) for t in ticks) <= 0.2 + 1e-9 for x in s["x"]), (name, s["x"])
+    assert plots["accuracy_vs_lr.png"]["chance"] == 0.5

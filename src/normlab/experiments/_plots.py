@@ -1,7 +1,8 @@
 """The report's plots (matplotlib, Agg backend): every series visible (its own marker and
-line style, series nudged apart along x where their values coincide), spreads drawn as the
-runs themselves and their min..max (never a mean ± std bar outside what the quantity can
-take), log axes labelled at the values used, the legend outside the axes. Each drawing
+line style, series side by side around each x value), spreads drawn as the runs themselves
+and their min..max (never a mean ± std bar outside what the quantity can take), values of a
+log scale (learning rates, batch sizes) one step apart at ticks labelled with them, the legend
+outside the axes. Each drawing
 function can fill ``info`` with facts the tests check (markers, styles, boxes, ticks)."""
 
 from __future__ import annotations
@@ -46,15 +47,17 @@ def _tick_label(v) -> str:
     return f"{v:g}"
 
 
-def _offsets(n: int, log: bool, spread: float = 0.06) -> list[float]:
-    """Per series, a factor (log axis) or a shift in index units (linear) that keeps
-    markers at the same x from hiding one another."""
+def _offsets(n: int, spread: float = 0.08) -> list[float]:
+    """Per series, a shift in units of one step between x values, that keeps markers at the
+    same x from hiding one another (at most 0.2 of a step either side)."""
     mid = (n - 1) / 2
-    return [((i - mid) * spread) for i in range(n)] if n > 1 else [0.0]
+    step = min(spread, 0.4 / max(1, n - 1))
+    return [((i - mid) * step) for i in range(n)] if n > 1 else [0.0]
 
 
-def _place(x, k: float, logx: int):
-    return x * (logx ** k) if logx else x + k
+def _place(x, k: float, step: dict | None):
+    """Where a value of x is drawn: its step (log-scale values) or itself, plus its series' shift."""
+    return (step[x] if step else x) + k
 
 
 def coinciding(series: dict) -> list[tuple[str, str]]:
@@ -72,18 +75,22 @@ def coinciding(series: dict) -> list[tuple[str, str]]:
 
 
 def _plot_lines(out: Path, name: str, series: dict, xlabel: str, ylabel: str, title: str, logx: int = 0,
-                runs: dict | None = None, ylim: tuple | None = None, info: dict | None = None) -> str:
+                runs: dict | None = None, ylim: tuple | None = None, info: dict | None = None,
+                chance: float | None = None) -> str:
     """``series``: {label: [(x, y)]}, drawn as lines; ``runs``: {label: [(x, [values])]},
-    each run a small dot with a min..max bar; ``logx``: the base of a log x axis (0: linear).
-    Series are nudged apart along x (a few per cent of a decade) and each has its own
-    marker and line style."""
+    each run a small dot with a min..max bar; ``logx``: the x values are steps of a log scale
+    (0: a linear axis). Such values are drawn one step apart, each at its own tick, and the
+    series side by side within 0.2 of a step of it: on a log axis a nudge wide enough to
+    separate the markers read as another value (lr 2 as 1.7..2.3). Each series has its own
+    marker and line style; ``chance``: a dotted line at that accuracy."""
     plt, fig, ax = _figure()
-    shift = _offsets(len(series), bool(logx), 0.035 if logx == 10 else 0.06)
     xs_used = sorted({p[0] for pts in series.values() for p in pts})
+    step = {x: i for i, x in enumerate(xs_used)} if logx else None
+    shift = _offsets(len(series)) if logx else _offsets(len(series), 0.06)
     facts = {"series": {}}
     for i, (label, pts) in enumerate(series.items()):
         marker, style = STYLES[i % len(STYLES)]
-        xs = [_place(p[0], shift[i], logx) for p in pts]
+        xs = [_place(p[0], shift[i], step) for p in pts]
         ys = [float("nan") if p[1] is None else p[1] for p in pts]
         line, = ax.plot(xs, ys, marker=marker, linestyle=style, label=label, markersize=6, linewidth=1.4,
                         zorder=3)
@@ -92,7 +99,7 @@ def _plot_lines(out: Path, name: str, series: dict, xlabel: str, ylabel: str, ti
             vals = [v for v in vals if v is not None]
             if not vals:
                 continue
-            xp = _place(x, shift[i], logx)
+            xp = _place(x, shift[i], step)
             ax.vlines(xp, min(vals), max(vals), color=line.get_color(), alpha=0.5, linewidth=1, zorder=2)
             ax.scatter([xp] * len(vals), vals, s=9, color=line.get_color(), alpha=0.6, marker=marker,
                        linewidths=0, zorder=2)
@@ -100,10 +107,14 @@ def _plot_lines(out: Path, name: str, series: dict, xlabel: str, ylabel: str, ti
             highs.append(max(vals))
         facts["series"][label] = {"marker": marker, "linestyle": str(style), "x": xs,
                                   "low": min(lows) if lows else None, "high": max(highs) if highs else None}
+    if chance is not None:
+        ax.axhline(chance, color="0.35", linestyle=":", linewidth=1.2, zorder=1, label=f"chance ({chance:g})")
+        facts["chance"] = chance
     if logx:
-        ax.set_xscale("log", base=logx)
-        ax.set_xticks(xs_used, [_tick_label(v) for v in xs_used])
+        ax.set_xticks(range(len(xs_used)), [_tick_label(v) for v in xs_used])
+        ax.set_xlim(-0.5, len(xs_used) - 0.5)
         ax.minorticks_off()
+        facts["ticks"] = {_tick_label(v): i for i, v in enumerate(xs_used)}
     if ylim:
         ax.set_ylim(*ylim)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)

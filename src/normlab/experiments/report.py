@@ -11,8 +11,9 @@ Sections: the chapter's runs beside the chapter's numbers, with the percentile o
 accuracy among normlab's runs at lr 2.0; the stability study (accuracy and the fraction
 that failed to train by norm and learning rate, the loss curves at lr 2.0 with the spread
 over seeds, both against learning rate); accuracy against batch size; train-mode against
-eval-mode accuracy. Plots show every series (own marker and line style, nudged apart
-where values coincide) and every run, never a mean ± std bar outside [0, 1].
+eval-mode accuracy. Plots show every series (own marker and line style, side by side around
+each learning rate or batch size) and every run, never a mean ± std bar outside [0, 1]; the
+accuracy plot marks chance.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _stability_section(runs: list[dict], out: Path, info: dict | None = None) ->
     same_acc = coinciding(acc_series)
     images = [_plot_lines(out, "accuracy_vs_lr.png", acc_series, "learning rate", "final eval accuracy",
                           "accuracy vs learning rate: mean (line), each run (dots), min..max (bar)", logx=10,
-                          runs=acc_runs, ylim=(max(0.0, lowest - 0.03), 1.0), info=info),
+                          runs=acc_runs, ylim=(max(0.0, min(lowest, 0.5) - 0.03), 1.0), info=info, chance=0.5),
               _plot_lines(out, "failed_vs_lr.png", fail_series, "learning rate", "fraction of runs that failed to train",
                           "failed to train vs learning rate", logx=10, ylim=(-0.04, 1.04), info=info)]
     at_lr = {norm: cells[(norm, CURVE_LR)] for norm in norms if (norm, CURVE_LR) in cells}
@@ -160,8 +161,9 @@ def _stability_section(runs: list[dict], out: Path, info: dict | None = None) ->
     text = ("Final eval accuracy: mean ± std over weight seeds, then the lowest..highest run (n runs). "
             f"Then the fraction of runs that failed to train: {FAILURE_RULE}; in brackets, how many runs failed "
             "by each (the first that applies). The rule is applied to the stored loss curves and accuracies, "
-            "so every run in the store is counted the same way. In the plots the series are nudged apart "
-            "along the learning-rate axis so that none hides another.")
+            "so every run in the store is counted the same way. In the plots each learning rate is one "
+            "step of the axis, its series side by side around it so that none hides another; the dotted "
+            "line is chance (0.5).")
     if same or same_acc:
         pairs = "; ".join(f"{a} and {b}" for a, b in same)
         pairs_acc = "; ".join(f"{a} and {b}" for a, b in same_acc)
