@@ -261,38 +261,61 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
   }
 }
 
-// sum_j (x[j] - shift) over k values in float64 (shift_row64): from x for float32, whose
-// differences round; from the exact differences d (accumulation dtype) otherwise.
-// Also writes d[j] = x[j] - shift.  x: (k,) storage; d: (k,) scratch.
+// sum_j (x[j] - shift) over k values in float64 (shifted_sum64): from x for float32, whose
+// differences round; from the exact differences d (accumulation dtype) otherwise. One loop that
+// also writes d[j] = x[j] - shift, with four float64 chains (the adds of one overlap the
+// others'; two chains left the loop waiting on add latency).  x: (k,) storage; d: (k,) scratch.
 template <class S> double shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<S> shift) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  int64_t j = 0;
-  vec<A> vs = vset1<A>(shift);
-  for (; j + L <= k; j += L) vstore(d + j, vload(x + j) - vs);
-  for (; j < k; ++j) d[j] = to_acc(x[j]) - shift;
   constexpr int64_t D = lanes<double>;
-  typedef A half_t __attribute__((vector_size(D * sizeof(A))));
-  vec<double> s0 = vzero<double>(), s1 = vzero<double>();
-  auto load64 = [&](const A* p) {
-    half_t h;
-    std::memcpy(&h, p, sizeof h);
-    return __builtin_convertvector(h, vec<double>);
+  static_assert((std::is_same_v<A, float> || std::is_same_v<A, double>) && 2 * L / D <= 4);
+  auto load64 = [](const A* p) {  // D values at p as float64, widened from memory
+    if constexpr (std::is_same_v<A, float>) return vload_widen(p);
+    else return vload(p);
   };
-  if constexpr (std::is_same_v<S, float>) {
-    const float* src = x;
-    for (j = 0; j + 2 * D <= k; j += 2 * D) { s0 += load64(src + j); s1 += load64(src + j + D); }
-    if (j + D <= k) { s0 += load64(src + j); j += D; }
-    double s = hsum<double>(s0 + s1);
-    for (; j < k; ++j) s += double(src[j]);
-    return s - double(k) * double(shift);
-  } else {
-    for (j = 0; j + 2 * D <= k; j += 2 * D) { s0 += load64(d + j); s1 += load64(d + j + D); }
-    if (j + D <= k) { s0 += load64(d + j); j += D; }
-    double s = hsum<double>(s0 + s1);
-    for (; j < k; ++j) s += double(d[j]);
-    return s;
+  vec<double> s[4] = {vzero<double>(), vzero<double>(), vzero<double>(), vzero<double>()};
+  const vec<A> vs = vset1<A>(shift);
+  int64_t j = 0;
+  for (; j + 2 * L <= k; j += 2 * L) {
+    const vec<A> xa = vload(x + j), xb = vload(x + j + L);
+    const vec<A> da = xa - vs, db = xb - vs;
+    vstore(d + j, da);
+    vstore(d + j + L, db);
+    const A* src;  // float32: x itself; otherwise the exact differences just written
+    if constexpr (std::is_same_v<S, float>) src = x + j;
+    else src = d + j;
+    for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(src + i * D);  // 4 (float) or 2 (double) vectors
   }
+  double r = hsum<double>((s[0] + s[1]) + (s[2] + s[3]));
+  for (; j < k; ++j) {
+    const A dj = to_acc(x[j]) - shift;
+    d[j] = dj;
+    if constexpr (std::is_same_v<S, float>) r += double(x[j]);
+    else r += double(dj);
+  }
+  if constexpr (std::is_same_v<S, float>) return r - double(k) * double(shift);
+  else return r;
+}
+
+// sum_j (d[j] - m)^2 over k values, in the accumulation dtype, four chains (pass 2 of a piece).
+template <class A> A sqdev4(const A* d, int64_t k, A m) {
+  constexpr int64_t L = lanes<A>;
+  vec<A> s[4] = {vzero<A>(), vzero<A>(), vzero<A>(), vzero<A>()};
+  const vec<A> vm = vset1<A>(m);
+  int64_t j = 0;
+  for (; j + 4 * L <= k; j += 4 * L)
+    for (int i = 0; i < 4; ++i) {
+      const vec<A> e = vload(d + j + i * L) - vm;
+      s[i] += e * e;
+    }
+  for (int i = 0; j + L <= k; j += L, ++i) {
+    const vec<A> e = vload(d + j) - vm;
+    s[i] += e * e;
+  }
+  A r = hsum<A>((s[0] + s[1]) + (s[2] + s[3]));
+  for (; j < k; ++j) { const A e = d[j] - m; r += e * e; }
+  return r;
 }
 
 // Channel c's mean m, or torch's where the shift made it NaN: +-inf for a channel holding
@@ -478,7 +501,7 @@ template <class S> inline void piece_moments(const S* p, int64_t k, acc_t<S>* d,
   const double sk = s / double(k);
   const A md = acc_cast<A>(sk);
   const double corr = sk - double(md);  // md's rounding
-  const double qq = double(shifted_sqdev<A>(d, k, A(0), md)) - double(k) * corr * corr;  // pass 2
+  const double qq = double(sqdev4<A>(d, k, md)) - double(k) * corr * corr;  // pass 2
   *m = double(sh) + sk;
   *q = qq < 0.0 ? 0.0 : qq;  // rounding; NaN stays NaN
 }

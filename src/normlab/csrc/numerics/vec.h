@@ -77,6 +77,19 @@ inline vec<float> vload(const f16* p) {
 #endif
 }
 
+// lanes<double> floats at p as a vector of float64 (one vcvtps2pd from memory: GCC 12 splits the
+// generic conversion into two halves and an insert).
+inline vec<double> vload_widen(const float* p) {
+#if NORMLAB_VEC_BYTES == 64
+  __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(p));
+  vec<double> r; std::memcpy(&r, &v, sizeof r); return r;
+#else
+  typedef float h_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
+  h_t h; std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, vec<double>);
+#endif
+}
+
 // vstore(p, v): v rounded once to storage S (nearest even; NaN stays NaN), stored at p.
 inline void vstore(float* p, vec<float> v) { std::memcpy(p, &v, sizeof v); }
 inline void vstore(double* p, vec<double> v) { std::memcpy(p, &v, sizeof v); }
