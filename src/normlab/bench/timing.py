@@ -20,6 +20,13 @@ Per provider:
    Python's garbage collector paused. Results are dropped inside the loop, so
    each call pays its own allocation and free, as in real use.
 
+The clock: a sample on one thread (``torch.get_num_threads() == 1``: torch's and normlab's
+kernels then run on the calling thread) is timed in that thread's CPU time
+(``time.thread_time``, which counts its page faults and kernel time but not the time other
+processes hold the core); on more threads, in wall time (``time.perf_counter``).
+``NORMLAB_BENCH_CLOCK=wall`` takes wall time everywhere. On a quiet machine the two agree;
+on a shared one the 1-thread ratios stay meaningful while the wall times do not.
+
 After ``min_repeats`` repeats the loop stops early once ``max_total_s`` has
 passed (a 256 MB reference backward takes a while).
 
@@ -32,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -52,14 +60,24 @@ class Timing:
     samples: list[float] = dataclasses.field(default_factory=list)
 
 
+def sample_clock() -> Callable[[], float]:
+    """The clock of a sample taken now: thread CPU time on one thread, else wall time (above)."""
+    import torch
+
+    if torch.get_num_threads() == 1 and os.environ.get("NORMLAB_BENCH_CLOCK", "") != "wall":
+        return time.thread_time
+    return time.perf_counter
+
+
 def _sample(fn: Callable, inner: int) -> float:
+    clock = sample_clock()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - t0) / inner
+        return (clock() - t0) / inner
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -91,9 +109,10 @@ def time_interleaved(
                 fn = cand.prepare()
                 fn()
                 res.first_call_s = time.perf_counter() - t0
-                t1 = time.perf_counter()
+                clock = sample_clock()
+                t1 = clock()
                 fn()
-                one = max(time.perf_counter() - t1, 1e-9)
+                one = max(clock() - t1, 1e-9)
         except Exception as e:  # noqa: BLE001 - a provider's failure is a row, not a crash
             res.status, res.reason = exception_status(e)
             continue
