@@ -39,7 +39,8 @@ Vector lanes depend on the instruction set the extension was built for
   ``over_n``: float32 means of rows over ``2**24`` values divide in float64 (not reached: a
   row of 16M values).
 - **BatchNorm** (``cpu/batch_norm_kernels.h``, ``Constants``; ``geometry`` in
-  ``cpu/batch_norm_kernels.cpp``): planes of ``S >= plane_min = 256`` values are cut per channel
+  ``cpu/batch_norm_kernels.cpp``): planes of ``S >= plane_min = 256`` values (or of
+  ``S >= short_plane_min = 32`` when ``S >= 8 N``) are cut per channel
   into ``P = ceil(N * S / part_values)`` parts (``part_values = 65536``, at most 64), read in
   pieces of ``plane_piece = 4096``; ``P == 1`` finishes a channel in cache. Rows narrower than
   ``fold_below = 64`` values are folded to at most ``fold_width = 256``; ``column_block = 2048``
@@ -154,7 +155,9 @@ def _cases():
         _case("batch_norm", (600, 63), WIDE), _case("batch_norm", (600, 64), WIDE),  # fold_below: 63 | 64
         _case("batch_norm", (300, 2500), WIDE),                       # 2 column blocks, chunks of 52 rows
         _case("batch_norm", (6, 5, 7)), _case("batch_norm", (6, 5, 2 * L32 + 1)),  # lane tails within a plane
-        _case("batch_norm", (8, 64, 200), WIDE),                      # local, row sums (S < plane_min 256)
+        _case("batch_norm", (40, 64, 200), WIDE),                     # local, row sums (S < plane_min, S < 8 N)
+        _case("batch_norm", (4, 8, 32), WIDE), _case("batch_norm", (5, 8, 32), WIDE),  # S >= 8 N: planes | rows
+        _case("batch_norm", (2, 8, 31), WIDE),                        # S < short_plane_min 32: rows
         _case("batch_norm", (4, 8, 255), WIDE), _case("batch_norm", (4, 8, 256), WIDE),  # plane_min: 255 | 256
         _case("batch_norm", (2, 4, 4096), WIDE), _case("batch_norm", (2, 4, 4097), WIDE),  # plane_piece 4096
         _case("batch_norm", (16, 2, 4096), WIDE), _case("batch_norm", (16, 2, 4097), WIDE),  # P: 1 | 2 parts

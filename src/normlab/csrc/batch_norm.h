@@ -58,7 +58,7 @@ namespace bn {
 // The geometry constants by name (tests set tiny ones to put chunk, task and column-block
 // boundaries everywhere); set returns the previous values.
 #define NORMLAB_BN_CONSTANTS(X) X(fold_below) X(fold_width) X(column_block) \
-  X(chunk_elems) X(max_chunk_rows) X(task_elems) X(local_elems) X(min_local_run) X(plane_min) X(plane_piece) \
+  X(chunk_elems) X(max_chunk_rows) X(task_elems) X(local_elems) X(min_local_run) X(plane_min) X(short_plane_min) X(plane_piece) \
   X(part_values) X(max_partials) X(phase1_values)
 
 inline std::map<std::string, int64_t> get_constants() {

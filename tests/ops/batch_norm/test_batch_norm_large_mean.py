@@ -40,7 +40,8 @@ CASES = {
     "planes_one_part": ((4, 3, 16, 16), torch.contiguous_format),        # S = 256, N*S = 1024: P = 1
     "planes_two_parts": ((2, 3, 256, 160), torch.contiguous_format),     # N*S = 81920: P = 2
     "planes_3d": ((2, 2, 8, 8, 8), torch.contiguous_format),             # S = 512
-    "short_planes": ((8, 5, 7, 7), torch.contiguous_format),             # S = 49 < plane_min: rows
+    "short_planes": ((8, 5, 7, 7), torch.contiguous_format),             # S = 49 < plane_min, < 8 N: rows
+    "few_rows_planes": ((2, 6, 8, 8), torch.contiguous_format),          # S = 64 >= 8 N: planes
     "channels_last_narrow": ((8, 5, 7, 7), torch.channels_last),         # rows of 5: folded
     "channels_last_wide": ((4, 80, 6, 6), torch.channels_last),          # rows of 80: not folded
     "channels_last_3d": ((2, 4, 3, 5, 6), torch.channels_last_3d),
@@ -140,5 +141,6 @@ def test_cases_take_the_paths_they_name():
     assert math.prod(sp) >= k["plane_min"] and n * math.prod(sp) <= k["part_values"]
     n, c, *sp = CASES["planes_two_parts"][0]
     assert k["part_values"] < n * math.prod(sp) <= 2 * k["part_values"]
-    assert math.prod(CASES["short_planes"][0][2:]) < k["plane_min"]
+    n, c, *sp = CASES["short_planes"][0]
+    assert math.prod(sp) < k["plane_min"] and math.prod(sp) < 8 * n  # rows, not the few-rows planes
     assert CASES["channels_last_narrow"][0][1] < k["fold_below"] <= CASES["channels_last_wide"][0][1]
