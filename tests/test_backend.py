@@ -191,7 +191,7 @@ def test_auto_picks_ref_while_torch_export_records():
 
 def test_explicit_backend_that_cannot_serve_raises_and_lists_alternatives():
     if "cpu" not in normlab.available_backends():
-        pytest.skip("no cpu backend registered (numba missing)")
+        pytest.skip("no cpu backend registered (no C++ extension)")
     meta = torch.randn(2, 3, device="meta")
     with normlab.use_backend("cpu"):
         with pytest.raises(RuntimeError, match=r"backend 'cpu' cannot serve.*meta.*\['ref'\]"):

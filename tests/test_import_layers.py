@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("functional", ("normlab.functional",)),
     ("nn", ("normlab.nn",)),
     ("tools", ("normlab.tools",)),
-    ("programs", ("normlab.demos", "normlab.bench", "normlab.warmup")),
+    ("programs", ("normlab.demos", "normlab.bench")),
     ("experiments", ("normlab.experiments",)),
     ("figures", ("normlab.figures",)),
     ("cli", ("normlab.cli", "normlab.__main__")),

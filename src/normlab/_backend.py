@@ -59,7 +59,7 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
 
 
 def function(op: str, backend: str) -> Callable:
-    """The table's entry for ``op`` on ``backend`` (a name :func:`resolve` gave): for ops whose
+    """The table's entry for ``op`` on ``backend`` (a name :func:`backend_for` gave): for ops whose
     custom ops carry the backend's name, to find their implementation again inside."""
     return _IMPL[(op, backend)]
 
@@ -124,17 +124,10 @@ def get_backend() -> str:
     """The backend currently requested (may be ``"auto"``)."""
     choice = getattr(_state, "choice", None) or _global_choice
     if choice is None:
-        # read at import, not per call: resolve runs before every kernel, and a
+        # read at import, not per call: backend_for runs before every kernel, and a
         # lookup in os.environ costs microseconds there
         choice = _validate(_ENV_CHOICE)
     return choice
-
-
-def backend_for(x: torch.Tensor, op: str) -> str:
-    """The backend that would run ``op`` (``"layer_norm"``, ``"batch_norm"``, ...) on ``x`` now,
-    under the current choice; raises ``RuntimeError`` when an explicitly chosen backend cannot
-    serve ``x`` (the message lists the backends that can)."""
-    return resolve(x, op)
 
 
 def _exporting() -> bool:
@@ -160,11 +153,10 @@ def eager_cpu() -> bool:
             and _fwad._current_level < 0 and not _is_compiling() and not _is_exporting() and not _is_tracing())
 
 
-def resolve(x: torch.Tensor, op: str) -> str:
-    """The concrete backend that will run ``op`` on ``x``.
-
-    Raises ``RuntimeError`` when an explicitly requested backend cannot serve ``x``.
-    """
+def backend_for(x: torch.Tensor, op: str) -> str:
+    """The backend that would run ``op`` (``"layer_norm"``, ``"batch_norm"``, ...) on ``x`` now,
+    under the current choice; raises ``RuntimeError`` when an explicitly chosen backend cannot
+    serve ``x`` (the message lists the backends that can)."""
     choice = get_backend()
     if _exporting():
         return "ref"
@@ -178,13 +170,13 @@ def resolve(x: torch.Tensor, op: str) -> str:
 
 
 def implementation(x: torch.Tensor, op: str) -> Callable:
-    """The function of the table that runs ``op`` on ``x`` now (the backend :func:`resolve` picks)."""
+    """The function of the table that runs ``op`` on ``x`` now (the backend :func:`backend_for` picks)."""
     choice = get_backend()
     if choice == "auto" and not _exporting():
         for _, serves, fn in _auto_order(op):
             if serves(x):
                 return fn
-    return _IMPL[(op, resolve(x, op))]
+    return _IMPL[(op, backend_for(x, op))]
 
 
 def _check_explicit(choice: str, x: torch.Tensor, op: str) -> None:

@@ -42,7 +42,6 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     }),
     "compare": Leaf("normlab.demos.compare", "BatchNorm1d vs LayerNorm table, every cell measured live"),
     "bench": Leaf("normlab.bench", "time normlab against torch eager, torch.compile and the memory-copy limit"),
-    "warmup": Leaf("normlab.warmup", "nothing to compile (kept for old scripts): the cpu kernels are compiled at install"),
     "inspect": Leaf("normlab.tools.inspect_command", "table of a model's norm layers: statistics axes, measured batch dependence, running-stats health, pitfalls with fixes"),
     "experiment": Group("the chapters' experiments over many seeds, stored in SQLite (resumable)", {
         "stability": Leaf("normlab.experiments.stability",

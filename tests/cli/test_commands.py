@@ -55,17 +55,6 @@ def _ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 # --- good runs -----------------------------------------------------------------------------------
 
-def test_warmup_reports_this_install(tmp_path):
-    text = _ok(_normlab(tmp_path, "warmup")).stdout
-    info = json.loads(_ok(_normlab(tmp_path, "warmup", "--json")).stdout)
-    assert info["compiled_at_install"] is extension.available()
-    if extension.available():
-        assert info["build"]["torch"] == extension.build_info()["torch"]
-        assert "nothing to compile" in text and extension.build_info()["torch"] in text
-    else:
-        assert "backend 'ref' only" in text
-
-
 def test_bench_one_op_one_shape_writes_what_it_prints(tmp_path):
     out = tmp_path / "bench"
     providers = "normlab-cpu,torch" if extension.available() else "normlab-ref,torch"
@@ -161,7 +150,6 @@ def _bad(argv, status, says, capsys, untouched=()):
     (["demo", "nope"], ["usage: normlab demo", "invalid choice: 'nope'", "'layernorm'", "'shapes'"]),
     (["demo", "shapes", "--sample", "99"], ["usage: normlab demo shapes", "--sample", "0..31", "got 99"]),
     (["demo", "shapes", "--seed", "x"], ["--seed", "invalid int value: 'x'"]),
-    (["warmup", "extra"], ["usage: normlab warmup", "unrecognized arguments: extra"]),
     (["experiment"], ["usage: normlab experiment", "required: TOPIC"]),
     (["experiment", "nope"], ["invalid choice: 'nope'", "'stability'", "'ddp'"]),
     (["figures"], ["usage: normlab figures", "required: --out"]),
@@ -302,7 +290,6 @@ GOOD = {
     "demo shapes": "tests/demos/test_source.py::test_demo_points_to_the_source_page",
     "compare": "tests/demos/test_lang.py::test_compare_cli_lang",
     "bench": f"{HERE}::test_bench_one_op_one_shape_writes_what_it_prints",
-    "warmup": f"{HERE}::test_warmup_reports_this_install",
     "inspect": f"{HERE}::test_inspect_a_model_from_a_py_file",
     "experiment stability":
         "tests/experiments/test_store.py::test_sweep_killed_then_resumed_loses_and_duplicates_nothing",
@@ -322,7 +309,6 @@ BAD = {
     "demo shapes": f"{HERE}::test_bad_command_or_argument_is_named_with_the_usage",
     "compare": "tests/cli/test_parsing.py::test_unknown_or_abbreviated_flag",
     "bench": f"{HERE}::test_bench_bad_option_is_named_before_any_run",
-    "warmup": f"{HERE}::test_bad_command_or_argument_is_named_with_the_usage",
     "inspect": f"{HERE}::test_inspect_bad_target_says_what_was_wrong",
     "experiment stability": "tests/experiments/test_args.py::test_bad_input_is_one_clear_line",
     "experiment batch-size": "tests/experiments/test_args.py::test_bad_input_is_one_clear_line",

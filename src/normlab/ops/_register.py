@@ -5,9 +5,8 @@
 - :func:`transform` and :func:`route`: the Python ``autograd.Function`` that runs an op under
   torch.func transforms and forward-mode AD (a C++ autograd node refuses them), with its
   ``vmap`` and ``jvp`` rules, and the rule that picks it.
-- :func:`custom_op`, :func:`eager`, :func:`written`: for SyncBatchNorm (``batch_norm/sync.py``),
-  whose collectives run in Python: its ``torch.library`` ops, its eager Function, and the
-  version counters of the running statistics it updates in place.
+- :func:`custom_op`, :func:`eager`: for SyncBatchNorm (``batch_norm/sync.py``), whose
+  collectives run in Python: its ``torch.library`` ops and its eager Function.
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ from . import extension
 # Which path runs a call
 # --------------------------------------------------------------------------
 
-TRANSFORM = 0  # a torch.func transform or forward-mode AD is active: the <Name>Transform Function
+FUNCTION = 0  # an autograd.Function runs the call: a torch.func transform or forward-mode AD
+               # is active (the <Name>Transform Function), or autograd records it (<Name>Eager)
 COMPILE = 1  # torch.compile is tracing: the custom ops
-EAGER = 2  # autograd records the call: the <Name>Eager Function
-PLAIN = 3  # nothing to record (no_grad, inference, no input needs a gradient): the op call alone
+PLAIN = 2  # nothing to record (no_grad, inference, no input needs a gradient): the op call alone
 
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -35,23 +34,23 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def route(*tensors: Optional[torch.Tensor]) -> int:
-    """The path of a call on ``tensors`` (None allowed): :data:`TRANSFORM`, :data:`COMPILE`,
-    :data:`EAGER` or :data:`PLAIN`, tested in that order.
+    """The path of a call on ``tensors`` (None allowed): :data:`FUNCTION`, :data:`COMPILE` or
+    :data:`PLAIN`.
 
     A kernel gets tensors by address, which a functorch ``BatchedTensor`` or a
-    dual tensor has not: transforms come first, also while compiling. Without
+    dual tensor has not: transforms come first (FUNCTION), also while compiling. Without
     a transform, ``torch.compile`` traces the custom ops; an eager call takes
-    the eager Function only when autograd records it (grad mode on and an
+    a Function only when autograd records it (grad mode on and an
     input that requires grad), else the op call alone (no Function to build).
     """
     if _functorch_active() or _fwad._current_level >= 0:
-        return TRANSFORM
+        return FUNCTION
     if _is_compiling():
         return COMPILE
     if _grad_enabled():
         for t in tensors:
             if t is not None and t.requires_grad:
-                return EAGER
+                return FUNCTION
     return PLAIN
 
 
@@ -142,23 +141,12 @@ def transform(
 # --------------------------------------------------------------------------
 
 
-def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None,
-              available: Callable[[], bool] = extension.available) -> None:
+def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None) -> None:
     """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
-    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when ``available()`` (the C++ extension:
-    ``extension.available``). Both take the arguments
-    ``normlab.functional`` has checked."""
+    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when the C++ extension is installed
+    (``extension.available()``). Both take the arguments ``normlab.functional`` has checked."""
     _backend.register_op(op, "ref", ref)
-    if cpu is not None and available():
+    if cpu is not None and extension.available():
         _backend.register_backend("cpu", extension.serves_cpu)
         _backend.register_op(op, "cpu", cpu)
 
-
-_increment_version = torch._C._increment_version  # (what autograd.graph.increment_version calls)
-
-
-def written(*buffers: torch.Tensor) -> None:
-    """Running statistics that a kernel wrote in place through their address: their version
-    counters move once, as for any in-place torch op (and as on the reference path, which
-    writes them with ``copy_``). Inference tensors have no version counter and are skipped."""
-    _increment_version(buffers)

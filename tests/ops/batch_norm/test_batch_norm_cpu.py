@@ -18,7 +18,6 @@ from torch.autograd import gradcheck, gradgradcheck
 
 import normlab
 import normlab.functional as NF
-from normlab import _backend
 from normlab.ops import extension
 from tests.oracle import (
     saved_bytes_beyond_inputs,
@@ -559,7 +558,7 @@ def test_torch_compile_inductor_matches_eager(channels_last):
 def test_backend_registry():
     x = torch.randn(4, 3)
     with normlab.use_backend("auto"):
-        assert _backend.resolve(x, "batch_norm") == "cpu"
-        assert _backend.resolve(x.to("meta"), "batch_norm") == "ref"
+        assert normlab.backend_for(x, "batch_norm") == "cpu"
+        assert normlab.backend_for(x.to("meta"), "batch_norm") == "ref"
     with normlab.use_backend("cpu"), pytest.raises(RuntimeError, match="cannot serve"):
-        _backend.resolve(x.to("meta"), "batch_norm")
+        normlab.backend_for(x.to("meta"), "batch_norm")

@@ -15,7 +15,6 @@ import torch.nn.functional as TF
 
 import normlab
 import normlab.functional as NF
-from normlab import _backend
 from tests.oracle import (
     HALF,
     saved_bytes_beyond_inputs,
@@ -579,8 +578,8 @@ def test_backend_registry():
     x = torch.randn(2, 3, 4)
     with normlab.use_backend("auto"):
         for op in ("group_norm", "instance_norm"):
-            assert _backend.resolve(x, op) == "cpu"
-            assert _backend.resolve(x.to("meta"), op) == "ref"
+            assert normlab.backend_for(x, op) == "cpu"
+            assert normlab.backend_for(x.to("meta"), op) == "ref"
     with normlab.use_backend("cpu"):
         with pytest.raises(RuntimeError, match="cannot serve a torch.float32 tensor on meta"):
-            _backend.resolve(x.to("meta"), "group_norm")
+            normlab.backend_for(x.to("meta"), "group_norm")

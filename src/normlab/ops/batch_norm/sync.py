@@ -66,7 +66,7 @@ from torch.autograd.function import once_differentiable
 from ... import _backend
 from ..layouts import output_memory_format
 from ..numerics import acc_dtype, chan_merge  # noqa: F401 (chan_merge: also imported from here)
-from .. import _register, extension
+from .. import _register
 from . import op as _op
 from .sync_parts import KERNEL_PARTS, TORCH_PARTS, Parts, empty_vectors
 from .reference import _stat_shape
@@ -427,7 +427,7 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
     """
     if group is None:
         group = dist.group.WORLD
-    backend = _backend.resolve(x, "sync_batch_norm")  # its name: the custom ops carry it
+    backend = _backend.backend_for(x, "sync_batch_norm")  # its name: the custom ops carry it
     xc = _parts(backend).canonical(x)
     update = running_mean is not None
     path = _register.route(x, w, b)
@@ -449,4 +449,4 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
     return y
 
 
-_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS, available=extension.available)
+_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS)

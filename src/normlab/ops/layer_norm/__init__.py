@@ -14,7 +14,7 @@ Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
 extension is installed).
 """
 
-from .. import _register, extension
+from .. import _register
 from . import op, op_2d
 from .reference import (
     LayerNormFunction,
@@ -47,8 +47,8 @@ __all__ = [
     "ref_add_rms_norm",
 ]
 
-_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm, available=extension.available)
-_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm, available=extension.available)
-_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm, available=extension.available)
-_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm, available=extension.available)
-_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=op_2d.layer_norm2d, available=extension.available)
+_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm)
+_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm)
+_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm)
+_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm)
+_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=op_2d.layer_norm2d)
