@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +129,28 @@ def test_plots_show_every_series_within_bounds(built):
         for s in plots[name]["series"].values():
             assert all(min(abs(x - t) for t in ticks) <= 0.2 + 1e-9 for x in s["x"]), (name, s["x"])
     assert plots["accuracy_vs_lr.png"]["chance"] == 0.5
+
+
+def _snapshot(folder):
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("kind", ["wal", "rollback"])
+def test_a_report_leaves_its_store_untouched(kind, store, tmp_path):
+    """A report only reads: the store's bytes and mtime are unchanged and no file is left beside it,
+    for a store as `normlab experiment` writes it (WAL) and as committed in docs/runs (rollback journal)."""
+    src = store if kind == "wal" else Path(__file__).resolve().parents[2] / "docs" / "runs" / "stability.sqlite"
+    folder = tmp_path / "store"
+    folder.mkdir()
+    copy = folder / "runs.sqlite"
+    shutil.copy2(src, copy)
+    with open(copy, "rb") as f:
+        assert f.read(20)[18] == (2 if kind == "wal" else 1)   # the header's journal mode
+    before = _snapshot(folder)
+    p = _normlab(tmp_path, "report", "--store", str(copy), "--out", str(tmp_path / "report"))
+    assert p.returncode == 0, p.stderr
+    assert _snapshot(folder) == before
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):      # the Python entry: opened to read only
+        with Store(copy, read_only=True) as s:
+            s.add("stability", {"norm": "none"}, 1, {}, {}, 0.0)
+    assert _snapshot(folder) == before

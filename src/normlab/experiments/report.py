@@ -349,7 +349,7 @@ def build(store: str, out: str) -> dict:
     """Write the report into ``out``; returns its sections (tables as data), its paths, and
     facts about its plots (``plots``: markers, line styles, legend and axes boxes)."""
     outp = check_out(out)
-    with Store(store, must_exist=True) as st:
+    with Store(store, read_only=True) as st:  # a report never writes to its store
         runs = st.runs()
     _make_out(outp)
     by_exp: dict[str, list[dict]] = {}
@@ -385,7 +385,7 @@ def build(store: str, out: str) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=arguments.arg(lambda s: str(check_path(s, must_exist=True))), default=DEFAULT_STORE,
+    p.add_argument("--store", type=arguments.arg(lambda s: str(check_path(s, read_only=True))), default=DEFAULT_STORE,
                    help=f"the store to report on (default {DEFAULT_STORE})")
     p.add_argument("--out", required=True, type=arguments.arg(lambda s: str(check_out(s))),
                    help="folder for report.md, report.html, the PNGs and runs.csv (created if missing)")

@@ -76,15 +76,18 @@ def _is_default(p: Path) -> bool:
     return os.path.normpath(str(p)) == os.path.normpath(DEFAULT_STORE)
 
 
-def check_path(path: str | os.PathLike, *, must_exist: bool = False, lock_timeout_s: float = 10.0) -> Path:
+def check_path(path: str | os.PathLike, *, must_exist: bool = False, read_only: bool = False,
+               lock_timeout_s: float = 10.0) -> Path:
     """Check that ``path`` can serve as a store; create nothing. Returns it as a Path.
 
     Raises :class:`StoreError` for a directory, a file that is not SQLite, a read-only
     file or folder, a new store whose folder does not exist (except the default store's
     ``normlab-runs/``, which is created), a missing store when ``must_exist``, or a store
-    another process keeps locked for more than ``lock_timeout_s`` seconds.
+    another process keeps locked for more than ``lock_timeout_s`` seconds. ``read_only``
+    (a report): the store must exist, may be a read-only file, and is opened only to read.
     """
     p = Path(path)
+    must_exist = must_exist or read_only
     fix = "pass --store with a path to a new or existing normlab store file"
     if p.is_dir():
         raise StoreError(f"store path {str(p)!r} is a directory; expected an SQLite file "
@@ -113,6 +116,8 @@ def check_path(path: str | os.PathLike, *, must_exist: bool = False, lock_timeou
     if head and head != _HEADER:
         raise StoreError(f"{str(p)!r} is not an SQLite file (it starts with {head[:8]!r}); "
                          f"normlab will not overwrite it; {fix}")
+    if read_only:
+        return _check_readable(p, lock_timeout_s, fix)
     if not _writable(p):
         raise StoreError(f"store {str(p)!r} is read-only; make it writable (chmod u+w) or {fix}")
     if not _writable(p.parent):
@@ -139,6 +144,40 @@ def check_path(path: str | os.PathLike, *, must_exist: bool = False, lock_timeou
     return p
 
 
+def _connect_read_only(p: Path, timeout_s: float) -> sqlite3.Connection:
+    """``p`` opened for reading only (SQLite's ``mode=ro``): nothing is written to the file.
+
+    A WAL store with no ``-wal`` file beside it (no writer has it open; every run is in the
+    file itself) is opened ``immutable``: ``mode=ro`` alone would create ``-wal`` and ``-shm``
+    beside it and, being read-only, leave them there (and fail in a read-only folder).
+    """
+    with open(p, "rb") as f:
+        wal = f.read(20)[18:19] == b"\x02"  # the header's file-format byte: 2 = WAL
+    immutable = "&immutable=1" if wal and not Path(f"{p}-wal").exists() else ""
+    return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=timeout_s,
+                           isolation_level=None)
+
+
+def _check_readable(p: Path, timeout_s: float, fix: str) -> Path:
+    try:
+        con = _connect_read_only(p, timeout_s)
+        try:
+            cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise StoreError(f"store {str(p)!r} is locked by another process (a write held for more "
+                             f"than {timeout_s:g} s); wait for it to finish or use another --store") from e
+        raise StoreError(f"store {str(p)!r} cannot be opened for reading: {e}; {fix}") from e
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{str(p)!r} is not a usable SQLite file ({e}); {fix}") from e
+    if tuple(cols) != COLUMNS:
+        raise StoreError(f"{str(p)!r} is an SQLite file without a normlab store's table 'runs' "
+                         f"(columns {cols}); {fix}")
+    return p
+
+
 def machine() -> dict:
     """Where a run ran: host, architecture, processor, core count, Python."""
     return {"node": platform.node(), "machine": platform.machine(), "processor": platform.processor(),
@@ -146,17 +185,23 @@ def machine() -> dict:
 
 
 class Store:
-    """An open store. Use as a context manager, or call :meth:`close`.
+    """An open store. Use as a context manager, or call :meth:`close`. ``read_only=True`` (a
+    report): an existing store opened for reading only (SQLite ``mode=ro``), its file untouched.
 
     >>> with Store("/tmp/normlab-doctest.sqlite") as s:      # doctest: +SKIP
     ...     s.add("stability", {"norm": "batch", "lr": 2.0}, 123, {"train_loss": [0.56]}, {"eval_acc": 0.877}, 0.1)
     """
 
     def __init__(self, path: str | os.PathLike = DEFAULT_STORE, *, must_exist: bool = False,
-                 timeout_s: float = 30.0) -> None:
-        self.path = check_path(path, must_exist=must_exist, lock_timeout_s=timeout_s)
+                 read_only: bool = False, timeout_s: float = 30.0) -> None:
+        self.path = check_path(path, must_exist=must_exist, read_only=read_only, lock_timeout_s=timeout_s)
         #: True when this call made a new store file
         self.created = not self.path.exists()
+        import torch
+        self._versions = (__version__, torch.__version__, json.dumps(machine(), sort_keys=True))
+        if read_only:
+            self._con = _connect_read_only(self.path, timeout_s)
+            return
         if _is_default(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # autocommit mode: every transaction below is opened and closed explicitly
@@ -167,8 +212,6 @@ class Store:
         with self._transaction():
             self._con.execute(_SCHEMA)
             self._con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        import torch
-        self._versions = (__version__, torch.__version__, json.dumps(machine(), sort_keys=True))
 
     def _transaction(self):
         con = self._con
