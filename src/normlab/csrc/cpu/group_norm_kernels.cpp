@@ -129,10 +129,10 @@ constexpr int64_t kAheadBytes = 4096;
 // Long group rows (Cg * S > kScratchValues): a group of a large image at batch 1, up to and past
 // 2^31 values. The rule, from the shape alone:
 //   forward: a row is cut into P = ceil(ncols / kPartValues) parts (at most 64) of whole cache
-//     lines; a task is one (row, part), reading its part in pieces of kScratchValues values, two
+//     lines -- one part if the row fits half of L2 (1 MiB) and there are at least 4 rows; a task is one (row, part), reading its part in pieces of kScratchValues values, two
 //     passes over each piece in cache; the pieces' (count, mean, M2) merged in float64 (Chan) in
 //     order, the parts of a row merged in part order. Then one elementwise pass over (row, part)
-//     tasks writes y. (A row summed in float32 lanes stops growing once a lane passes 2^24 times
+//     tasks writes y; a row of one part (<= 64K values, in L2) is written by its task at once. (A row summed in float32 lanes stops growing once a lane passes 2^24 times
 //     its values: a (1, 2, 32768, 32768) GroupNorm(1, 2) gave y = 1 where torch gives 2.33.)
 //   backward: a task is one (row, channel of the group); its run of S values is summed in pieces
 //     of kScratchValues in the accumulation dtype, the pieces added in float64 in order.
@@ -142,7 +142,9 @@ constexpr int64_t kPartValues = 65536;
 struct RowParts {
   int64_t n_parts, len;
 };
-inline RowParts row_parts(int64_t ncols) {
+inline RowParts row_parts(int64_t ncols, int64_t nrows, int64_t value_bytes) {
+  // a row that fits half of L2 stays one part when there are rows enough to share the threads
+  if (nrows >= 4 && ncols * value_bytes <= (int64_t(1) << 20)) return {1, ncols};
   const int64_t p = std::clamp<int64_t>((ncols + kPartValues - 1) / kPartValues, 1, 64);
   const int64_t len = ((ncols + p - 1) / p + 63) / 64 * 64;
   return {(ncols + len - 1) / len, len};
@@ -152,9 +154,32 @@ template <class S>
 void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
                    acc_t<S>* rstd, int64_t nrows, int64_t cg, int64_t g, int64_t ns, int64_t ncols, double eps) {
   using A = acc_t<S>;
-  const RowParts rp = row_parts(ncols);
+  const RowParts rp = row_parts(ncols, nrows, int64_t(sizeof(S)));
   const int64_t n_items = nrows * rp.n_parts;
   std::vector<double> part(3 * n_items);  // per (row, part): count, mean, M2
+  std::vector<double> hi_lo_rs(3 * nrows);  // per row: mean rounded to A, the rest, rstd
+  // a row's (merged) statistics, into mean/var/rstd and hi_lo_rs
+  auto finish_row = [&](int64_t r, double m_a, double q_a) {
+    const double v = (q_a < 0.0 ? 0.0 : q_a) / double(ncols);
+    const A rs = A(1) / std::sqrt(A(v) + A(eps));
+    A m = A(m_a);
+    if (m != m) m = torch_mean(m, inf_mask(x + r * ncols, 1, 0, ncols));
+    if (mean != nullptr) { mean[r] = m; var[r] = A(v); rstd[r] = rs; }
+    hi_lo_rs[3 * r] = double(m);
+    hi_lo_rs[3 * r + 1] = std::isfinite(m_a) ? m_a - double(m) : 0.0;
+    hi_lo_rs[3 * r + 2] = double(rs);
+  };
+  // y = ((x - hi) - lo) * (rstd * w[c]) + b[c] over values [v0, v1) of row r, channel run by run
+  auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
+    const int64_t gi = r % g;
+    const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);
+    for (int64_t lo_v = v0; lo_v < v1;) {
+      const int64_t k = lo_v / ns, hi_v = std::min(v1, (k + 1) * ns), cc = gi * cg + k;
+      affine_run(x + r * ncols + lo_v, y + r * ncols + lo_v, hi_v - lo_v, hi, lo, rs * w[cc], b[cc]);
+      lo_v = hi_v;
+    }
+  };
+  const bool local = rp.n_parts == 1;  // a row of one part (<= 64K values, in L2): written at once
   for_rows(n_items, rp.len, [&](int64_t t0, int64_t t1) {
     std::vector<A> scratch(std::min(kScratchValues, rp.len));
     for (int64_t t = t0; t < t1; ++t) {
@@ -172,10 +197,11 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
         q_a += q + delta * delta * (n_a * double(k) / tot);
         n_a = tot;
       }
+      if (local) { finish_row(r, m_a, q_a); write_part(r, 0, ncols); continue; }
       part[3 * t] = n_a; part[3 * t + 1] = m_a; part[3 * t + 2] = q_a;
     }
   });
-  std::vector<double> hi_lo_rs(3 * nrows);  // per row: mean rounded to A, the rest, rstd
+  if (local) return;
   for (int64_t r = 0; r < nrows; ++r) {
     double n_a = 0.0, m_a = 0.0, q_a = 0.0;
     for (int64_t p = 0; p < rp.n_parts; ++p) {
@@ -186,26 +212,12 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
       q_a += q[2] + delta * delta * (n_a * q[0] / tot);
       n_a = tot;
     }
-    const double v = (q_a < 0.0 ? 0.0 : q_a) / double(ncols);
-    const A rs = A(1) / std::sqrt(A(v) + A(eps));
-    A m = A(m_a);
-    if (m != m) m = torch_mean(m, inf_mask(x + r * ncols, 1, 0, ncols));
-    if (mean != nullptr) { mean[r] = m; var[r] = A(v); rstd[r] = rs; }
-    hi_lo_rs[3 * r] = double(m);
-    hi_lo_rs[3 * r + 1] = std::isfinite(m_a) ? m_a - double(m) : 0.0;
-    hi_lo_rs[3 * r + 2] = double(rs);
+    finish_row(r, m_a, q_a);
   }
-  // y = ((x - hi) - lo) * (rstd * w[c]) + b[c], channel run by channel run of each part
   for_rows(n_items, rp.len, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len, v1 = std::min(ncols, v0 + rp.len);
-      const int64_t gi = r % g;
-      const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);
-      for (int64_t lo_v = v0; lo_v < v1;) {
-        const int64_t k = lo_v / ns, hi_v = std::min(v1, (k + 1) * ns), cc = gi * cg + k;
-        affine_run(x + r * ncols + lo_v, y + r * ncols + lo_v, hi_v - lo_v, hi, lo, rs * w[cc], b[cc]);
-        lo_v = hi_v;
-      }
+      const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len;
+      write_part(r, v0, std::min(ncols, v0 + rp.len));
     }
   });
 }
