@@ -312,13 +312,14 @@ at::Tensor fast_forward(const at::Tensor& x, const OptT& rm, const OptT& rv, con
   const int64_t c = x.size(1);
   const bool record = needs_grad(x, w, b);
   at::Tensor xc = x, y, stats;
+  StatsScratch scratch(record ? 0 : 3 * c);
   double* s;
   if (record) {
     xc = x.contiguous(x.suggest_memory_format());  // recorded: a copy stays in the graph
     stats = at::empty({3, c}, x.options().dtype(at::kDouble));
     s = stats.data_ptr<double>();
   } else {
-    s = stats_scratch(3 * c);
+    s = scratch.data();
   }
   {
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -101,8 +101,7 @@ at::Tensor eval_fwd_cpu(const at::Tensor& x_in, const at::Tensor& rm, const at::
   at::Tensor x = x_in.contiguous(fmt);
   at::Tensor y = empty_output(x, fmt);
   if (x.numel() == 0) return y;
-  thread_local std::vector<double> buf;  // the running statistics as float64, and rstd: not returned
-  if (int64_t(buf.size()) < 3 * c) buf.resize(3 * c);
+  StatsScratch buf(3 * c);  // the running statistics as float64, and rstd: not returned
   double* stats = buf.data();
   forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), chan(rm), chan(rv), stats,
           view_of(x, fmt), eps, false);
@@ -152,12 +151,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy_in, 
   return {dx, dw, db};
 }
 
-double* stats_scratch(int64_t n) {
-  thread_local std::vector<double> buf;
-  if (int64_t(buf.size()) < n) buf.resize(n);
-  return buf.data();
-}
-
 at::Tensor forward_into(const at::Tensor& x_in, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
                         const std::optional<at::Tensor>& rm, const std::optional<at::Tensor>& rv, double eps,
                         bool training, double* stats) {
@@ -180,7 +173,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_typed(const at::Tensor& dy_in
   const at::Tensor stats = stats_in.scalar_type() == at::kDouble ? stats_in.contiguous() : stats_in.to(at::kDouble).contiguous();
   const bool need_wb = need_dw || need_db;
   at::Tensor dx = need_dx ? empty_output(x, fmt) : at::Tensor();
-  double* sums = stats_scratch(2 * c);  // dw, db as float64 sums
+  StatsScratch scratch(2 * c);
+  double* sums = scratch.data();  // dw, db as float64 sums
   if (x.numel() == 0) {
     std::fill(sums, sums + 2 * c, 0.0);
   } else {

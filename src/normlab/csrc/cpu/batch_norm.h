@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace normlab::bn {
 
@@ -29,8 +30,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy, con
 at::Tensor forward_into(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
                         const std::optional<at::Tensor>& rm, const std::optional<at::Tensor>& rv, double eps,
                         bool training, double* stats);
-// A thread-local scratch of at least n doubles (the statistics nobody keeps).
-double* stats_scratch(int64_t n);
+// A call's float64 scratch of n values (the statistics nobody keeps): up to 1536 values (512
+// channels' mean, var, rstd) inside the object, on the heap beyond; freed with the object (nothing
+// is kept between calls).
+class StatsScratch {
+ public:
+  explicit StatsScratch(int64_t n) : p_(local_) {
+    if (n > kInline) { heap_.resize(size_t(n)); p_ = heap_.data(); }
+  }
+  double* data() { return p_; }
+
+ private:
+  static constexpr int64_t kInline = 1536;
+  double local_[kInline];
+  std::vector<double> heap_;
+  double* p_;
+};
 // The backward with dw in dw_dtype and db in db_dtype (the parameters' dtypes: the float64
 // sums rounded once, as .to() would), each undefined unless asked for; dx undefined unless need_dx.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_typed(const at::Tensor& dy, const at::Tensor& x,
