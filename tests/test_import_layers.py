@@ -20,13 +20,13 @@ COMPILED = ("normlab._C",)  # the C++ extension: a module with no Python source,
 # Bottom to top. A module belongs to the layer of the longest prefix that names it (the
 # prefix itself or a submodule of it); it may import its own layer and the layers below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("normlab._C", "normlab._checks", "normlab._backend", "normlab._version")),
+    ("base", ("normlab._C", "normlab._checks", "normlab._backend", "normlab._extras", "normlab._version")),
     ("ops shared", ("normlab.ops",)),  # extension, _register, _transforms, numerics, layouts, forward_mode
     ("ops families", ("normlab.ops.layer_norm", "normlab.ops.batch_norm", "normlab.ops.group_norm")),
     ("functional", ("normlab.functional",)),
     ("nn", ("normlab.nn",)),
     ("tools", ("normlab.tools",)),
-    ("programs", ("normlab.demos", "normlab.bench")),
+    ("programs", ("normlab.demos", "normlab.bench", "normlab.docs_site")),
     ("experiments", ("normlab.experiments",)),
     ("figures", ("normlab.figures",)),
     ("cli", ("normlab.cli", "normlab.__main__")),

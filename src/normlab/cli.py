@@ -17,11 +17,13 @@ import json
 import sys
 from typing import NamedTuple, Sequence, Union
 
+from ._extras import missing
 from ._version import __version__
 
 
 class Leaf(NamedTuple):
-    """A command that runs one module: ``run``, ``render``, optional ``add_arguments``."""
+    """A command that runs one module (or ``"module:name"``, an object of it): ``run``,
+    ``render``, optional ``add_arguments``."""
 
     module: str
     help: str
@@ -54,9 +56,9 @@ COMMANDS: dict[str, Union[Leaf, Group]] = {
     }),
     "report": Leaf("normlab.experiments.report", "the stored experiment runs as Markdown + HTML with plots, and a CSV"),
     "figures": Leaf("normlab.figures", "the documentation's five pictures, each from a live computation, as PNGs in --out"),
-    "docs": Group("the documentation site (MkDocs; needs the docs extra)", {
-        "build": Leaf("normlab.figures.docs_build", "build the site with mkdocs build --strict into site/"),
-        "serve": Leaf("normlab.figures.docs_serve", "serve the site locally, rebuilt on changes"),
+    "docs": Group("the documentation site, from a checkout of normlab (MkDocs; needs the docs extra)", {
+        "build": Leaf("normlab.docs_site:build", "build the site with mkdocs build --strict into site/"),
+        "serve": Leaf("normlab.docs_site:serve", "serve the site locally, rebuilt on changes"),
     }),
 }
 
@@ -65,7 +67,10 @@ def _add_leaf(subparsers, name: str, leaf: Leaf) -> None:
     # allow_abbrev=False everywhere: `--lr 2` must not start a study as `--lrs 2`
     p = subparsers.add_parser(name, help=leaf.help, description=leaf.help, allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a report")
-    module = importlib.import_module(leaf.module)
+    path, _, attr = leaf.module.partition(":")
+    module = importlib.import_module(path)
+    if attr:
+        module = getattr(module, attr)
     if hasattr(module, "add_arguments"):
         module.add_arguments(p)
     p.set_defaults(_module=module, _parser=p)
@@ -114,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         sys.stderr.write(f"{e}\n")
         return 2
+    except ImportError as e:  # an optional package this command needs: one line naming the extra
+        message = missing(e, f"normlab {name}")
+        if message is None:
+            raise
+        sys.stderr.write(f"{message}\n")
+        return 1
     except KeyboardInterrupt:  # Ctrl-C where a command does not catch it itself: one line, 130
         sys.stderr.write(f"normlab {name}: interrupted (Ctrl-C)\n")
         return INTERRUPTED

@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "NORMLAB_BACKEND": "ref"}
 SETUP = [
-    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install --no-build-isolation . '
-    '&& normlab experiment stability --quick && normlab report --out normlab-report',
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install --no-build-isolation '
+    '".[experiments]" && normlab experiment stability --quick && normlab report --out normlab-report',
     'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install --no-build-isolation '
     '".[test]" && pytest',
 ]

@@ -6,6 +6,7 @@ and as math."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -45,10 +46,18 @@ def _array_rows(latex: str) -> int:
     return count
 
 
+def _hooks():
+    """The site's MkDocs hooks, docs/_tooling/mkdocs_hooks.py (they live with the docs, not in the package)."""
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "docs" / "_tooling" / "mkdocs_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("name", CONVERTED)
 def test_derivation_formulas_are_math(name):
     pytest.importorskip("latex2mathml.converter")
-    from normlab.figures.mkdocs_hooks import to_mathml
+    to_mathml = _hooks().to_mathml
     text = (ROOT / "docs" / "derivations" / name).read_text()
     fences = re.findall(r"^```(\w*)$", text, re.M)
     assert all(lang == "python" for lang in fences[::2]), f"{name}: plain-text formula block left: {fences}"

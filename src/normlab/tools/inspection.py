@@ -43,6 +43,7 @@ import weakref
 import torch
 from torch import nn
 
+from .. import _extras
 from .models import as_args, check_model, clear_hooks, preserved_state, shapes
 from .norm_layers import norm_family
 
@@ -392,9 +393,7 @@ def inspect(model: nn.Module, example_input, *, show: bool = True) -> InspectRep
     report = InspectReport(model=type(model).__name__, model_mode=_mode(model), input_shape=shapes(args),
                            layers=layers, warnings=_pitfalls(layers, model.training, one_sample, bias_before))
     if show:
-        from rich.console import Console
-
-        console = Console()
+        console = _extras.require("rich.console", "normlab.inspect(show=True)").Console()
         if console.is_terminal:
             console.print(report)
         else:                   # a pipe or a log: $COLUMNS or 80 columns, a block per layer if narrow

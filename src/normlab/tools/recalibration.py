@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from .. import _extras
 from ..nn.batch_renorm import _BatchRenorm
 from .models import check_model
 from .norm_layers import is_batch_norm
@@ -127,7 +128,31 @@ def _check_arguments(fn: str, model, batches, max_batches, forward) -> None:
                         f"got {type(forward).__name__}")
 
 
+class _NoBar:
+    """The progress bar's interface, showing nothing (no bar asked for, or rich not installed)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def advance(self, task):
+        pass
+
+
 def _progress(show: bool | None, total: int | None):
+    if show is False:
+        return _NoBar()
+    try:
+        _extras.require("rich", "normlab.recalibrate_batch_norm(progress=True)")
+    except ModuleNotFoundError:
+        if show:
+            raise
+        return _NoBar()  # the default shows a bar where rich (the experiments extra) is installed
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
