@@ -98,7 +98,7 @@ template <class T, int64_t Inline = 256> class Scratch {
     if (n <= Inline) return;
     heap_.reset(static_cast<T*>(std::malloc(size_t(n) * sizeof(T))));
     if (!heap_)
-      throw std::runtime_error("DefaultCPUAllocator: not enough memory: you tried to allocate " +
+      throw std::runtime_error("DefaultCPUAllocator: can't allocate memory: you tried to allocate " +
                                std::to_string(n * int64_t(sizeof(T))) + " bytes (normlab batch_norm scratch).");
     p_ = heap_.get();
   }
