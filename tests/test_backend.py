@@ -14,14 +14,13 @@ import torch.autograd.forward_ad as fwAD
 
 import normlab
 import normlab.functional as NF
-from normlab import _backend
 
 
 @pytest.fixture(autouse=True)
 def _restore_global_choice():
-    before = _backend._global_choice
+    before = normlab.get_backend()  # outside any use_backend: the process-wide choice (or NORMLAB_BACKEND's)
     yield
-    _backend._global_choice = before
+    normlab.set_backend(before)
 
 
 def test_unknown_backend_lists_the_available_ones():

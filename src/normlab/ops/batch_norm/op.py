@@ -48,11 +48,9 @@ def _canonical(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=output_memory_format(x))
 
 
-def _eager(x, w, b, running_mean, running_var, training, momentum, eps):
-    """``normlab._C.batch_norm`` (bound on the first call; tests spy on this name)."""
-    global _eager
-    _eager = extension.load().batch_norm
-    return _eager(x, w, b, running_mean, running_var, training, momentum, eps)
+_C = extension.load()
+# the eager entry, normlab._C.batch_norm (this module's "cpu" function is registered only with it)
+_eager = _C.batch_norm if _C is not None else None
 
 
 def _running_stats(running_mean, running_var, eps):
