@@ -1,10 +1,33 @@
 // GroupNorm over NHWC samples: x as (N, S, C), channels fastest -- channels_last inputs with S > 1,
-// and the backward of every S == 1 input. A task takes whole samples and keeps per-channel vectors
-// (sums, shifts, scales) of length C, so every inner loop runs over contiguous channels; per-group
-// values are spread to their channels, per-channel sums added per group in channel order.
-// Layouts and conventions: group_norm_kernels.h; the math: docs/derivations/group_norm.md.
+// and the backward of every S == 1 input. Every inner loop runs over contiguous channels with
+// per-channel vectors of length C; per-group values are spread to their channels, per-channel sums
+// added per group in channel order. Layouts and conventions: group_norm_kernels.h; the math:
+// docs/derivations/group_norm.md.
+//
+// The rule (from the shape alone, so the bits are the same for any number of threads):
+//   tile   ceil(64 KiB / a row's bytes) rows of a sample: the forward's two statistics
+//          passes run over a tile from L2 (x read from memory once), each tile giving per group
+//          (count, mean, M2) -- shifted two passes;
+//   chunk  a run of tiles: rows = max(ceil(kChunkValues / C), ceil(S / kMaxChunks)) rounded up to
+//          whole tiles -- the unit of work one thread takes, and of the reductions over S: tiles
+//          are merged into their chunk, chunks into their sample, in order (Chan, float64); the
+//          backward's per-channel sums run per chunk, added over the chunks in order in float64.
+// Column sums over a tile or chunk keep NV <= 4 vectors of channels in registers and 2 (NV > 2) or 4
+// row chains (rows r, r + chains, ... each in its own chain, the chains added pairwise at the end).
+// Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
+// (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
+// (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
+// threads, their partials kept in scratch of (samples of the batch) x (chunks a sample) x G (forward)
+// or x 2C (backward) -- the batch is fewer than 7 samples a thread (forward) or one run (backward),
+// at most kMaxChunks chunks a sample -- and merged, then the output pass runs by chunks.
+#include <immintrin.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "cpu/group_norm_kernels.h"
@@ -24,9 +47,9 @@ template <int64_t L, class F, class G> inline void over_channels(int64_t c, cons
 }
 
 // out[gi*cg + k] = v[gi]: a per-group value on each of its group's channels.
-template <class A> inline void spread(const A* v, int64_t g, int64_t cg, A* out) {
+template <class A, class B> inline void spread(const A* v, int64_t g, int64_t cg, B* out) {
   for (int64_t gi = 0; gi < g; ++gi)
-    for (int64_t k = 0; k < cg; ++k) out[gi * cg + k] = v[gi];
+    for (int64_t k = 0; k < cg; ++k) out[gi * cg + k] = B(v[gi]);
 }
 
 // out[gi] = sum_k a[gi*cg + k], in channel order.
@@ -41,6 +64,266 @@ template <class A> inline void group_sums(const A* a, int64_t g, int64_t cg, A* 
 // Samples per row of the backward's dw/db partials: a run's terms are added in float32 (half types,
 // float32) in sample order, the rows then in float64 -- short float32 chains.
 constexpr int64_t kRun = 16;
+// Bytes of x in a tile (two passes from L2), values at least of a chunk (below torch's grain a split does not
+// pay), and the most chunks a sample is cut into (enough to share one sample among many threads).
+constexpr int64_t kTileBytes = 65536;
+constexpr int64_t kChunkValues = 32768;
+constexpr int64_t kMaxChunks = 32;
+
+struct Blocking {
+  int64_t tile, chunk, n_chunks;  // rows of a tile, of a chunk (whole tiles); chunks of a sample
+};
+Blocking blocking(int64_t ns, int64_t c, int64_t elem_bytes) {
+  const int64_t cc = std::max<int64_t>(c, 1), row_bytes = cc * elem_bytes;
+  const int64_t tile = std::min(ns, std::max<int64_t>(1, (kTileBytes + row_bytes - 1) / row_bytes));
+  int64_t chunk = std::max((kChunkValues + cc - 1) / cc, (ns + kMaxChunks - 1) / kMaxChunks);
+  chunk = std::min(ns, (chunk + tile - 1) / tile * tile);
+  return {tile, chunk, (ns + chunk - 1) / chunk};
+}
+
+// Whether `items` whole items on the pool's threads leave at most an eighth of the thread-time idle.
+bool balanced(int64_t items) {
+  const int64_t t = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t slots = (items + t - 1) / t * t;
+  return 8 * items >= 7 * slots;
+}
+
+// Column sums: for v < NV, out[v] = sum over rows r of f(r, v) (a vector of channels), rows in RC
+// interleaved chains added pairwise at the end -- a fixed order for each (rows, NV).
+template <class A, int NV, class F> inline void col_sums(int64_t rows, const F& f, vec<A>* out) {
+  constexpr int RC = NV > 2 ? 2 : 4;
+  vec<A> a[RC][NV];
+  for (int k = 0; k < RC; ++k)
+    for (int v = 0; v < NV; ++v) a[k][v] = vzero<A>();
+  int64_t r = 0;
+  for (; r + RC <= rows; r += RC)
+    for (int k = 0; k < RC; ++k)
+      for (int v = 0; v < NV; ++v) a[k][v] += f(r + k, v);
+  for (int k = 0; r < rows; ++r, ++k)
+    for (int v = 0; v < NV; ++v) a[k][v] += f(r, v);
+  for (int v = 0; v < NV; ++v) {
+    if constexpr (RC == 4) out[v] = (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
+    else out[v] = a[0][v] + a[1][v];
+  }
+}
+
+// col_sums with two sums: f(r, v, t1, t2) gives the two terms of row r.
+template <class A, int NV, class F> inline void col_sums2(int64_t rows, const F& f, vec<A>* o1, vec<A>* o2) {
+  constexpr int RC = NV > 2 ? 2 : 4;
+  vec<A> a[RC][NV], b[RC][NV];
+  for (int k = 0; k < RC; ++k)
+    for (int v = 0; v < NV; ++v) a[k][v] = b[k][v] = vzero<A>();
+  int64_t r = 0;
+  for (; r + RC <= rows; r += RC)
+    for (int k = 0; k < RC; ++k)
+      for (int v = 0; v < NV; ++v) {
+        vec<A> t1, t2;
+        f(r + k, v, t1, t2);
+        a[k][v] += t1;
+        b[k][v] += t2;
+      }
+  for (int k = 0; r < rows; ++r, ++k)
+    for (int v = 0; v < NV; ++v) {
+      vec<A> t1, t2;
+      f(r, v, t1, t2);
+      a[k][v] += t1;
+      b[k][v] += t2;
+    }
+  for (int v = 0; v < NV; ++v) {
+    if constexpr (RC == 4) {
+      o1[v] = (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
+      o2[v] = (b[0][v] + b[1][v]) + (b[2][v] + b[3][v]);
+    } else {
+      o1[v] = a[0][v] + a[1][v];
+      o2[v] = b[0][v] + b[1][v];
+    }
+  }
+}
+
+// blk.template operator()<NV>(j0) over blocks of NV <= 4 vectors of channels, then tail(j) on the
+// channels past the last whole vector.
+template <int64_t L, class Blk, class Tail> inline void channel_blocks(int64_t c, const Blk& blk, const Tail& tail) {
+  int64_t j = 0;
+  for (; j + 4 * L <= c; j += 4 * L) blk.template operator()<4>(j);
+  switch ((c - j) / L) {
+    case 3: blk.template operator()<3>(j); break;
+    case 2: blk.template operator()<2>(j); break;
+    case 1: blk.template operator()<1>(j); break;
+    default: break;
+  }
+  for (j += (c - j) / L * L; j < c; ++j) tail(j);
+}
+
+// The running (count, mean, M2) of G groups in float64 (the count is the same for every group of a
+// sample's rows); merge() adds a part of count nb (Chan et al.), the first part taken as it is.
+struct Moments {
+  int64_t g;
+  double* mean;  // (G,)
+  double* m2;    // (G,)
+  double n = 0;
+  void reset() { n = 0; }
+  void merge(double nb, const double* mb, const double* m2b) {
+    if (n == 0) {
+      for (int64_t gi = 0; gi < g; ++gi) mean[gi] = mb[gi], m2[gi] = m2b[gi];
+      n = nb;
+      return;
+    }
+    const double t = n + nb, w1 = nb / t, w2 = n * nb / t;
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const double d = mb[gi] - mean[gi];
+      mean[gi] += d * w1;
+      m2[gi] += m2b[gi] + d * d * w2;
+    }
+    n = t;
+  }
+  void merge(const Moments& o) { merge(o.n, o.mean, o.m2); }
+};
+
+// The forward's statistics of rows [r0, r1) of sample x (S, C) (a chunk), shift sh (C,) per channel,
+// merged into out in tile order; per tile and group:
+//   pass 1   md_t = mean(x - sh)                         (sums from zero: small terms)
+//   pass 2   M2_t = sum (x - ct)^2 - count * (sh + md_t - ct)^2,  ct = sh + md_t rounded to A
+// -- the second pass about the rounded tile mean ct (one subtraction: x - ct is exact where x is
+// within a factor 2 of ct), its offset from the float64 mean taken out exactly as Chan's merge
+// would (a term of the offset's square: no cancellation). acc, ctc: (C,) scratch; gs: (G,), tm:
+// (2G,) scratch.
+template <class S>
+void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, int64_t g, const acc_t<S>* sh,
+                   acc_t<S>* acc, acc_t<S>* ctc, acc_t<S>* gs, double* tm, Moments& out) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t cg = c / g;
+  double *tmean = tm, *tm2 = tm + g;
+  out.reset();
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t rows = std::min(tile, r1 - t0);
+    const S* xt = x + t0 * c;
+    channel_blocks<L>(
+        c,
+        [&]<int NV>(int64_t j0) {
+          vec<A> vs[NV], o[NV];
+          for (int v = 0; v < NV; ++v) vs[v] = vload(sh + j0 + v * L);
+          col_sums<A, NV>(rows, [&](int64_t r, int v) { return vload(xt + r * c + j0 + v * L) - vs[v]; }, o);
+          for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
+        },
+        [&](int64_t j) {
+          A s = A(0);
+          for (int64_t r = 0; r < rows; ++r) s += to_acc(xt[r * c + j]) - sh[j];
+          acc[j] = s;
+        });
+    group_sums(acc, g, cg, gs);
+    const double cnt = double(rows * cg), inv = 1.0 / cnt;
+    for (int64_t gi = 0; gi < g; ++gi) {
+      tmean[gi] = double(gs[gi]) * inv;  // the tile's mean of x - sh
+      gs[gi] = A(double(sh[gi * cg]) + tmean[gi]);  // ct
+    }
+    spread(gs, g, cg, ctc);
+    channel_blocks<L>(
+        c,
+        [&]<int NV>(int64_t j0) {
+          vec<A> vm[NV], o[NV];
+          for (int v = 0; v < NV; ++v) vm[v] = vload(ctc + j0 + v * L);
+          col_sums<A, NV>(rows,
+                          [&](int64_t r, int v) {
+                            const vec<A> e = vload(xt + r * c + j0 + v * L) - vm[v];
+                            return e * e;
+                          },
+                          o);
+          for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
+        },
+        [&](int64_t j) {
+          A s = A(0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const A e = to_acc(xt[r * c + j]) - ctc[j];
+            s += e * e;
+          }
+          acc[j] = s;
+        });
+    for (int64_t gi = 0; gi < g; ++gi) {
+      A m2 = acc[gi * cg];
+      for (int64_t k = 1; k < cg; ++k) m2 += acc[gi * cg + k];
+      const double off = (double(sh[gi * cg]) + tmean[gi]) - double(gs[gi]);
+      tm2[gi] = std::max(0.0, double(m2) - cnt * (off * off));
+    }
+    out.merge(cnt, tmean, tm2);
+  }
+}
+
+// The last-level cache's bytes: the highest level sysfs lists for cpu0 (sysconf's answer where it
+// lists none -- in a virtual machine sysconf may give the host's), else 32 MiB.
+int64_t llc_bytes() {
+  static const int64_t bytes = [] {
+    int64_t best_level = 0, best = 0;
+    for (int k = 0; k < 16; ++k) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k) + "/";
+      std::ifstream lf(dir + "level"), sf(dir + "size");
+      int64_t level = 0, size = 0;
+      std::string unit;
+      if (!(lf >> level) || !(sf >> size)) continue;
+      sf >> unit;  // "32768K" reads as 32768 then "K"
+      if (!unit.empty() && (unit[0] == 'K' || unit[0] == 'k')) size <<= 10;
+      else if (!unit.empty() && unit[0] == 'M') size <<= 20;
+      if (level > best_level) best_level = level, best = size;
+    }
+    if (best > 0) return best;
+    const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return v > 0 ? int64_t(v) : int64_t(32) << 20;
+  }();
+  return bytes;
+}
+
+// vstore(p, v) as a non-temporal store (around the caches) where p is aligned to the store's width;
+// the same bits as vstore. Ended by fence_streams() before another thread may read the values.
+template <class S> inline void vstream(S* p, vacc<S> v) {
+  constexpr int64_t W = vlanes<S> * int64_t(sizeof(S));  // bytes of the store
+  if (reinterpret_cast<uintptr_t>(p) % W != 0) return vstore(p, v);
+  alignas(64) S t[vlanes<S>];
+  vstore(t, v);
+  if constexpr (W == 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), _mm512_load_si512(t));
+  } else if constexpr (W == 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm256_load_si256(reinterpret_cast<const __m256i*>(t)));
+  } else {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+}
+inline void fence_streams() { _mm_sfence(); }
+
+// y = (x - ch) * a + bb over rows [r0, r1) of one sample, a tile at a time (ch, a, bb: (C,)) -- ch the
+// mean rounded to A, bb = b - (mean - ch) * a: the rounding of the mean is taken out in bb.
+// Stream: y written around the caches (vstream), so that they keep x for this pass.
+template <class S, bool Stream>
+void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t c, const acc_t<S>* ch,
+                 const acc_t<S>* a, const acc_t<S>* bb) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t rows = std::min(tile, r1 - t0);
+    const S* xt = x + t0 * c;
+    S* yt = y + t0 * c;
+    channel_blocks<L>(
+        c,
+        [&]<int NV>(int64_t j0) {
+          vec<A> vm[NV], va[NV], vb[NV];
+          for (int v = 0; v < NV; ++v) {
+            vm[v] = vload(ch + j0 + v * L);
+            va[v] = vload(a + j0 + v * L);
+            vb[v] = vload(bb + j0 + v * L);
+          }
+          for (int64_t r = 0; r < rows; ++r)
+            for (int v = 0; v < NV; ++v) {
+              const int64_t o = r * c + j0 + v * L;
+              const vec<A> r = (vload(xt + o) - vm[v]) * va[v] + vb[v];
+              if constexpr (Stream) vstream(yt + o, r);
+              else vstore(yt + o, r);
+            }
+        },
+        [&](int64_t j) {
+          for (int64_t r = 0; r < rows; ++r) yt[r * c + j] = from_acc<S>((to_acc(xt[r * c + j]) - ch[j]) * a[j] + bb[j]);
+        });
+  }
+  if constexpr (Stream) fence_streams();
+}
 
 }  // namespace
 
@@ -50,75 +333,118 @@ int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c) {
 }
 
 // x, y (N, S, C); w, b (C,); mean, var, rstd (N*G,) out or null.
-// docs/derivations/group_norm.md, "The grouped view" and "Numerics" -- per sample, three passes
-// over its S rows of C channels (the second and third from cache):
-//   pass 1   acc[c] = sum_s (x - shift)                  -> md = mean(x - shift) per group
-//   pass 2   acc[c] = sum_s ((x - shift) - md)^2         -> var, rstd per group
-//   output   y = ((x - shift) - md) * (rstd * w[c]) + b[c]
-// shift: the group's first value; the per-channel sums run over s in order.
+// docs/derivations/group_norm.md, "The grouped view" and "Numerics" -- per group, two passes per
+// tile (from L2, chunk_moments), the tiles' (count, mean, M2) merged (Chan, float64):
+//   shift    sh = the group's first value of the sample (pass 1 sums x - sh: small terms)
+//   merged   mean = sh + mean(x - sh) in float64, var = M2 / count
+//   output   y = (x - ch) * a + bb,  ch = mean rounded to A, a = rstd * w[c], bb = b[c] - (mean - ch) * a
 template <class S>
 void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
               acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps) {
   using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  const int64_t cg = c / g, m_grp = cg * ns;
+  const int64_t cg = c / g;
   const A aeps = A(eps);
-  for_rows(n, ns * c, [&](int64_t i0, int64_t i1) {
-    std::vector<A> buf(4 * c + 3 * g);
-    A *sh = buf.data(), *mdc = sh + c, *ac = mdc + c, *acc = ac + c;  // per channel
-    A *gsh = acc + c, *gmd = gsh + g, *gv = gmd + g;                    // per group
-    for (int64_t i = i0; i < i1; ++i) {
-      const S* xi = x + i * ns * c;
-      S* yi = y + i * ns * c;
-      for (int64_t gi = 0; gi < g; ++gi) gsh[gi] = to_acc(xi[gi * cg]);
-      spread(gsh, g, cg, sh);
-      over_channels<L>(c, [&](int64_t j) { vstore(acc + j, vload(xi + j) - vload(sh + j)); },  // pass 1
-                       [&](int64_t j) { acc[j] = to_acc(xi[j]) - sh[j]; });
-      for (int64_t s = 1; s < ns; ++s) {
-        const S* xs = xi + s * c;
-        over_channels<L>(c, [&](int64_t j) { vstore(acc + j, vload(acc + j) + (vload(xs + j) - vload(sh + j))); },
-                         [&](int64_t j) { acc[j] += to_acc(xs[j]) - sh[j]; });
+  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)));
+  // sample i's statistics from its merged moments: per group the mean's rounding to A and what that
+  // leaves out (gch, glo), rstd (grs); mean/var/rstd stored
+  auto finish = [&](int64_t i, const A* gsh, const Moments& mo, A* gch, A* glo, A* grs) {
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const double m = double(gsh[gi]) + mo.mean[gi];
+      const A ch = A(m), v = A(mo.m2[gi] / mo.n);
+      const A rs = A(1) / std::sqrt(v + aeps);
+      gch[gi] = ch;
+      glo[gi] = A(m - double(ch));
+      grs[gi] = rs;
+      if (mean != nullptr) {
+        A mm = ch;
+        if (mm != mm) mm = torch_mean(mm, inf_mask(x + i * ns * c + gi * cg, ns, c, cg));
+        mean[i * g + gi] = mm;
+        var[i * g + gi] = v;
+        rstd[i * g + gi] = rs;
       }
-      group_sums(acc, g, cg, gv);
-      for (int64_t gi = 0; gi < g; ++gi) gmd[gi] = over_count(gv[gi], m_grp);
-      spread(gmd, g, cg, mdc);
-      for (int64_t s = 0; s < ns; ++s) {  // pass 2
-        const S* xs = xi + s * c;
-        over_channels<L>(c,
-                         [&](int64_t j) {
-                           vec<A> e = (vload(xs + j) - vload(sh + j)) - vload(mdc + j);
-                           vstore(acc + j, s == 0 ? e * e : vload(acc + j) + e * e);
-                         },
-                         [&](int64_t j) {
-                           A e = (to_acc(xs[j]) - sh[j]) - mdc[j];
-                           acc[j] = s == 0 ? e * e : acc[j] + e * e;
-                         });
-      }
-      group_sums(acc, g, cg, gv);
-      for (int64_t gi = 0; gi < g; ++gi) {
-        A v = over_count(gv[gi], m_grp);
-        A rs = A(1) / std::sqrt(v + aeps);
-        if (mean != nullptr) {
-          A m = gsh[gi] + gmd[gi];
-          if (m != m) m = torch_mean(m, inf_mask(xi + gi * cg, ns, c, cg));
-          mean[i * g + gi] = m;
-          var[i * g + gi] = v;
-          rstd[i * g + gi] = rs;
+    }
+  };
+  // per-channel vectors of sample i: ch, a = rstd * w, bb = b - lo * a
+  auto channels = [&](const A* gch, const A* glo, const A* grs, A* ch, A* ac, A* bb) {
+    spread(gch, g, cg, ch);
+    spread(grs, g, cg, ac);
+    spread(glo, g, cg, bb);
+    for (int64_t j = 0; j < c; ++j) {
+      ac[j] = ac[j] * w[j];
+      bb[j] = b[j] - bb[j] * ac[j];
+    }
+  };
+  // the output pass streams y past the caches when x and y together take more than half the last
+  // level (a cache shared with the other cores): the cache then keeps x for the output pass
+  const bool stream = 2 * n * ns * c * int64_t(sizeof(S)) > llc_bytes() / 2;
+  auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
+    if (stream) affine_rows<S, true>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);
+    else affine_rows<S, false>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);
+  };
+  auto shifts = [&](int64_t i, A* gsh) {
+    for (int64_t gi = 0; gi < g; ++gi) gsh[gi] = to_acc(x[i * ns * c + gi * cg]);
+  };
+  if (bk.n_chunks == 1 || balanced(n)) {  // whole samples a task
+    for_rows(n, ns * c, [&](int64_t i0, int64_t i1) {
+      std::vector<A> buf(5 * c + 4 * g);
+      A *sh = buf.data(), *ch = sh + c, *ac = ch + c, *acc = ac + c, *bb = acc + c;
+      A *gsh = bb + c, *gch = gsh + g, *glo = gch + g, *grs = glo + g;
+      std::vector<double> dbuf(6 * g);
+      Moments part{g, dbuf.data(), dbuf.data() + g}, mo{g, dbuf.data() + 2 * g, dbuf.data() + 3 * g};
+      for (int64_t i = i0; i < i1; ++i) {
+        const S* xi = x + i * ns * c;
+        shifts(i, gsh);
+        spread(gsh, g, cg, sh);
+        mo.reset();
+        for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
+          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), bk.tile, c, g, sh, acc, ch, grs, dbuf.data() + 4 * g,
+                        part);
+          mo.merge(part);
         }
-        gv[gi] = rs;
+        finish(i, gsh, mo, gch, glo, grs);
+        channels(gch, glo, grs, ch, ac, bb);
+        affine(xi, y + i * ns * c, 0, ns, ch, ac, bb);
       }
-      spread(gv, g, cg, ac);
-      for (int64_t j = 0; j < c; ++j) ac[j] = ac[j] * w[j];
-      for (int64_t s = 0; s < ns; ++s) {  // output
-        const S* xs = xi + s * c;
-        S* ys = yi + s * c;
-        over_channels<L>(
-            c,
-            [&](int64_t j) {
-              vstore(ys + j, ((vload(xs + j) - vload(sh + j)) - vload(mdc + j)) * vload(ac + j) + vload(b + j));
-            },
-            [&](int64_t j) { ys[j] = from_acc<S>(((to_acc(xs[j]) - sh[j]) - mdc[j]) * ac[j] + b[j]); });
-      }
+    });
+    return;
+  }
+  // chunks of a batch of samples a task (fewer than 7 samples a thread: balanced() failed)
+  const int64_t q = bk.n_chunks;
+  std::vector<double> part(n * q * (2 * g + 1));  // per chunk: the count, the means, the M2s
+  std::vector<A> st(4 * n * g);  // per (sample, group): shift, ch, lo, rstd
+  A *gsh_all = st.data(), *gch_all = gsh_all + n * g, *glo_all = gch_all + n * g, *grs_all = glo_all + n * g;
+  for (int64_t i = 0; i < n; ++i) shifts(i, gsh_all + i * g);
+  for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
+    std::vector<A> buf(3 * c + g);
+    A *sh = buf.data(), *acc = sh + c, *tct = acc + c, *gs = tct + c;
+    std::vector<double> tm(2 * g);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / q, r0 = (u % q) * bk.chunk;
+      double* pu = part.data() + u * (2 * g + 1);
+      Moments mu{g, pu + 1, pu + 1 + g};
+      spread(gsh_all + i * g, g, cg, sh);
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), bk.tile, c, g, sh, acc, tct, gs, tm.data(), mu);
+      pu[0] = mu.n;
+    }
+  });
+  std::vector<double> mbuf(2 * g);
+  Moments mo{g, mbuf.data(), mbuf.data() + g};
+  for (int64_t i = 0; i < n; ++i) {
+    mo.reset();
+    for (int64_t k = 0; k < q; ++k) {
+      const double* pu = part.data() + (i * q + k) * (2 * g + 1);
+      mo.merge(pu[0], pu + 1, pu + 1 + g);
+    }
+    finish(i, gsh_all + i * g, mo, gch_all + i * g, glo_all + i * g, grs_all + i * g);
+  }
+  for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
+    std::vector<A> buf(3 * c);
+    A *ch = buf.data(), *ac = ch + c, *bb = ac + c;
+    int64_t cur = -1;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / q, r0 = (u % q) * bk.chunk;
+      if (i != cur) channels(gch_all + i * g, glo_all + i * g, grs_all + i * g, ch, ac, bb), cur = i;
+      affine(x + i * ns * c, y + i * ns * c, r0, std::min(ns, r0 + bk.chunk), ch, ac, bb);
     }
   });
 }
@@ -127,10 +453,11 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // docs/derivations/group_norm.md, "The input" and "The parameters" (the terms as in bwd_rows):
 //   dx = dy * (rstd * w[c]) - (x - mean) * t3 - t2,  t2 = rstd * mean_grp(g),
 //   t3 = rstd^3 * mean_grp(g * (x - mean)),  g = dy * w[c];
-// from the per-channel sums sdy[c] = sum_s dy, sdx[c] = sum_s dy * (x - mean), which also make
-// dw/db: each run of kRun samples adds its samples' terms in order into its own (C,) partials; the
-// (runs, C) partials are merged in run order in float64. A task takes whole runs (about
-// nhwc_samples_per_chunk samples), so the bits do not depend on the number of threads.
+// from the per-channel sums sdy[c] = sum_s dy, sdx[c] = sum_s dy * (x - mean) (S > 1: per chunk, in
+// float32, added over the chunks in order in float64), which also make dw/db: each run of kRun
+// samples adds its samples' terms in order into its own (C,) partials; the (runs, C) partials are
+// merged in run order in float64. Whole runs a task (about nhwc_samples_per_chunk samples), or,
+// when the runs are too few for the threads, one run at a time by chunks: the same bits either way.
 // S == 1: the sums over s are single values and each group's Cg channels are contiguous, so a
 // group's sums run as one vector loop over its channels.
 template <class S>
@@ -148,19 +475,16 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
     return;
   }
-  for_chunks(n, spc, 2 * ns * c, [&](int64_t, int64_t i0, int64_t i1) {
-    std::vector<A> buf(7 * c + 2 * g);
-    A *mc = buf.data(), *rsc = mc + c, *ac = rsc + c, *sdy = ac + c, *sdx = sdy + c, *t2 = sdx + c, *t3 = t2 + c;
-    A *gp = t3 + c, *gq = gp + g;
-    for (int64_t i = i0; i < i1; ++i) {
-      A* tw = pw.data() + (i / kRun) * c;
-      A* tb = pb.data() + (i / kRun) * c;
-      const S* xi = x + i * ns * c;
-      const S* dyi = dy + i * ns * c;
-      S* dxi = dx == nullptr ? nullptr : dx + i * ns * c;
-      const A* mi = mean + i * g;
-      const A* ri = rstd + i * g;
-      if (ns == 1) {
+  if (ns == 1) {
+    for_chunks(n, spc, 2 * c, [&](int64_t, int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        A* tw = pw.data() + (i / kRun) * c;
+        A* tb = pb.data() + (i / kRun) * c;
+        const S* xi = x + i * c;
+        const S* dyi = dy + i * c;
+        S* dxi = dx == nullptr ? nullptr : dx + i * c;
+        const A* mi = mean + i * g;
+        const A* ri = rstd + i * g;
         for (int64_t gi = 0; gi < g; ++gi) {
           const int64_t c0 = gi * cg;
           const A m = mi[gi], rs = ri[gi];
@@ -197,66 +521,160 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
             dxi[j] = from_acc<S>((to_acc(dyi[j]) * (rs * w[j]) - (to_acc(xi[j]) - m) * t3g) - t2g);
           }
         }
-        continue;
       }
-      spread(mi, g, cg, mc);
-      spread(ri, g, cg, rsc);
-      for (int64_t s = 0; s < ns; ++s) {
-        const S* xs = xi + s * c;
-        const S* gs = dyi + s * c;
-        over_channels<L>(
-            c,
-            [&](int64_t j) {
-              vec<A> g0 = vload(gs + j), d0 = g0 * (vload(xs + j) - vload(mc + j));
-              vstore(sdy + j, s == 0 ? g0 : vload(sdy + j) + g0);
-              vstore(sdx + j, s == 0 ? d0 : vload(sdx + j) + d0);
-            },
-            [&](int64_t j) {
-              A g0 = to_acc(gs[j]), d0 = g0 * (to_acc(xs[j]) - mc[j]);
-              sdy[j] = s == 0 ? g0 : sdy[j] + g0;
-              sdx[j] = s == 0 ? d0 : sdx[j] + d0;
-            });
+    });
+    merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
+    return;
+  }
+  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)));
+  const int64_t q = bk.n_chunks;
+  // sdy, sdx (C,) over rows [r0, r1) of sample i, mc (C,) its means per channel
+  auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* sdy, A* sdx) {
+    const S* xs = x + (i * ns + r0) * c;
+    const S* gs = dy + (i * ns + r0) * c;
+    const int64_t rows = r1 - r0;
+    channel_blocks<L>(
+        c,
+        [&]<int NV>(int64_t j0) {
+          vec<A> vm[NV], o1[NV], o2[NV];
+          for (int v = 0; v < NV; ++v) vm[v] = vload(mc + j0 + v * L);
+          col_sums2<A, NV>(rows,
+                           [&](int64_t r, int v, vec<A>& t1, vec<A>& t2) {
+                             const int64_t o = r * c + j0 + v * L;
+                             t1 = vload(gs + o);
+                             t2 = t1 * (vload(xs + o) - vm[v]);
+                           },
+                           o1, o2);
+          for (int v = 0; v < NV; ++v) {
+            vstore(sdy + j0 + v * L, o1[v]);
+            vstore(sdx + j0 + v * L, o2[v]);
+          }
+        },
+        [&](int64_t j) {
+          A s1 = A(0), s2 = A(0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const A g0 = to_acc(gs[r * c + j]);
+            s1 += g0;
+            s2 += g0 * (to_acc(xs[r * c + j]) - mc[j]);
+          }
+          sdy[j] = s1;
+          sdx[j] = s2;
+        });
+  };
+  // sample i's sums (float64) into its run's dw/db partials, and its t2, t3 (G,)
+  auto sample_terms = [&](int64_t i, const double* sdyd, const double* sdxd, A* t2g, A* t3g) {
+    A* tw = pw.data() + (i / kRun) * c;
+    A* tb = pb.data() + (i / kRun) * c;
+    const A* ri = rstd + i * g;
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const A rs = ri[gi];
+      A sp = A(0), sq = A(0);  // sums over the group of dy * w, of dy * w * (x - mean)
+      for (int64_t k = 0; k < cg; ++k) {
+        const int64_t j = gi * cg + k;
+        const A sy = A(sdyd[j]), sx = A(sdxd[j]);
+        tw[j] += sx * rs;
+        tb[j] += sy;
+        sp = k == 0 ? w[j] * sy : sp + w[j] * sy;
+        sq = k == 0 ? w[j] * sx : sq + w[j] * sx;
       }
-      over_channels<L>(
+      t2g[gi] = A(double(sp) / double(m_grp) * double(rs));          // t2 = rstd * mean_grp(g)
+      t3g[gi] = A(double(sq * rs) / double(m_grp) * double(rs * rs));  // t3
+    }
+  };
+  // dx over rows [r0, r1) of sample i: per-channel mean mc, a = rstd * w, t2, t3 (C,)
+  auto dx_rows = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* ac, const A* t2, const A* t3) {
+    for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
+      const int64_t rows = std::min(bk.tile, r1 - t0), off = (i * ns + t0) * c;
+      const S *xs = x + off, *gs = dy + off;
+      S* ds = dx + off;
+      channel_blocks<L>(
           c,
-          [&](int64_t j) {
-            vstore(tw + j, vload(tw + j) + vload(sdx + j) * vload(rsc + j));
-            vstore(tb + j, vload(tb + j) + vload(sdy + j));
+          [&]<int NV>(int64_t j0) {
+            vec<A> vm[NV], va[NV], v2[NV], v3[NV];
+            for (int v = 0; v < NV; ++v) {
+              vm[v] = vload(mc + j0 + v * L);
+              va[v] = vload(ac + j0 + v * L);
+              v2[v] = vload(t2 + j0 + v * L);
+              v3[v] = vload(t3 + j0 + v * L);
+            }
+            for (int64_t r = 0; r < rows; ++r)
+              for (int v = 0; v < NV; ++v) {
+                const int64_t o = r * c + j0 + v * L;
+                vstore(ds + o, (vload(gs + o) * va[v] - (vload(xs + o) - vm[v]) * v3[v]) - v2[v]);
+              }
           },
           [&](int64_t j) {
-            tw[j] += sdx[j] * rsc[j];
-            tb[j] += sdy[j];
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t o = r * c + j;
+              ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);
+            }
           });
-      if (dxi == nullptr) continue;
-      for (int64_t gi = 0; gi < g; ++gi) {  // per group: sum of dy * w, of dy * w * (x - mean)
-        A sp = w[gi * cg] * sdy[gi * cg], sq = w[gi * cg] * sdx[gi * cg];
-        for (int64_t k = 1; k < cg; ++k) {
-          sp += w[gi * cg + k] * sdy[gi * cg + k];
-          sq += w[gi * cg + k] * sdx[gi * cg + k];
-        }
-        const A rs = ri[gi];
-        gp[gi] = A(double(sp) / double(m_grp) * double(rs));          // t2 = rstd * mean_grp(g)
-        gq[gi] = A(double(sq * rs) / double(m_grp) * double(rs * rs));  // t3
-      }
-      spread(gp, g, cg, t2);
-      spread(gq, g, cg, t3);
-      for (int64_t j = 0; j < c; ++j) ac[j] = rsc[j] * w[j];
-      for (int64_t s = 0; s < ns; ++s) {  // dx = dy * (rstd * w[c]) - (x - mean) * t3 - t2
-        const S* xs = xi + s * c;
-        const S* gs = dyi + s * c;
-        S* ds = dxi + s * c;
-        over_channels<L>(
-            c,
-            [&](int64_t j) {
-              vstore(ds + j, (vload(gs + j) * vload(ac + j) - (vload(xs + j) - vload(mc + j)) * vload(t3 + j)) -
-                                 vload(t2 + j));
-            },
-            [&](int64_t j) {
-              ds[j] = from_acc<S>((to_acc(gs[j]) * ac[j] - (to_acc(xs[j]) - mc[j]) * t3[j]) - t2[j]);
-            });
-      }
     }
-  });
+  };
+  // per-channel vectors of sample i: mc (means), ac = rstd * w, and t2c, t3c from t2g, t3g (G,)
+  auto channels = [&](int64_t i, const A* t2g, const A* t3g, A* mc, A* ac, A* t2c, A* t3c) {
+    spread(mean + i * g, g, cg, mc);
+    spread(rstd + i * g, g, cg, ac);
+    for (int64_t j = 0; j < c; ++j) ac[j] = ac[j] * w[j];
+    spread(t2g, g, cg, t2c);
+    spread(t3g, g, cg, t3c);
+  };
+  if (q == 1 || balanced(n_chunks(n, spc))) {  // whole runs a task
+    for_chunks(n, spc, 2 * ns * c, [&](int64_t, int64_t i0, int64_t i1) {
+      std::vector<A> buf(6 * c + 2 * g);
+      A *mc = buf.data(), *ac = mc + c, *sdy = ac + c, *sdx = sdy + c, *t2c = sdx + c, *t3c = t2c + c;
+      A *t2g = t3c + c, *t3g = t2g + g;
+      std::vector<double> sd(2 * c);
+      for (int64_t i = i0; i < i1; ++i) {
+        spread(mean + i * g, g, cg, mc);
+        for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc, sdy, sdx);
+          for (int64_t j = 0; j < c; ++j) {
+            sd[j] = r0 == 0 ? double(sdy[j]) : sd[j] + double(sdy[j]);
+            sd[c + j] = r0 == 0 ? double(sdx[j]) : sd[c + j] + double(sdx[j]);
+          }
+        }
+        sample_terms(i, sd.data(), sd.data() + c, t2g, t3g);
+        if (dx == nullptr) continue;
+        channels(i, t2g, t3g, mc, ac, t2c, t3c);
+        dx_rows(i, 0, ns, mc, ac, t2c, t3c);
+      }
+    });
+  } else {  // a run at a time, by chunks: their sums (run, chunks, 2C) in scratch
+    std::vector<A> part(std::min(n, kRun) * q * 2 * c), tg(std::min(n, kRun) * 2 * g);
+    std::vector<double> sd(2 * c);
+    for (int64_t b0 = 0; b0 < n; b0 += kRun) {
+      const int64_t nb = std::min(kRun, n - b0);
+      for_rows(nb * q, 2 * bk.chunk * c, [&](int64_t u0, int64_t u1) {
+        std::vector<A> mc(c);
+        int64_t cur = -1;
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t i = b0 + u / q, r0 = (u % q) * bk.chunk;
+          if (i != cur) spread(mean + i * g, g, cg, mc.data()), cur = i;
+          A* pu = part.data() + u * 2 * c;
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc.data(), pu, pu + c);
+        }
+      });
+      for (int64_t k = 0; k < nb; ++k) {
+        for (int64_t u = k * q; u < (k + 1) * q; ++u) {
+          const A* pu = part.data() + u * 2 * c;
+          for (int64_t j = 0; j < 2 * c; ++j) sd[j] = u == k * q ? double(pu[j]) : sd[j] + double(pu[j]);
+        }
+        sample_terms(b0 + k, sd.data(), sd.data() + c, tg.data() + k * 2 * g, tg.data() + k * 2 * g + g);
+      }
+      if (dx == nullptr) continue;
+      for_rows(nb * q, 3 * bk.chunk * c, [&](int64_t u0, int64_t u1) {
+        std::vector<A> buf(4 * c);
+        A *mc = buf.data(), *ac = mc + c, *t2c = ac + c, *t3c = t2c + c;
+        int64_t cur = -1;
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t k = u / q, i = b0 + k, r0 = (u % q) * bk.chunk;
+          if (i != cur) channels(i, tg.data() + k * 2 * g, tg.data() + k * 2 * g + g, mc, ac, t2c, t3c), cur = i;
+          dx_rows(i, r0, std::min(ns, r0 + bk.chunk), mc, ac, t2c, t3c);
+        }
+      });
+    }
+  }
   merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
 }
 
