@@ -12,8 +12,8 @@
 //          whole tiles -- the unit of work one thread takes, and of the reductions over S: tiles
 //          are merged into their chunk, chunks into their sample, in order (Chan, float64); the
 //          backward's per-channel sums run per chunk, added over the chunks in order in float64.
-// Column sums over a tile or chunk keep NV <= 4 vectors of channels in registers and 2 (NV > 2) or 4
-// row chains (rows r, r + chains, ... each in its own chain, the chains added pairwise at the end).
+// Column sums over a tile or chunk keep NV <= 4 vectors of channels in registers, in blocks of 32
+// rows, 2 (NV > 2) or 4 row chains a block (col_sums_m).
 // Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
 // (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
 // (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
@@ -88,56 +88,63 @@ bool balanced(int64_t items) {
   return 8 * items >= 7 * slots;
 }
 
-// Column sums: for v < NV, out[v] = sum over rows r of f(r, v) (a vector of channels), rows in RC
-// interleaved chains added pairwise at the end -- a fixed order for each (rows, NV).
-template <class A, int NV, class F> inline void col_sums(int64_t rows, const F& f, vec<A>* out) {
+// Column sums: for v < NV, out[v] = sum over rows r of f(r, v) (a vector of channels), in blocks of
+// kSumRows rows: a block's rows in RC interleaved chains from zero, added pairwise, the block then
+// added to the total in order -- float32 chains of at most kSumRows / RC + rows / kSumRows terms, a
+// fixed order for each (rows, NV).
+constexpr int64_t kSumRows = 32;
+template <class A, int NV, int M, class F> inline void col_sums_m(int64_t rows, const F& f, vec<A> (*o)[NV]) {
   constexpr int RC = NV > 2 ? 2 : 4;
-  vec<A> a[RC][NV];
-  for (int k = 0; k < RC; ++k)
-    for (int v = 0; v < NV; ++v) a[k][v] = vzero<A>();
-  int64_t r = 0;
-  for (; r + RC <= rows; r += RC)
-    for (int k = 0; k < RC; ++k)
-      for (int v = 0; v < NV; ++v) a[k][v] += f(r + k, v);
-  for (int k = 0; r < rows; ++r, ++k)
-    for (int v = 0; v < NV; ++v) a[k][v] += f(r, v);
-  for (int v = 0; v < NV; ++v) {
-    if constexpr (RC == 4) out[v] = (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
-    else out[v] = a[0][v] + a[1][v];
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < NV; ++v) o[m][v] = vzero<A>();
+  for (int64_t r0 = 0; r0 < rows; r0 += kSumRows) {
+    const int64_t r1 = std::min(rows, r0 + kSumRows);
+    vec<A> a[M][RC][NV];
+    for (int m = 0; m < M; ++m)
+      for (int k = 0; k < RC; ++k)
+        for (int v = 0; v < NV; ++v) a[m][k][v] = vzero<A>();
+    int64_t r = r0;
+    for (; r + RC <= r1; r += RC)
+      for (int k = 0; k < RC; ++k)
+        for (int v = 0; v < NV; ++v) {
+          vec<A> t[M];
+          f(r + k, v, t);
+          for (int m = 0; m < M; ++m) a[m][k][v] += t[m];
+        }
+    for (int k = 0; r < r1; ++r, ++k)
+      for (int v = 0; v < NV; ++v) {
+        vec<A> t[M];
+        f(r, v, t);
+        for (int m = 0; m < M; ++m) a[m][k][v] += t[m];
+      }
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (RC == 4) o[m][v] += (a[m][0][v] + a[m][1][v]) + (a[m][2][v] + a[m][3][v]);
+        else o[m][v] += a[m][0][v] + a[m][1][v];
+      }
   }
 }
-
-// col_sums with two sums: f(r, v, t1, t2) gives the two terms of row r.
-template <class A, int NV, class F> inline void col_sums2(int64_t rows, const F& f, vec<A>* o1, vec<A>* o2) {
-  constexpr int RC = NV > 2 ? 2 : 4;
-  vec<A> a[RC][NV], b[RC][NV];
-  for (int k = 0; k < RC; ++k)
-    for (int v = 0; v < NV; ++v) a[k][v] = b[k][v] = vzero<A>();
-  int64_t r = 0;
-  for (; r + RC <= rows; r += RC)
-    for (int k = 0; k < RC; ++k)
-      for (int v = 0; v < NV; ++v) {
-        vec<A> t1, t2;
-        f(r + k, v, t1, t2);
-        a[k][v] += t1;
-        b[k][v] += t2;
-      }
-  for (int k = 0; r < rows; ++r, ++k)
-    for (int v = 0; v < NV; ++v) {
-      vec<A> t1, t2;
-      f(r, v, t1, t2);
-      a[k][v] += t1;
-      b[k][v] += t2;
+// The same for one channel past the vectors: sums[m] = sum over rows of f(r, t)'s t[m], blocks of
+// kSumRows rows from zero, added in order.
+template <class A, int M, class F> inline void tail_sums(int64_t rows, const F& f, A* sums) {
+  for (int m = 0; m < M; ++m) sums[m] = A(0);
+  for (int64_t r0 = 0; r0 < rows; r0 += kSumRows) {
+    A a[M] = {};
+    for (int64_t r = r0; r < std::min(rows, r0 + kSumRows); ++r) {
+      A t[M];
+      f(r, t);
+      for (int m = 0; m < M; ++m) a[m] += t[m];
     }
-  for (int v = 0; v < NV; ++v) {
-    if constexpr (RC == 4) {
-      o1[v] = (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
-      o2[v] = (b[0][v] + b[1][v]) + (b[2][v] + b[3][v]);
-    } else {
-      o1[v] = a[0][v] + a[1][v];
-      o2[v] = b[0][v] + b[1][v];
-    }
+    for (int m = 0; m < M; ++m) sums[m] += a[m];
   }
+}
+template <class A, int NV, class F> inline void col_sums(int64_t rows, const F& f, vec<A>* out) {
+  vec<A> o[1][NV];
+  col_sums_m<A, NV, 1>(rows, [&](int64_t r, int v, vec<A>* t) { t[0] = f(r, v); }, o);
+  for (int v = 0; v < NV; ++v) out[v] = o[0][v];
+}
+template <class A, int NV, class F> inline void col_sums3(int64_t rows, const F& f, vec<A> (*o)[NV]) {
+  col_sums_m<A, NV, 3>(rows, f, o);
 }
 
 // blk.template operator()<NV>(j0) over blocks of NV <= 4 vectors of channels, then tail(j) on the
@@ -207,9 +214,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
           for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
         },
         [&](int64_t j) {
-          A s = A(0);
-          for (int64_t r = 0; r < rows; ++r) s += to_acc(xt[r * c + j]) - sh[j];
-          acc[j] = s;
+          tail_sums<A, 1>(rows, [&](int64_t r, A* t) { t[0] = to_acc(xt[r * c + j]) - sh[j]; }, acc + j);
         });
     group_sums(acc, g, cg, gs);
     const double cnt = double(rows * cg), inv = 1.0 / cnt;
@@ -232,12 +237,12 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
           for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
         },
         [&](int64_t j) {
-          A s = A(0);
-          for (int64_t r = 0; r < rows; ++r) {
-            const A e = to_acc(xt[r * c + j]) - ctc[j];
-            s += e * e;
-          }
-          acc[j] = s;
+          tail_sums<A, 1>(rows,
+                          [&](int64_t r, A* t) {
+                            const A e = to_acc(xt[r * c + j]) - ctc[j];
+                            t[0] = e * e;
+                          },
+                          acc + j);
         });
     for (int64_t gi = 0; gi < g; ++gi) {
       A m2 = acc[gi * cg];
@@ -453,8 +458,9 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // docs/derivations/group_norm.md, "The input" and "The parameters" (the terms as in bwd_rows):
 //   dx = dy * (rstd * w[c]) - (x - mean) * t3 - t2,  t2 = rstd * mean_grp(g),
 //   t3 = rstd^3 * mean_grp(g * (x - mean)),  g = dy * w[c];
-// from the per-channel sums sdy[c] = sum_s dy, sdx[c] = sum_s dy * (x - mean) (S > 1: per chunk, in
-// float32, added over the chunks in order in float64), which also make dw/db: each run of kRun
+// from the per-channel sums sdy[c] = sum_s dy, sdx[c] = sum_s dy * (x - mean) (S > 1: per tile in
+// float32, added over the tiles and chunks in order in float64; and sum_s (x - mean), which takes the rounding
+// of the saved mean out: sample_terms), which also make dw/db: each run of kRun
 // samples adds its samples' terms in order into its own (C,) partials; the (runs, C) partials are
 // merged in run order in float64. Whole runs a task (about nhwc_samples_per_chunk samples), or,
 // when the runs are too few for the threads, one run at a time by chunks: the same bits either way.
@@ -528,57 +534,77 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   }
   const Blocking bk = blocking(ns, c, int64_t(sizeof(S)));
   const int64_t q = bk.n_chunks;
-  // sdy, sdx (C,) over rows [r0, r1) of sample i, mc (C,) its means per channel
-  auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* sdy, A* sdx) {
+  // sdy, sdx, sxm (C,) = sums of dy, dy * (x - m), x - m over rows [r0, r1) of sample i (a tile), mc (C,)
+  // its means m per channel
+  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* sdy, A* sdx, A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
     const S* gs = dy + (i * ns + r0) * c;
     const int64_t rows = r1 - r0;
     channel_blocks<L>(
         c,
         [&]<int NV>(int64_t j0) {
-          vec<A> vm[NV], o1[NV], o2[NV];
+          vec<A> vm[NV], o[3][NV];
           for (int v = 0; v < NV; ++v) vm[v] = vload(mc + j0 + v * L);
-          col_sums2<A, NV>(rows,
-                           [&](int64_t r, int v, vec<A>& t1, vec<A>& t2) {
+          col_sums3<A, NV>(rows,
+                           [&](int64_t r, int v, vec<A>* t) {
                              const int64_t o = r * c + j0 + v * L;
-                             t1 = vload(gs + o);
-                             t2 = t1 * (vload(xs + o) - vm[v]);
+                             t[0] = vload(gs + o);
+                             t[2] = vload(xs + o) - vm[v];
+                             t[1] = t[0] * t[2];
                            },
-                           o1, o2);
+                           o);
           for (int v = 0; v < NV; ++v) {
-            vstore(sdy + j0 + v * L, o1[v]);
-            vstore(sdx + j0 + v * L, o2[v]);
+            vstore(sdy + j0 + v * L, o[0][v]);
+            vstore(sdx + j0 + v * L, o[1][v]);
+            vstore(sxm + j0 + v * L, o[2][v]);
           }
         },
         [&](int64_t j) {
-          A s1 = A(0), s2 = A(0);
-          for (int64_t r = 0; r < rows; ++r) {
-            const A g0 = to_acc(gs[r * c + j]);
-            s1 += g0;
-            s2 += g0 * (to_acc(xs[r * c + j]) - mc[j]);
-          }
-          sdy[j] = s1;
-          sdx[j] = s2;
+          A t3[3];
+          tail_sums<A, 3>(rows,
+                          [&](int64_t r, A* t) {
+                            t[0] = to_acc(gs[r * c + j]);
+                            t[2] = to_acc(xs[r * c + j]) - mc[j];
+                            t[1] = t[0] * t[2];
+                          },
+                          t3);
+          sdy[j] = t3[0];
+          sdx[j] = t3[1];
+          sxm[j] = t3[2];
         });
   };
-  // sample i's sums (float64) into its run's dw/db partials, and its t2, t3 (G,)
-  auto sample_terms = [&](int64_t i, const double* sdyd, const double* sdxd, A* t2g, A* t3g) {
+  // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
+  // acc (3C,) scratch
+  auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* acc, double* out) {
+    for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
+      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, acc, acc + c, acc + 2 * c);
+      for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
+    }
+  };
+  // sample i's sums (float64) into its run's dw/db partials, and its t2, t3 (G,). The saved mean m is
+  // the float64 mean rounded to A: its offset dm = mean(x - m) is taken out of the sums (sum dy *
+  // (x - mean) = sdx - dm * sdy) and of dx (t2 - dm * t3), so x_hat keeps its digits at large means.
+  auto sample_terms = [&](int64_t i, const double* sdyd, const double* sdxd, const double* sxmd, A* t2g, A* t3g) {
     A* tw = pw.data() + (i / kRun) * c;
     A* tb = pb.data() + (i / kRun) * c;
     const A* ri = rstd + i * g;
     for (int64_t gi = 0; gi < g; ++gi) {
       const A rs = ri[gi];
+      double sm = 0;
+      for (int64_t k = 0; k < cg; ++k) sm += sxmd[gi * cg + k];
+      const double dm = sm / double(m_grp);
       A sp = A(0), sq = A(0);  // sums over the group of dy * w, of dy * w * (x - mean)
       for (int64_t k = 0; k < cg; ++k) {
         const int64_t j = gi * cg + k;
-        const A sy = A(sdyd[j]), sx = A(sdxd[j]);
+        const A sy = A(sdyd[j]), sx = A(sdxd[j] - dm * sdyd[j]);
         tw[j] += sx * rs;
         tb[j] += sy;
         sp = k == 0 ? w[j] * sy : sp + w[j] * sy;
         sq = k == 0 ? w[j] * sx : sq + w[j] * sx;
       }
-      t2g[gi] = A(double(sp) / double(m_grp) * double(rs));          // t2 = rstd * mean_grp(g)
-      t3g[gi] = A(double(sq * rs) / double(m_grp) * double(rs * rs));  // t3
+      const double t3 = double(sq * rs) / double(m_grp) * double(rs * rs);  // t3
+      t3g[gi] = A(t3);
+      t2g[gi] = A(double(sp) / double(m_grp) * double(rs) - dm * double(t3g[gi]));  // t2 = rstd * mean_grp(g)
     }
   };
   // dx over rows [r0, r1) of sample i: per-channel mean mc, a = rstd * w, t2, t3 (C,)
@@ -621,46 +647,43 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   };
   if (q == 1 || balanced(n_chunks(n, spc))) {  // whole runs a task
     for_chunks(n, spc, 2 * ns * c, [&](int64_t, int64_t i0, int64_t i1) {
-      std::vector<A> buf(6 * c + 2 * g);
-      A *mc = buf.data(), *ac = mc + c, *sdy = ac + c, *sdx = sdy + c, *t2c = sdx + c, *t3c = t2c + c;
+      std::vector<A> buf(7 * c + 2 * g);
+      A *mc = buf.data(), *ac = mc + c, *acc = ac + c, *t2c = acc + 3 * c, *t3c = t2c + c;
       A *t2g = t3c + c, *t3g = t2g + g;
-      std::vector<double> sd(2 * c);
+      std::vector<double> sd(3 * c), part(3 * c);
       for (int64_t i = i0; i < i1; ++i) {
         spread(mean + i * g, g, cg, mc);
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc, sdy, sdx);
-          for (int64_t j = 0; j < c; ++j) {
-            sd[j] = r0 == 0 ? double(sdy[j]) : sd[j] + double(sdy[j]);
-            sd[c + j] = r0 == 0 ? double(sdx[j]) : sd[c + j] + double(sdx[j]);
-          }
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc, acc, part.data());
+          for (int64_t j = 0; j < 3 * c; ++j) sd[j] = r0 == 0 ? part[j] : sd[j] + part[j];
         }
-        sample_terms(i, sd.data(), sd.data() + c, t2g, t3g);
+        sample_terms(i, sd.data(), sd.data() + c, sd.data() + 2 * c, t2g, t3g);
         if (dx == nullptr) continue;
         channels(i, t2g, t3g, mc, ac, t2c, t3c);
         dx_rows(i, 0, ns, mc, ac, t2c, t3c);
       }
     });
-  } else {  // a run at a time, by chunks: their sums (run, chunks, 2C) in scratch
-    std::vector<A> part(std::min(n, kRun) * q * 2 * c), tg(std::min(n, kRun) * 2 * g);
-    std::vector<double> sd(2 * c);
+  } else {  // a run at a time, by chunks: their sums (run, chunks, 3C) in scratch
+    std::vector<double> part(std::min(n, kRun) * q * 3 * c), sd(3 * c);
+    std::vector<A> tg(std::min(n, kRun) * 2 * g);
     for (int64_t b0 = 0; b0 < n; b0 += kRun) {
       const int64_t nb = std::min(kRun, n - b0);
       for_rows(nb * q, 2 * bk.chunk * c, [&](int64_t u0, int64_t u1) {
-        std::vector<A> mc(c);
+        std::vector<A> mc(c), acc(3 * c);
         int64_t cur = -1;
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t i = b0 + u / q, r0 = (u % q) * bk.chunk;
           if (i != cur) spread(mean + i * g, g, cg, mc.data()), cur = i;
-          A* pu = part.data() + u * 2 * c;
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc.data(), pu, pu + c);
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc.data(), acc.data(), part.data() + u * 3 * c);
         }
       });
       for (int64_t k = 0; k < nb; ++k) {
         for (int64_t u = k * q; u < (k + 1) * q; ++u) {
-          const A* pu = part.data() + u * 2 * c;
-          for (int64_t j = 0; j < 2 * c; ++j) sd[j] = u == k * q ? double(pu[j]) : sd[j] + double(pu[j]);
+          const double* pu = part.data() + u * 3 * c;
+          for (int64_t j = 0; j < 3 * c; ++j) sd[j] = u == k * q ? pu[j] : sd[j] + pu[j];
         }
-        sample_terms(b0 + k, sd.data(), sd.data() + c, tg.data() + k * 2 * g, tg.data() + k * 2 * g + g);
+        sample_terms(b0 + k, sd.data(), sd.data() + c, sd.data() + 2 * c, tg.data() + k * 2 * g,
+                     tg.data() + k * 2 * g + g);
       }
       if (dx == nullptr) continue;
       for_rows(nb * q, 3 * bk.chunk * c, [&](int64_t u0, int64_t u1) {

@@ -1,0 +1,108 @@
+"""The channels_last (NHWC) GroupNorm kernels at the shapes their blocking rule tells apart.
+
+``csrc/cpu/group_norm_nhwc_kernels.cpp`` cuts a sample into tiles and chunks of rows and runs whole
+samples (or whole runs of 16 samples, backward) a task, or, when those are too few for the threads,
+chunks a task with the partials merged after. Every output (y, dx, dw, db) is close to the float64
+result computed from the same rounded inputs (the reference formula, two passes): half precision
+within 2x the error of rounding it, float32 within 8x (a handful of roundings and sums of thousands
+of terms; torch's own float32 GroupNorm is 3-40x at mean 0.5 and ~1e9x at mean 1e4), float64 within
+1e-12 -- also on groups with mean 1e4 and std 1, where a kernel that drops the shift or the
+corrections for the rounded mean (output, backward) loses digits -- and the bits are the same for
+1 and 2 threads (the two schedules).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab.functional as NF
+from normlab.ops.group_norm import group_norm_backward_ref, group_norm_ref
+from tests.oracle import HALF, assert_within_rounding, rel_err
+from tests.ops.group_norm.test_group_norm_cpu import _run
+
+# (shape, groups): what each case covers in the kernels' rule
+CASES = [
+    ((1, 64, 64, 64), 32),  # one sample of 4 chunks: chunks on threads (2 threads), 2 channels a group
+    ((3, 32, 40, 40), 32),  # 3 samples on 2 threads: chunks a task; G = C (one channel a group)
+    ((4, 40, 12, 12), 8),  # C = 40: 2 vectors and a tail of 8 channels, 5 channels a group
+    ((2, 24, 33, 33), 3),  # C = 24 (a vector and 8), a tile of 171 rows, a last tile shorter
+    ((1, 520, 24, 24), 4),  # C > 512: channel blocks of 4 vectors, a row of 520, 8 tail channels
+]
+
+
+def _inputs(shape, dtype, mean, seed):
+    g = torch.Generator().manual_seed(seed)
+    c = shape[1]
+    cl = torch.channels_last
+    x = (mean + torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype).contiguous(memory_format=cl)
+    w = (1 + 0.5 * torch.randn(c, generator=g)).to(dtype)
+    b = (0.5 * torch.randn(c, generator=g)).to(dtype)
+    dy = torch.randn(shape, generator=g).to(dtype).contiguous(memory_format=cl)
+    return x, w, b, dy
+
+
+def _float64(x, w, b, dy, groups):
+    """y, dx, dw, db in float64 from the same (rounded) inputs: the reference formula (two passes)."""
+    n, c = x.shape[:2]
+    x4 = x.double().reshape(n, groups, c // groups, -1)
+    w3, b3 = w.double().reshape(groups, c // groups, 1), b.double().reshape(groups, c // groups, 1)
+    y, mean, rstd = group_norm_ref(x4, w3, b3, 1e-5)
+    dx, dw, db = group_norm_backward_ref(dy.double().reshape(x4.shape), x4, w3, mean, rstd)
+    return [y.reshape(x.shape), dx.reshape(x.shape), dw.reshape(-1), db.reshape(-1)]
+
+
+def _check(shape, groups, dtype, mean, seed=3):
+    x, w, b, dy = _inputs(shape, dtype, mean, seed)
+    got = _run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy)
+    ref = _float64(x, w, b, dy, groups)
+    assert got[0].is_contiguous(memory_format=torch.channels_last)
+    for name, a, r in zip(["y", "dx", "dw", "db"], got, ref):
+        what = f"{name} {shape} {dtype} mean {mean}"
+        if dtype == torch.float64:
+            assert rel_err(a, r) < 1e-12, (what, rel_err(a, r))
+        else:
+            assert_within_rounding(a, r, 2.0 if dtype in HALF else 8.0, what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_within_2x_rounding_of_float64(case, dtype):
+    _check(*case, dtype, mean=0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_large_mean_within_2x_rounding_of_float64(case, dtype):
+    """Groups with mean 1e4 and std 1 (float32: four digits of every value are the mean's)."""
+    _check(*case, dtype, mean=1e4)
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=str)
+def test_larger_mean_float32(case):
+    """Mean 1e5, std 1: the rounding of a tile's mean (up to 4e-3) enters the second pass's sum of
+    squares as count * offset^2, 1e-5 of the variance, unless taken out."""
+    _check(*case, torch.float32, mean=1e5)
+
+
+def test_large_output_streamed_within_2x_rounding_of_float64():
+    """x and y of 32 MiB: past half a last-level cache of up to 64 MiB, y is written around the caches."""
+    _check((1, 64, 256, 256), 32, torch.float32, mean=1e4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bitwise_identical_for_1_and_2_threads(case, dtype):
+    shape, groups = case
+    x, w, b, dy = _inputs(shape, dtype, 3.0, seed=4)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n_threads in (1, 2, 2):
+            torch.set_num_threads(n_threads)
+            results.append(_run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy))
+        for other in results[1:]:
+            for a, o in zip(results[0], other):
+                assert torch.equal(a, o)
+    finally:
+        torch.set_num_threads(before)
