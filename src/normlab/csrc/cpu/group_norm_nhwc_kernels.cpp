@@ -5,34 +5,31 @@
 // docs/derivations/group_norm.md.
 //
 // The rule (from the shape alone, so the bits are the same for any number of threads):
-//   tile   ceil(64 KiB / a row's bytes) rows of a sample: the forward's two statistics
-//          passes run over a tile from L2 (x read from memory once), each tile giving per group
-//          (count, mean, M2) -- shifted two passes;
-//   chunk  a run of tiles: rows = max(ceil(kChunkValues / C), ceil(S / kMaxChunks)) rounded up to
-//          whole tiles -- the unit of work one thread takes, and of the reductions over S: tiles
-//          are merged into their chunk, chunks into their sample, in order (Chan, float64); the
-//          backward's per-channel sums run per chunk, added over the chunks in order in float64.
-// Column sums over a tile or chunk keep NV <= 4 vectors of channels in registers, in blocks of 32
-// rows, 2 (NV > 2) or 4 row chains a block (col_sums_m).
+//   tile   ceil(64 KiB / a row's bytes) rows of a sample: the forward's two statistics passes run
+//          over a tile from L2 (x read from memory once), each giving per group (count, mean, M2);
+//          the backward's column sums run per tile in float32 and are added in float64;
+//   chunk  a run of tiles: rows = max(ceil(32K / C), ceil(S / 32)) rounded up to whole tiles -- the
+//          unit of work a thread takes; tiles merge into their chunk and chunks into their sample
+//          in order (Chan in float64; backward: float64 sums).
+// Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
+// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms.
 // Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
 // (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
 // (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
-// threads, their partials kept in scratch of (samples of the batch) x (chunks a sample) x G (forward)
-// or x 2C (backward) -- the batch is fewer than 7 samples a thread (forward) or one run (backward),
-// at most kMaxChunks chunks a sample -- and merged, then the output pass runs by chunks.
-#include <immintrin.h>
-#include <unistd.h>
+// threads, their partials in scratch of (samples) x (chunks a sample, <= 32) x 2G + 1 (forward: the
+// samples are then fewer than 7 a thread) or (samples of one run) x (chunks) x 3C (backward), then
+// merged, and the output pass runs by chunks. The forward's y streams past the caches when x and y
+// take more than half the last-level cache (numerics/stream.h).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
-#include <string>
 #include <vector>
 
 #include "cpu/group_norm_kernels.h"
 #include "cpu/group_norm_sums.h"
 #include "numerics/chunks.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::group_norm {
@@ -254,48 +251,6 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
   }
 }
 
-// The last-level cache's bytes: the highest level sysfs lists for cpu0 (sysconf's answer where it
-// lists none -- in a virtual machine sysconf may give the host's), else 32 MiB.
-int64_t llc_bytes() {
-  static const int64_t bytes = [] {
-    int64_t best_level = 0, best = 0;
-    for (int k = 0; k < 16; ++k) {
-      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k) + "/";
-      std::ifstream lf(dir + "level"), sf(dir + "size");
-      int64_t level = 0, size = 0;
-      std::string unit;
-      if (!(lf >> level) || !(sf >> size)) continue;
-      sf >> unit;  // "32768K" reads as 32768 then "K"
-      if (!unit.empty() && (unit[0] == 'K' || unit[0] == 'k')) size <<= 10;
-      else if (!unit.empty() && unit[0] == 'M') size <<= 20;
-      if (level > best_level) best_level = level, best = size;
-    }
-    if (best > 0) return best;
-    const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return v > 0 ? int64_t(v) : int64_t(32) << 20;
-  }();
-  return bytes;
-}
-
-// vstore(p, v) as a non-temporal store (around the caches) where p is aligned to the store's width;
-// the same bits as vstore. Ended by fence_streams() before another thread may read the values.
-template <class S> inline void vstream(S* p, vacc<S> v) {
-  constexpr int64_t W = vlanes<S> * int64_t(sizeof(S));  // bytes of the store
-  if (reinterpret_cast<uintptr_t>(p) % W != 0) return vstore(p, v);
-  alignas(64) S t[vlanes<S>];
-  vstore(t, v);
-  if constexpr (W == 64) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), _mm512_load_si512(t));
-  } else if constexpr (W == 32) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm256_load_si256(reinterpret_cast<const __m256i*>(t)));
-  } else {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-  }
-}
-inline void fence_streams() { _mm_sfence(); }
-
-// y = (x - ch) * a + bb over rows [r0, r1) of one sample, a tile at a time (ch, a, bb: (C,)) -- ch the
-// mean rounded to A, bb = b - (mean - ch) * a: the rounding of the mean is taken out in bb.
 // Stream: y written around the caches (vstream), so that they keep x for this pass.
 template <class S, bool Stream>
 void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t c, const acc_t<S>* ch,
@@ -381,7 +336,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   };
   // the output pass streams y past the caches when x and y together take more than half the last
   // level (a cache shared with the other cores): the cache then keeps x for the output pass
-  const bool stream = 2 * n * ns * c * int64_t(sizeof(S)) > llc_bytes() / 2;
+  const bool stream = streams_output(2 * n * ns * c * int64_t(sizeof(S)));
   auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
     if (stream) affine_rows<S, true>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);
     else affine_rows<S, false>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);

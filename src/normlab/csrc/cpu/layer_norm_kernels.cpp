@@ -16,6 +16,7 @@
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::ln {
@@ -74,7 +75,9 @@ constexpr int64_t kWidenCols = 512;
 // xr: n values of P (S, or the float32 scratch row d of a half row), shift: what the passes
 // subtract from xr (the row's shift, or 0 for the scratch row, which holds d already);
 // mean_at: the row's mean, shift + mean(d).
-template <class S, class P, class W>
+// Stream: y written around the caches (numerics/stream.h), the values up to the first aligned
+// address one at a time (the same arithmetic as the vectors: elementwise, the same bits).
+template <class S, class P, class W, bool Stream>
 inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool cast,
                        acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
@@ -85,25 +88,30 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
   if (mean != nullptr) *mean = mean_at;
   if (rstd != nullptr) *rstd = rs;
   const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
-    vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
-    if (cast) v = vround<S>(v);
-    if (wr != nullptr) v = v * vload(wr + j);
-    if (br != nullptr) v = v + vload(br + j);
-    vstore(yr + j, v);
-  }
-  for (; j < n; ++j) {
+  auto one = [&](int64_t j) {
     A v = ((to_acc(xr[j]) - shift) - md) * rs;
     if (cast) v = round_as<S>(v);
     if (wr != nullptr) v = v * to_acc(wr[j]);
     if (br != nullptr) v = v + to_acc(br[j]);
     yr[j] = from_acc<S>(v);
+  };
+  int64_t j = 0;
+  if constexpr (Stream) {
+    for (const int64_t k = to_stream_alignment(yr, n); j < k; ++j) one(j);
   }
+  for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
+    vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
+    if (cast) v = vround<S>(v);
+    if (wr != nullptr) v = v * vload(wr + j);
+    if (br != nullptr) v = v + vload(br + j);
+    if constexpr (Stream) vstream(yr + j, v);
+    else vstore(yr + j, v);
+  }
+  for (; j < n; ++j) one(j);
 }
 
 // One row of S, read by every pass.
-template <class S, class W>
+template <class S, class W, bool Stream>
 inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                     acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
@@ -112,17 +120,17 @@ inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc
     shift = to_acc(xr[0]);
     md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
   }
-  fwd_finish<S, S, W>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
+  fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
 }
 
 // One half row of more than kWidenCols values through the scratch row d.
-template <class S, class W>
+template <class S, class W, bool Stream>
 inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* yr, int64_t n, float eps, bool center,
                             bool cast, float* mean, float* rstd) {
   const float shift = center ? to_acc(xr[0]) : 0.0f;
   const float sum_d = shifted_sum_into(xr, d, n, shift);  // d = x - shift, widened
   const float md = center ? over_n(sum_d, n) : 0.0f;
-  fwd_finish<S, float, W>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
+  fwd_finish<S, float, W, Stream>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
 }
 
 // Rows of a large tensor are asked for ahead of use: the hardware prefetcher does not run far
@@ -137,7 +145,7 @@ inline int64_t rows_ahead(int64_t n_rows, int64_t row_bytes) {
   return (kAheadBytes + row_bytes - 1) / row_bytes;
 }
 
-template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
+template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t hi) {
   using A = acc_t<S>;
   const int64_t n = a.n_cols;
   const S* X = static_cast<const S*>(a.x);
@@ -173,36 +181,71 @@ template <class S, class W> void fwd_rows(const FwdArgs& a, int64_t lo, int64_t 
     A* ri = RS == nullptr ? nullptr : RS + i;
     if constexpr (sizeof(S) == 2) {
       if (scratch) {
-        fwd_row_widened<S, W>(xr, scratch.get(), wr, br, Y + i * n, n, eps, center, cast, mi, ri);
+        fwd_row_widened<S, W, Stream>(xr, scratch.get(), wr, br, Y + i * n, n, eps, center, cast, mi, ri);
         continue;
       }
     }
-    fwd_row<S, W>(xr, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
+    fwd_row<S, W, Stream>(xr, wr, br, Y + i * n, n, eps, center, cast, mi, ri);
   }
+  if constexpr (Stream) fence_streams();
 }
 
 // A half-precision weight or bias in float32, for calls of many rows: each row would
 // otherwise convert it again (the same values: the conversion is exact).
+template <class W> void widen_into(const void* p, int64_t n, float* out) {
+  const W* q = static_cast<const W*>(p);
+  constexpr int64_t L = vlanes<W>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(out + j, vload(q + j));
+  for (; j < n; ++j) out[j] = to_float(q[j]);
+}
 template <class W> std::vector<float> widened(const void* p, int64_t n) {
   std::vector<float> out(p == nullptr ? 0 : n);
-  const W* q = static_cast<const W*>(p);
-  for (int64_t j = 0; j < int64_t(out.size()); ++j) out[j] = to_float(q[j]);
+  widen_into<W>(p, int64_t(out.size()), out.data());
   return out;
 }
-constexpr int64_t kWidenRows = 8;  // rows from which the widened weight pays
+constexpr int64_t kWidenRows = 8;  // rows from which the widened weight pays (backward)
+// Forward: a task widens from this many rows on. The row loop converts a half weight nearly for
+// free (a conversion per vector beside the load), while the widened copy is written and read back:
+// it pays only once the rows are many.
+constexpr int64_t kWidenTaskRows = 64;
 
-template <class S, class W> void fwd(const FwdArgs& a) {
+// Rows a task, at least: a task of fewer than kTaskValues values costs less than the pool's
+// fork and join (about 1-2 us, the time of some 8K values here), so it is not split off.
+constexpr int64_t kTaskValues = 8192;
+template <class F> void over_rows(int64_t n_rows, int64_t n_cols, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, (kTaskValues + n_cols - 1) / std::max<int64_t>(n_cols, 1));
+  if (n_rows <= grain) return f(int64_t(0), n_rows);
+  at::parallel_for(0, n_rows, grain, f);
+}
+
+// A task of at least kWidenTaskRows rows with a half-precision weight / bias widens them first, in
+// its own thread (a copy made by the calling thread would reach the others through their caches:
+// slower than converting), into scratch of the weight's size aligned to a cache line.
+template <class S, class W, bool Stream> void fwd_task(const FwdArgs& a, int64_t lo, int64_t hi) {
   if constexpr (sizeof(W) == 2) {
-    if (a.n_rows >= kWidenRows) {
-      std::vector<float> w = widened<W>(a.w, a.n_w * a.n_cols), b = widened<W>(a.b, a.n_b * a.n_cols);
+    if (hi - lo >= kWidenTaskRows && (a.w != nullptr || a.b != nullptr)) {
+      const int64_t nw = a.w == nullptr ? 0 : a.n_w * a.n_cols, nb = a.b == nullptr ? 0 : a.n_b * a.n_cols;
+      std::unique_ptr<float[]> buf(new float[nw + nb + 16]);
+      float* w = buf.get() + (16 - int64_t(reinterpret_cast<uintptr_t>(buf.get()) % 64) / 4) % 16;
+      widen_into<W>(a.w, nw, w);
+      widen_into<W>(a.b, nb, w + nw);
       FwdArgs f = a;
-      f.w = a.w == nullptr ? nullptr : w.data();
-      f.b = a.b == nullptr ? nullptr : b.data();
-      for_rows(f.n_rows, f.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, float>(f, lo, hi); });
-      return;
+      f.w = a.w == nullptr ? nullptr : w;
+      f.b = a.b == nullptr ? nullptr : w + nw;
+      return fwd_rows<S, float, Stream>(f, lo, hi);
     }
   }
-  for_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_rows<S, W>(a, lo, hi); });
+  fwd_rows<S, W, Stream>(a, lo, hi);
+}
+
+// y streams past the caches when x and y (and res and h) take more than half the last level.
+template <class S, class W> void fwd(const FwdArgs& a) {
+  const int64_t bytes = a.n_rows * a.n_cols * int64_t(sizeof(S)) * (a.res != nullptr ? 4 : 2);
+  if (streams_output(bytes))
+    over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, true>(a, lo, hi); });
+  else
+    over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, false>(a, lo, hi); });
 }
 
 // ---------------------------------------------------------------------------------------------

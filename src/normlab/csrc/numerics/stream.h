@@ -1,0 +1,85 @@
+// Non-temporal ("streaming") stores: an output written around the caches, so that they keep what
+// the kernel reads again (the input of a second pass, the next rows). A kernel streams an output
+// when the call's input and output together take more than half the last-level cache (a cache
+// shared with the other cores): then the output would evict the input before its last pass, and
+// its lines would be read from memory only to be overwritten (a store's read-for-ownership).
+// The same bits as vstore; only where values land changes.
+#pragma once
+
+#include <immintrin.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "vec.h"
+
+namespace normlab {
+
+// The last-level cache's bytes: the highest level sysfs lists for cpu0 (sysconf's answer where it
+// lists none -- in a virtual machine sysconf may give the host's), else 32 MiB.
+inline int64_t llc_bytes() {
+  static const int64_t bytes = [] {
+    int64_t best_level = 0, best = 0;
+    for (int k = 0; k < 16; ++k) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k) + "/";
+      std::ifstream lf(dir + "level"), sf(dir + "size");
+      int64_t level = 0, size = 0;
+      std::string unit;
+      if (!(lf >> level) || !(sf >> size)) continue;
+      sf >> unit;  // "32768K" reads as 32768, then "K"
+      if (!unit.empty() && (unit[0] == 'K' || unit[0] == 'k')) size <<= 10;
+      else if (!unit.empty() && unit[0] == 'M') size <<= 20;
+      if (level > best_level) best_level = level, best = size;
+    }
+    if (best > 0) return best;
+    const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return v > 0 ? int64_t(v) : int64_t(32) << 20;
+  }();
+  return bytes;
+}
+
+// Whether a call that reads and writes `bytes` (inputs and outputs together) streams its output.
+inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
+
+// Bytes of one vstore of storage S.
+template <class S> constexpr int64_t vstore_bytes = vlanes<S> * int64_t(sizeof(S));
+
+// vstore(p, v) as a non-temporal store where p is aligned to the store's bytes (a plain vstore
+// elsewhere). fence_streams() before another thread may read the values.
+template <class S> inline void vstream(S* p, vacc<S> v) {
+  constexpr int64_t W = vstore_bytes<S>;
+  if (reinterpret_cast<uintptr_t>(p) % W != 0) return vstore(p, v);
+  alignas(64) S t[vlanes<S>];
+  vstore(t, v);
+#if NORMLAB_VEC_BYTES == 64
+  if constexpr (W == 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), _mm512_load_si512(t));
+    return;
+  }
+#endif
+#if NORMLAB_VEC_BYTES >= 32
+  if constexpr (W == 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm256_load_si256(reinterpret_cast<const __m256i*>(t)));
+    return;
+  }
+#endif
+  if constexpr (W == 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  } else {
+    for (int64_t k = 0; k < W; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(reinterpret_cast<char*>(p) + k),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const char*>(t) + k)));
+  }
+}
+inline void fence_streams() { _mm_sfence(); }
+
+// Values from p to the next address aligned for vstream (at most n).
+template <class S> inline int64_t to_stream_alignment(const S* p, int64_t n) {
+  const int64_t off = int64_t(reinterpret_cast<uintptr_t>(p) % vstore_bytes<S>);
+  const int64_t k = off == 0 ? 0 : (vstore_bytes<S> - off) / int64_t(sizeof(S));
+  return k < n ? k : n;
+}
+
+}  // namespace normlab
