@@ -4,11 +4,12 @@
 samples (or whole runs of 16 samples, backward) a task, or, when those are too few for the threads,
 chunks a task with the partials merged after. Every output (y, dx, dw, db) is close to the float64
 result computed from the same rounded inputs (the reference formula, two passes): half precision
-within 2x the error of rounding it, float32 within 8x (a handful of roundings and sums of thousands
-of terms; torch's own float32 GroupNorm is 3-40x at mean 0.5 and ~1e9x at mean 1e4), float64 within
-1e-12 -- also on groups with mean 1e4 and std 1, where a kernel that drops the shift or the
-corrections for the rounded mean (output, backward) loses digits -- and the bits are the same for
-1 and 2 threads (the two schedules).
+within 2x the error of rounding it, float32 within 8x (y, dx: a handful of roundings) or 16x (dw,
+db: sums of thousands of terms of both signs); torch's own float32 GroupNorm is 3-40x at mean 0.5
+and ~1e9x at mean 1e4; float64 within 1e-12 (1e-10 at mean 1e4, the oracle's own) -- also on
+groups with mean 1e4 and std 1, where a kernel that drops the shift or the corrections for the
+rounded mean (output, backward) loses digits -- and the bits are the same for 1 and 2 threads (the
+two schedules).
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import torch
 
 import normlab.functional as NF
 from normlab.ops.group_norm import group_norm_backward_ref, group_norm_ref
-from tests.oracle import HALF, assert_within_rounding, rel_err
+from tests.oracle import HALF, assert_within_rounding, rel_err, rounding_err
 from tests.ops.group_norm.test_group_norm_cpu import _run
 
 # (shape, groups): what each case covers in the kernels' rule
 CASES = [
     ((1, 64, 64, 64), 32),  # one sample of 4 chunks: chunks on threads (2 threads), 2 channels a group
     ((3, 32, 40, 40), 32),  # 3 samples on 2 threads: chunks a task; G = C (one channel a group)
-    ((4, 40, 12, 12), 8),  # C = 40: 2 vectors and a tail of 8 channels, 5 channels a group
-    ((2, 24, 33, 33), 3),  # C = 24 (a vector and 8), a tile of 171 rows, a last tile shorter
-    ((1, 520, 24, 24), 4),  # C > 512: channel blocks of 4 vectors, a row of 520, 8 tail channels
+    ((4, 40, 12, 12), 8),  # C = 40, not a multiple of 16: runs of 2 rows read as 80 values (5 vectors)
+    ((2, 24, 33, 33), 3),  # C = 24: runs of 2 rows as 3 vectors, a row past the last run
+    ((1, 520, 24, 24), 4),  # C > 512: channel blocks of 4 vectors; runs of 2 rows as 1040 values
+    ((2, 3, 17, 19), 3),  # C = 3: runs of 16 rows (8: float64) as 3 vectors, the last 3 rows one by one
+    ((3, 8, 20, 21), 2),  # C = 8: runs of 2 rows a vector
+    ((1, 12, 96, 96), 4),  # C = 12: runs of 4 rows; one sample of 3 chunks on 2 threads
 ]
 
 
@@ -59,10 +63,14 @@ def _check(shape, groups, dtype, mean, seed=3):
     assert got[0].is_contiguous(memory_format=torch.channels_last)
     for name, a, r in zip(["y", "dx", "dw", "db"], got, ref):
         what = f"{name} {shape} {dtype} mean {mean}"
-        if dtype == torch.float64:
-            assert rel_err(a, r) < 1e-12, (what, rel_err(a, r))
-        else:
-            assert_within_rounding(a, r, 2.0 if dtype in HALF else 8.0, what)
+        if dtype == torch.float64:  # at mean 1e4 the oracle's own x - mean keeps 12 digits
+            assert rel_err(a, r) < (1e-12 if abs(mean) < 10 else 1e-10), (what, rel_err(a, r))
+        elif dtype in HALF:
+            assert_within_rounding(a, r, 2.0, what)
+        else:  # float32: dw, db sum thousands of terms of both signs (their error grows with that);
+            # the rounding error of a few values (dw of 3 channels) is a noisy estimate: at least 2^-26
+            bound = (8.0 if name in ("y", "dx") else 16.0) * max(rounding_err(r, dtype), 2.0**-26)
+            assert rel_err(a, r) <= bound, (what, rel_err(a, r), bound)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)

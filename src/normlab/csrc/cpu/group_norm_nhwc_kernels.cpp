@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "cpu/group_norm_kernels.h"
@@ -67,12 +68,36 @@ constexpr int64_t kTileBytes = 65536;
 constexpr int64_t kChunkValues = 32768;
 constexpr int64_t kMaxChunks = 32;
 
+// C not a multiple of the lanes: runs of rep = P / C rows (P = lcm(C, lanes), at most 64 vectors)
+// are read as virtual rows of ce = P values -- whole vectors, lane k holding channel k % C -- with
+// the per-channel vectors tiled to P values and the virtual channels' sums folded back to C in order;
+// the rows past the last whole run (only at a sample's end: tiles are whole runs) go one value at a
+// time. Otherwise ce = C, rep = 1.
+struct View {
+  int64_t ce, rep;
+};
+template <int64_t L> View view_of(int64_t c) {
+  if (c <= 0 || c % L == 0) return {c, 1};
+  const int64_t p = std::lcm(c, L);
+  return p <= 64 * L ? View{p, p / c} : View{c, 1};
+}
+// out[k] = v[k % c] for k < ce.
+template <class A> inline void tiled(const A* v, int64_t c, int64_t ce, A* out) {
+  for (int64_t k = 0; k < ce; ++k) out[k] = v[k % c];
+}
+// acc[j] = the sum of av[k] over k % c == j, k in order (ce values of av).
+template <class A> inline void fold(const A* av, int64_t c, int64_t ce, A* acc) {
+  for (int64_t j = 0; j < c; ++j) acc[j] = av[j];
+  for (int64_t k = c; k < ce; ++k) acc[k % c] += av[k];
+}
+
 struct Blocking {
   int64_t tile, chunk, n_chunks;  // rows of a tile, of a chunk (whole tiles); chunks of a sample
 };
-Blocking blocking(int64_t ns, int64_t c, int64_t elem_bytes) {
+Blocking blocking(int64_t ns, int64_t c, int64_t elem_bytes, int64_t rep) {
   const int64_t cc = std::max<int64_t>(c, 1), row_bytes = cc * elem_bytes;
-  const int64_t tile = std::min(ns, std::max<int64_t>(1, (kTileBytes + row_bytes - 1) / row_bytes));
+  int64_t tile = std::max<int64_t>(1, (kTileBytes + row_bytes - 1) / row_bytes);
+  tile = std::min(ns, (tile + rep - 1) / rep * rep);  // whole runs of the view
   int64_t chunk = std::max((kChunkValues + cc - 1) / cc, (ns + kMaxChunks - 1) / kMaxChunks);
   chunk = std::min(ns, (chunk + tile - 1) / tile * tile);
   return {tile, chunk, (ns + chunk - 1) / chunk};
@@ -197,22 +222,35 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const int64_t cg = c / g;
+  const View vw = view_of<L>(c);
+  const int64_t ce = vw.ce;
+  std::vector<A> vbuf(ce == c ? 0 : 3 * ce);  // the view's sh, ct and sums
+  A* shv = ce == c ? const_cast<A*>(sh) : vbuf.data();
+  A* ctv = ce == c ? ctc : vbuf.data() + ce;
+  A* accv = ce == c ? acc : vbuf.data() + 2 * ce;
+  if (ce != c) tiled(sh, c, ce, shv);
   double *tmean = tm, *tm2 = tm + g;
   out.reset();
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
-    const int64_t rows = std::min(tile, r1 - t0);
+    const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
     channel_blocks<L>(
-        c,
+        ce,
         [&]<int NV>(int64_t j0) {
           vec<A> vs[NV], o[NV];
-          for (int v = 0; v < NV; ++v) vs[v] = vload(sh + j0 + v * L);
-          col_sums<A, NV>(rows, [&](int64_t r, int v) { return vload(xt + r * c + j0 + v * L) - vs[v]; }, o);
-          for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
+          for (int v = 0; v < NV; ++v) vs[v] = vload(shv + j0 + v * L);
+          col_sums<A, NV>(vr, [&](int64_t r, int v) { return vload(xt + r * ce + j0 + v * L) - vs[v]; }, o);
+          for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
         },
         [&](int64_t j) {
-          tail_sums<A, 1>(rows, [&](int64_t r, A* t) { t[0] = to_acc(xt[r * c + j]) - sh[j]; }, acc + j);
+          tail_sums<A, 1>(vr, [&](int64_t r, A* t) { t[0] = to_acc(xt[r * ce + j]) - shv[j]; }, accv + j);
         });
+    if (ce != c) fold(accv, c, ce, acc);
+    for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
+      A t;
+      tail_sums<A, 1>(rows - rr, [&](int64_t r, A* q) { q[0] = to_acc(xt[(rr + r) * c + j]) - sh[j]; }, &t);
+      acc[j] += t;
+    }
     group_sums(acc, g, cg, gs);
     const double cnt = double(rows * cg), inv = 1.0 / cnt;
     for (int64_t gi = 0; gi < g; ++gi) {
@@ -220,27 +258,39 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
       gs[gi] = A(double(sh[gi * cg]) + tmean[gi]);  // ct
     }
     spread(gs, g, cg, ctc);
+    if (ce != c) tiled(ctc, c, ce, ctv);
     channel_blocks<L>(
-        c,
+        ce,
         [&]<int NV>(int64_t j0) {
           vec<A> vm[NV], o[NV];
-          for (int v = 0; v < NV; ++v) vm[v] = vload(ctc + j0 + v * L);
-          col_sums<A, NV>(rows,
+          for (int v = 0; v < NV; ++v) vm[v] = vload(ctv + j0 + v * L);
+          col_sums<A, NV>(vr,
                           [&](int64_t r, int v) {
-                            const vec<A> e = vload(xt + r * c + j0 + v * L) - vm[v];
+                            const vec<A> e = vload(xt + r * ce + j0 + v * L) - vm[v];
                             return e * e;
                           },
                           o);
-          for (int v = 0; v < NV; ++v) vstore(acc + j0 + v * L, o[v]);
+          for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
         },
         [&](int64_t j) {
-          tail_sums<A, 1>(rows,
+          tail_sums<A, 1>(vr,
                           [&](int64_t r, A* t) {
-                            const A e = to_acc(xt[r * c + j]) - ctc[j];
+                            const A e = to_acc(xt[r * ce + j]) - ctv[j];
                             t[0] = e * e;
                           },
-                          acc + j);
+                          accv + j);
         });
+    if (ce != c) fold(accv, c, ce, acc);
+    for (int64_t j = 0; rr < rows && j < c; ++j) {
+      A t;
+      tail_sums<A, 1>(rows - rr,
+                      [&](int64_t r, A* q) {
+                        const A e = to_acc(xt[(rr + r) * c + j]) - ctc[j];
+                        q[0] = e * e;
+                      },
+                      &t);
+      acc[j] += t;
+    }
     for (int64_t gi = 0; gi < g; ++gi) {
       A m2 = acc[gi * cg];
       for (int64_t k = 1; k < cg; ++k) m2 += acc[gi * cg + k];
@@ -257,30 +307,47 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
                  const acc_t<S>* a, const acc_t<S>* bb) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
+  const View vw = view_of<L>(c);
+  const int64_t ce = vw.ce;
+  std::vector<A> vbuf(ce == c ? 0 : 3 * ce);  // the view's ch, a, bb
+  const A* chv = ch;
+  const A* av = a;
+  const A* bv = bb;
+  if (ce != c) {
+    tiled(ch, c, ce, vbuf.data());
+    tiled(a, c, ce, vbuf.data() + ce);
+    tiled(bb, c, ce, vbuf.data() + 2 * ce);
+    chv = vbuf.data(), av = vbuf.data() + ce, bv = vbuf.data() + 2 * ce;
+  }
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
-    const int64_t rows = std::min(tile, r1 - t0);
+    const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
     S* yt = y + t0 * c;
     channel_blocks<L>(
-        c,
+        ce,
         [&]<int NV>(int64_t j0) {
           vec<A> vm[NV], va[NV], vb[NV];
           for (int v = 0; v < NV; ++v) {
-            vm[v] = vload(ch + j0 + v * L);
-            va[v] = vload(a + j0 + v * L);
-            vb[v] = vload(bb + j0 + v * L);
+            vm[v] = vload(chv + j0 + v * L);
+            va[v] = vload(av + j0 + v * L);
+            vb[v] = vload(bv + j0 + v * L);
           }
-          for (int64_t r = 0; r < rows; ++r)
+          for (int64_t r = 0; r < vr; ++r)
             for (int v = 0; v < NV; ++v) {
-              const int64_t o = r * c + j0 + v * L;
+              const int64_t o = r * ce + j0 + v * L;
               const vec<A> r = (vload(xt + o) - vm[v]) * va[v] + vb[v];
               if constexpr (Stream) vstream(yt + o, r);
               else vstore(yt + o, r);
             }
         },
         [&](int64_t j) {
-          for (int64_t r = 0; r < rows; ++r) yt[r * c + j] = from_acc<S>((to_acc(xt[r * c + j]) - ch[j]) * a[j] + bb[j]);
+          for (int64_t r = 0; r < vr; ++r)
+            yt[r * ce + j] = from_acc<S>((to_acc(xt[r * ce + j]) - chv[j]) * av[j] + bv[j]);
         });
+    for (int64_t o = rr * c; o < rows * c; ++o) {
+      const int64_t j = o % c;
+      yt[o] = from_acc<S>((to_acc(xt[o]) - ch[j]) * a[j] + bb[j]);
+    }
   }
   if constexpr (Stream) fence_streams();
 }
@@ -304,7 +371,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   using A = acc_t<S>;
   const int64_t cg = c / g;
   const A aeps = A(eps);
-  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)));
+  const View vw = view_of<vlanes<S>>(c);
+  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   // sample i's statistics from its merged moments: per group the mean's rounding to A and what that
   // leaves out (gch, glo), rstd (grs); mean/var/rstd stored
   auto finish = [&](int64_t i, const A* gsh, const Moments& mo, A* gch, A* glo, A* grs) {
@@ -487,52 +555,78 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
     return;
   }
-  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)));
+  const View vw = view_of<vlanes<S>>(c);
+  const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   const int64_t q = bk.n_chunks;
   // sdy, sdx, sxm (C,) = sums of dy, dy * (x - m), x - m over rows [r0, r1) of sample i (a tile), mc (C,)
   // its means m per channel
-  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* sdy, A* sdx, A* sxm) {
+  // (mv: mc tiled to the view's ce values, or mc; wv: 3 ce scratch for the view's sums)
+  const int64_t ce = vw.ce;
+  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* mv, A* wv, A* sdy, A* sdx,
+                       A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
     const S* gs = dy + (i * ns + r0) * c;
-    const int64_t rows = r1 - r0;
+    const int64_t rows = r1 - r0, vr = rows / vw.rep, rr = vr * vw.rep;
+    A *vy = ce == c ? sdy : wv, *vx = ce == c ? sdx : wv + ce, *vm = ce == c ? sxm : wv + 2 * ce;
     channel_blocks<L>(
-        c,
+        ce,
         [&]<int NV>(int64_t j0) {
-          vec<A> vm[NV], o[3][NV];
-          for (int v = 0; v < NV; ++v) vm[v] = vload(mc + j0 + v * L);
-          col_sums3<A, NV>(rows,
+          vec<A> cm[NV], o[3][NV];
+          for (int v = 0; v < NV; ++v) cm[v] = vload(mv + j0 + v * L);
+          col_sums3<A, NV>(vr,
                            [&](int64_t r, int v, vec<A>* t) {
-                             const int64_t o = r * c + j0 + v * L;
+                             const int64_t o = r * ce + j0 + v * L;
                              t[0] = vload(gs + o);
-                             t[2] = vload(xs + o) - vm[v];
+                             t[2] = vload(xs + o) - cm[v];
                              t[1] = t[0] * t[2];
                            },
                            o);
           for (int v = 0; v < NV; ++v) {
-            vstore(sdy + j0 + v * L, o[0][v]);
-            vstore(sdx + j0 + v * L, o[1][v]);
-            vstore(sxm + j0 + v * L, o[2][v]);
+            vstore(vy + j0 + v * L, o[0][v]);
+            vstore(vx + j0 + v * L, o[1][v]);
+            vstore(vm + j0 + v * L, o[2][v]);
           }
         },
         [&](int64_t j) {
           A t3[3];
-          tail_sums<A, 3>(rows,
+          tail_sums<A, 3>(vr,
                           [&](int64_t r, A* t) {
-                            t[0] = to_acc(gs[r * c + j]);
-                            t[2] = to_acc(xs[r * c + j]) - mc[j];
+                            t[0] = to_acc(gs[r * ce + j]);
+                            t[2] = to_acc(xs[r * ce + j]) - mv[j];
                             t[1] = t[0] * t[2];
                           },
                           t3);
-          sdy[j] = t3[0];
-          sdx[j] = t3[1];
-          sxm[j] = t3[2];
+          vy[j] = t3[0];
+          vx[j] = t3[1];
+          vm[j] = t3[2];
         });
+    if (ce != c) {
+      fold(vy, c, ce, sdy);
+      fold(vx, c, ce, sdx);
+      fold(vm, c, ce, sxm);
+    }
+    for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
+      A t3[3];
+      tail_sums<A, 3>(rows - rr,
+                      [&](int64_t r, A* t) {
+                        t[0] = to_acc(gs[(rr + r) * c + j]);
+                        t[2] = to_acc(xs[(rr + r) * c + j]) - mc[j];
+                        t[1] = t[0] * t[2];
+                      },
+                      t3);
+      sdy[j] += t3[0];
+      sdx[j] += t3[1];
+      sxm[j] += t3[2];
+    }
   };
   // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
   // acc (3C,) scratch
   auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* acc, double* out) {
+    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
+    const A* mv = mc;
+    if (ce != c) tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
-      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, acc, acc + c, acc + 2 * c);
+      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c);
       for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
     }
   };
@@ -564,32 +658,46 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   };
   // dx over rows [r0, r1) of sample i: per-channel mean mc, a = rstd * w, t2, t3 (C,)
   auto dx_rows = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* ac, const A* t2, const A* t3) {
+    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
+    const A *mv = mc, *av = ac, *v2p = t2, *v3p = t3;
+    if (ce != c) {
+      tiled(mc, c, ce, vbuf.data());
+      tiled(ac, c, ce, vbuf.data() + ce);
+      tiled(t2, c, ce, vbuf.data() + 2 * ce);
+      tiled(t3, c, ce, vbuf.data() + 3 * ce);
+      mv = vbuf.data(), av = mv + ce, v2p = av + ce, v3p = v2p + ce;
+    }
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
       const int64_t rows = std::min(bk.tile, r1 - t0), off = (i * ns + t0) * c;
+      const int64_t vr = rows / vw.rep, rr = vr * vw.rep;
       const S *xs = x + off, *gs = dy + off;
       S* ds = dx + off;
       channel_blocks<L>(
-          c,
+          ce,
           [&]<int NV>(int64_t j0) {
             vec<A> vm[NV], va[NV], v2[NV], v3[NV];
             for (int v = 0; v < NV; ++v) {
-              vm[v] = vload(mc + j0 + v * L);
-              va[v] = vload(ac + j0 + v * L);
-              v2[v] = vload(t2 + j0 + v * L);
-              v3[v] = vload(t3 + j0 + v * L);
+              vm[v] = vload(mv + j0 + v * L);
+              va[v] = vload(av + j0 + v * L);
+              v2[v] = vload(v2p + j0 + v * L);
+              v3[v] = vload(v3p + j0 + v * L);
             }
-            for (int64_t r = 0; r < rows; ++r)
+            for (int64_t r = 0; r < vr; ++r)
               for (int v = 0; v < NV; ++v) {
-                const int64_t o = r * c + j0 + v * L;
+                const int64_t o = r * ce + j0 + v * L;
                 vstore(ds + o, (vload(gs + o) * va[v] - (vload(xs + o) - vm[v]) * v3[v]) - v2[v]);
               }
           },
           [&](int64_t j) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t o = r * c + j;
-              ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);
+            for (int64_t r = 0; r < vr; ++r) {
+              const int64_t o = r * ce + j;
+              ds[o] = from_acc<S>((to_acc(gs[o]) * av[j] - (to_acc(xs[o]) - mv[j]) * v3p[j]) - v2p[j]);
             }
           });
+      for (int64_t o = rr * c; o < rows * c; ++o) {
+        const int64_t j = o % c;
+        ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);
+      }
     }
   };
   // per-channel vectors of sample i: mc (means), ac = rstd * w, and t2c, t3c from t2g, t3g (G,)
