@@ -114,3 +114,25 @@ def test_bitwise_identical_for_1_and_2_threads(case, dtype):
                 assert torch.equal(a, o)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 70, 9, 11), torch.float32), ((2, 5, 3, 4, 6), torch.bfloat16),
+                                         ((2, 130, 65, 3), torch.float64)], ids=str)
+def test_instance_norm_channels_last_grad_out_same_bits(shape, dtype):
+    """InstanceNorm's output is contiguous; a channels_last grad_out is made contiguous by the
+    kernels' blocked transpose (blocks of 64 channels x 64 positions, partial ones here): the same
+    gradients as from the contiguous grad_out."""
+    import normlab
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(shape, generator=g).to(dtype)
+    dy = torch.randn(shape, generator=g).to(dtype)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    grads = []
+    for d in (dy, dy.contiguous(memory_format=fmt)):
+        xx = x.clone().requires_grad_(True)
+        with normlab.use_backend("cpu"):
+            y = NF.instance_norm(xx)
+        y.backward(d)
+        grads.append(xx.grad)
+    assert torch.equal(grads[0], grads[1])

@@ -457,6 +457,31 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   merge_partials(pw.data(), pb.data(), n, c, dw, db);
 }
 
+namespace {
+template <class T> void transpose_blocks(const T* src, T* dst, int64_t n, int64_t c, int64_t s) {
+  constexpr int64_t B = 64;
+  const int64_t sb = (s + B - 1) / B;
+  for_rows(n * sb, B * c, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / sb, s0 = (u % sb) * B, s1 = std::min(s, s0 + B);
+      const T* si = src + i * s * c;
+      T* di = dst + i * c * s;
+      for (int64_t c0 = 0; c0 < c; c0 += B)
+        for (int64_t cc = c0; cc < std::min(c, c0 + B); ++cc)
+          for (int64_t p = s0; p < s1; ++p) di[cc * s + p] = si[p * c + cc];
+    }
+  });
+}
+}  // namespace
+
+void nhwc_to_nchw(const void* src, void* dst, int64_t n, int64_t c, int64_t s, int64_t bytes) {
+  switch (bytes) {
+    case 2: return transpose_blocks(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n, c, s);
+    case 4: return transpose_blocks(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n, c, s);
+    default: return transpose_blocks(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), n, c, s);
+  }
+}
+
 // rm, rv (C,) running mean / variance of storage R (element strides); mean, var (N, C) in A.
 // running = (1 - momentum) * running + momentum * (batch average), the variance joining unbiased
 // (var * S / (S - 1)); averages over n in order, in float64; each new value rounded once to R.
