@@ -64,11 +64,12 @@ template <class A> std::vector<A> param(const OptTensor& t, int64_t c, A fill, c
   return out;
 }
 
-// t in memory format fmt: a channels_last t made contiguous by the blocked transpose of
-// group_norm_kernels.h (torch's copy runs it a value at a time: InstanceNorm's grad_out of a
-// channels_last layer, (1, 64, 128, 128) float32, took ~4 ms, the transpose ~0.2 ms); else t.contiguous(fmt).
+// t in memory format fmt: a channels_last t of at least 16 channels (a block of the transpose) made
+// contiguous by the blocked transpose of group_norm_kernels.h (torch's copy of a (1, 64, 128, 128)
+// grad_out took several times as long; with fewer channels its copy runs in runs and is faster);
+// else t.contiguous(fmt).
 Tensor contiguous_as(const Tensor& t, at::MemoryFormat fmt) {
-  if (fmt == at::MemoryFormat::Contiguous && t.dim() >= 3 && !t.is_contiguous() && t.numel() > 0 &&
+  if (fmt == at::MemoryFormat::Contiguous && t.dim() >= 3 && t.size(1) >= 16 && !t.is_contiguous() && t.numel() > 0 &&
       t.is_contiguous(t.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d) &&
       (t.dim() == 4 || t.dim() == 5)) {
     Tensor out = at::empty(t.sizes(), t.options());

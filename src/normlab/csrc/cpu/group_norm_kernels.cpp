@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -458,17 +459,24 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
 }
 
 namespace {
+// Blocks of kTPos positions x kTChan channels, gathered into a local block first and written out
+// as kTChan runs of kTPos values: the loads of x and the stores to y (rows of y a power of two
+// apart, 64 KiB for S = 16384 float32) never wait on each other's addresses (4K aliasing).
+constexpr int64_t kTPos = 64, kTChan = 16;
 template <class T> void transpose_blocks(const T* src, T* dst, int64_t n, int64_t c, int64_t s) {
-  constexpr int64_t B = 64;
-  const int64_t sb = (s + B - 1) / B;
-  for_rows(n * sb, B * c, [&](int64_t u0, int64_t u1) {
+  const int64_t sb = (s + kTPos - 1) / kTPos;
+  for_rows(n * sb, kTPos * c, [&](int64_t u0, int64_t u1) {
+    T blk[kTChan][kTPos];
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t i = u / sb, s0 = (u % sb) * B, s1 = std::min(s, s0 + B);
-      const T* si = src + i * s * c;
-      T* di = dst + i * c * s;
-      for (int64_t c0 = 0; c0 < c; c0 += B)
-        for (int64_t cc = c0; cc < std::min(c, c0 + B); ++cc)
-          for (int64_t p = s0; p < s1; ++p) di[cc * s + p] = si[p * c + cc];
+      const int64_t i = u / sb, s0 = (u % sb) * kTPos, np = std::min(s, s0 + kTPos) - s0;
+      const T* si = src + (i * s + s0) * c;
+      T* di = dst + i * c * s + s0;
+      for (int64_t c0 = 0; c0 < c; c0 += kTChan) {
+        const int64_t nc = std::min(c - c0, kTChan);
+        for (int64_t p = 0; p < np; ++p)
+          for (int64_t k = 0; k < nc; ++k) blk[k][p] = si[p * c + c0 + k];
+        for (int64_t k = 0; k < nc; ++k) std::memcpy(di + (c0 + k) * s, blk[k], np * sizeof(T));
+      }
     }
   });
 }

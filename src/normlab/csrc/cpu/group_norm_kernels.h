@@ -60,7 +60,7 @@ void bwd_s1_packed(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* m
                    acc_t<S>* pw, acc_t<S>* pb, int64_t n, int64_t c, int64_t g, int64_t spc, int64_t run);
 
 // dst (N, C, S) = src (N, S, C): a channels_last tensor's values in contiguous order, for values of
-// `bytes` bytes (2, 4 or 8), in blocks of 64 channels x 64 positions (reads and writes in runs).
+// `bytes` bytes (2, 4 or 8), in blocks of 64 positions x 16 channels (reads and writes in runs).
 void nhwc_to_nchw(const void* src, void* dst, int64_t n, int64_t c, int64_t s, int64_t bytes);
 
 // InstanceNorm's running statistics, in place: rm, rv (C,) of storage R with element strides;
