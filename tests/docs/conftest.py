@@ -50,7 +50,7 @@ def built(tmp_path_factory) -> Built:
         pytest.skip(f"the docs extra is not installed (missing {', '.join(MISSING)}): pip install '.[docs]'")
     reuse = os.environ.get("NORMLAB_SITE_DIR")
     if reuse and (Path(reuse) / "index.html").exists():
-        return Built(Path(reuse), None)
+        return Built(Path(reuse).resolve(), None)  # absolute: pages are opened as file:// URIs
     root = tmp_path_factory.mktemp("docs")
     (root / "tmp").mkdir()
     return Built(build(root / "site", root / "tmp"), root / "tmp")
