@@ -130,7 +130,8 @@ constexpr int64_t kAheadBytes = 4096;
 // Long group rows (Cg * S > kScratchValues): a group of a large image at batch 1, up to and past
 // 2^31 values. The rule, from the shape alone:
 //   forward: a row is cut into P = ceil(ncols / kPartValues) parts (at most 64) of whole cache
-//     lines -- one part if the row fits half of L2 (1 MiB) and there are at least 4 rows; a task is one (row, part), reading its part in pieces of kScratchValues values, two
+//     lines -- one part if the row fits 8 MiB (its second read comes from L3) and there are at
+//     least 4 rows; a task is one (row, part), reading its part in pieces of kScratchValues values, two
 //     passes over each piece in cache; the pieces' (count, mean, M2) merged in float64 (Chan) in
 //     order, the parts of a row merged in part order. Then one elementwise pass over (row, part)
 //     tasks writes y; a row of one part (<= 64K values, in L2) is written by its task at once. (A row summed in float32 lanes stops growing once a lane passes 2^24 times
@@ -144,8 +145,9 @@ struct RowParts {
   int64_t n_parts, len;
 };
 inline RowParts row_parts(int64_t ncols, int64_t nrows, int64_t value_bytes) {
-  // a row that fits half of L2 stays one part when there are rows enough to share the threads
-  if (nrows >= 4 && ncols * value_bytes <= (int64_t(1) << 20)) return {1, ncols};
+  // a row of at most 8 MiB stays one part (its output pass reads it back from L3) when there are
+  // rows enough to share the threads
+  if (nrows >= 4 && ncols * value_bytes <= (int64_t(8) << 20)) return {1, ncols};
   const int64_t p = std::clamp<int64_t>((ncols + kPartValues - 1) / kPartValues, 1, 64);
   const int64_t len = ((ncols + p - 1) / p + 63) / 64 * 64;
   return {(ncols + len - 1) / len, len};
@@ -182,7 +184,6 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   };
   const bool local = rp.n_parts == 1;  // a row of one part (<= 64K values, in L2): written at once
   for_rows(n_items, rp.len, [&](int64_t t0, int64_t t1) {
-    std::vector<A> scratch(std::min(kScratchValues, rp.len));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len, v1 = std::min(ncols, v0 + rp.len);
       const S* xr = x + r * ncols;
@@ -190,8 +191,8 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
       for (int64_t lo = v0; lo < v1; lo += kScratchValues) {
         const int64_t k = std::min(kScratchValues, v1 - lo);
         const A shift = to_acc(xr[lo]);
-        const A md = over_count(shifted_sum_into(xr + lo, scratch.data(), k, shift), k);
-        const double m = double(shift) + double(md), q = double(center_in_place(scratch.data(), k, md));
+        const A md = over_count(shifted_sum(xr + lo, k, shift), k);                 // from memory
+        const double m = double(shift) + double(md), q = double(shifted_sqdev(xr + lo, k, shift, md));  // from L2
         if (n_a == 0.0) { n_a = double(k); m_a = m; q_a = q; continue; }
         const double tot = n_a + double(k), delta = m - m_a;
         m_a += delta * (double(k) / tot);
