@@ -437,6 +437,14 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
   return e;
 }
 
+// y = (x - h) * f + bc over len values.
+template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
+  using A = acc_t<S>;
+  vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
+  columns<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
+             [&](int64_t t) { y[t] = from_acc<S>((to_acc(x[t]) - h) * f + bc); });
+}
+
 // y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
 // (hi, a, b2 indexed by column - c0); S > 1: whole planes from channel ch0 (per-channel).
 // x, y: (R, W) storage.
@@ -453,12 +461,7 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        const S* xp = xr + p0;
-        S* yp = yr + p0;
-        const A h = hi[c], f = a[c], bc = b2[c];
-        vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-        columns<S>(s_len, [&](int64_t t) { vstore(yp + t, (vload(xp + t) - vh) * vf + vb); },
-                   [&](int64_t t) { yp[t] = from_acc<S>((to_acc(xp[t]) - h) * f + bc); });
+        normalise_run(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
@@ -552,14 +555,6 @@ Moments part_moments(const S* x, int64_t c, int64_t v0, int64_t v1, int64_t s_le
     }
   });
   return mo;
-}
-
-// y = (x - h) * f + bc over len values.
-template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
-  using A = acc_t<S>;
-  vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-  columns<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
-             [&](int64_t t) { y[t] = from_acc<S>((to_acc(x[t]) - h) * f + bc); });
 }
 
 // g(c, offset, len) over every plane in blocks of at most phase1_values values, in parallel.
@@ -794,6 +789,22 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
   *o2 = s2;
 }
 
+// dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
+template <class S>
+inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, acc_t<S> h, acc_t<S> q2, acc_t<S> q0,
+                       bool train) {
+  using A = acc_t<S>;
+  vec<A> vf = vset1<A>(f);
+  if (train) {
+    vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
+    columns<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
+               [&](int64_t t) { dx[t] = from_acc<S>((f * to_acc(dy[t]) - q2 * (to_acc(x[t]) - h)) - q0); });
+  } else {
+    columns<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
+               [&](int64_t t) { dx[t] = from_acc<S>(to_acc(dy[t]) * f); });
+  }
+}
+
 // dx over rows r0..r1, columns c0..c0+n: (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval).
 // S == 1: per-column constants (indexed by column - c0); S > 1: planes from channel ch0.
 template <class S>
@@ -815,38 +826,10 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        const S *xp = xr + p0, *gp = gr + p0;
-        S* op = o + p0;
-        const A f = a[c];
-        vec<A> vf = vset1<A>(f);
-        if (train) {
-          const A h = hi[c], q2 = k2[c], q0 = k0[c];
-          vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
-          columns<S>(s_len, [&](int64_t t) { vstore(op + t, (vf * vload(gp + t) - v2 * (vload(xp + t) - vh)) - v0); },
-                     [&](int64_t t) { op[t] = from_acc<S>((f * to_acc(gp[t]) - q2 * (to_acc(xp[t]) - h)) - q0); });
-        } else {
-          columns<S>(s_len, [&](int64_t t) { vstore(op + t, vload(gp + t) * vf); },
-                     [&](int64_t t) { op[t] = from_acc<S>(to_acc(gp[t]) * f); });
-        }
+        grad_x_run(gr + p0, xr + p0, o + p0, s_len, a[c], hi[c], k2[c], k0[c], train);
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
-  }
-}
-
-// dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
-template <class S>
-inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, acc_t<S> h, acc_t<S> q2, acc_t<S> q0,
-                       bool train) {
-  using A = acc_t<S>;
-  vec<A> vf = vset1<A>(f);
-  if (train) {
-    vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
-    columns<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
-               [&](int64_t t) { dx[t] = from_acc<S>((f * to_acc(dy[t]) - q2 * (to_acc(x[t]) - h)) - q0); });
-  } else {
-    columns<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
-               [&](int64_t t) { dx[t] = from_acc<S>(to_acc(dy[t]) * f); });
   }
 }
 
