@@ -71,3 +71,17 @@ def test_onnx_export_runs_in_onnx_runtime(tmp_path):
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     assert got.shape == want.shape
     assert abs(got - want).max() <= 1e-5 * max(1.0, abs(want).max())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: normlab.nn.LayerNorm(8), lambda: normlab.nn.RMSNorm(8), lambda: normlab.nn.LayerNorm2d(8),
+    lambda: normlab.nn.BatchNorm1d(8), lambda: normlab.nn.GroupNorm(2, 8), lambda: normlab.nn.InstanceNorm2d(8),
+    lambda: normlab.nn.FrozenBatchNorm2d(8),
+    lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), normlab.nn.BatchNorm1d(8)),  # as a submodule too
+], ids=["LayerNorm", "RMSNorm", "LayerNorm2d", "BatchNorm1d", "GroupNorm", "InstanceNorm2d", "FrozenBatchNorm2d",
+        "in_Sequential"])
+def test_torch_jit_script_says_what_to_use_instead(make):
+    """TorchScript cannot compile normlab's layers: the error names the layer and the way that
+    works (revert a copy to torch.nn's layers), before TorchScript's compiler runs."""
+    with pytest.raises(RuntimeError, match=r"normlab\.nn\.\w+ cannot be compiled by torch\.jit\.script.*normlab\.revert"):
+        torch.jit.script(make())

@@ -101,7 +101,21 @@ def reset_affine(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-class _NormBase(nn.Module):
+class _NotScriptable:
+    """torch.jit.script's hook (``__prepare_scriptable__``, called on every submodule before
+    scripting): normlab's layers are Python with a C++ fast path, not TorchScript, so scripting
+    one stops here with what to do instead rather than deep inside TorchScript's compiler."""
+
+    def __prepare_scriptable__(self):
+        name = f"normlab.nn.{type(self).__name__}"
+        raise RuntimeError(
+            f"{name} cannot be compiled by torch.jit.script (TorchScript, deprecated in PyTorch); "
+            "script a copy with torch.nn's layers instead -- torch.jit.script(normlab.revert("
+            "copy.deepcopy(model))), the same parameters and outputs -- or use torch.jit.trace, "
+            "torch.export or torch.compile, which take normlab's layers as they are")
+
+
+class _NormBase(_NotScriptable, nn.Module):
     """Per-channel affine parameters and running statistics (BatchNorm, InstanceNorm).
 
     State, with torch's names:

@@ -36,12 +36,12 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import check_dtype, check_eps, check_size
+from ._base import _NotScriptable, check_dtype, check_eps, check_size
 
 __all__ = ["FrozenBatchNorm1d", "FrozenBatchNorm2d", "FrozenBatchNorm3d"]
 
 
-class _FrozenBatchNorm(nn.Module):
+class _FrozenBatchNorm(_NotScriptable, nn.Module):
     """Shared body of ``FrozenBatchNorm1d/2d/3d``: any ``(N, C, *)`` input.
 
     Used as is for a frozen ``SyncBatchNorm``: once the statistics are fixed

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import _NormBase, check_dtype, check_eps, check_size, register_affine, reset_affine
+from ._base import _NormBase, _NotScriptable, check_dtype, check_eps, check_size, register_affine, reset_affine
 
 
 def _indivisible(num_groups: int, num_channels: int) -> str:
@@ -25,7 +25,7 @@ def _indivisible(num_groups: int, num_channels: int) -> str:
     return msg + f"; num_groups that divide {num_channels}: {', '.join(map(str, divisors))}"
 
 
-class GroupNorm(nn.Module):
+class GroupNorm(_NotScriptable, nn.Module):
     """Group normalization: the ``C`` channels split into ``num_groups`` groups of ``C / num_groups``,
     ``y = (x - mean_g) / sqrt(var_g + eps) * weight + bias``, each group of each sample with its own
     statistics, then a per-channel affine.

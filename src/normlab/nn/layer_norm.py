@@ -9,10 +9,10 @@ from torch import nn
 
 from .. import functional as F
 from .._checks import rms_variant
-from ._base import check_dtype, check_eps, check_shape, register_affine, reset_affine
+from ._base import _NotScriptable, check_dtype, check_eps, check_shape, register_affine, reset_affine
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(_NotScriptable, nn.Module):
     """Layer normalization over the trailing ``normalized_shape`` dims:
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``.
 
@@ -72,7 +72,7 @@ class LayerNorm(nn.Module):
         )
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_NotScriptable, nn.Module):
     """Root-mean-square normalization over the trailing ``normalized_shape`` dims:
     ``y = x / sqrt(mean(x^2) + eps) * weight``.
 
@@ -158,7 +158,7 @@ class RMSNorm(nn.Module):
         return s
 
 
-class LayerNorm2d(nn.Module):
+class LayerNorm2d(_NotScriptable, nn.Module):
     """LayerNorm over the channels of an ``(N, C, H, W)`` input, at every pixel:
     ``y[n, :, h, w] = (x[n, :, h, w] - mean) / sqrt(var + eps) * weight + bias``.
 
