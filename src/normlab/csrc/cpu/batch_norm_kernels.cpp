@@ -514,18 +514,6 @@ template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int
   }
 }
 
-// A running (count, mean, M2) in float64, merged by Chan's formula.
-struct Moments {
-  double n = 0.0, mean = 0.0, m2 = 0.0;
-  void merge(double k, double m, double q) {
-    if (n == 0.0) { n = k; mean = m; m2 = q; return; }
-    const double t = n + k, delta = m - mean;
-    mean += delta * (k / t);
-    m2 += q + delta * delta * (n * k / t);
-    n = t;
-  }
-};
-
 // (mean, M2) of k values at p by the shifted two passes, pass 1 summed in float64, pass 2
 // around the mean rounded to the accumulation dtype (md) and corrected for that rounding.
 // d: (k,) scratch of the differences.
@@ -722,6 +710,16 @@ template <class A> struct GradConst {
     k2[c] = acc_cast<A>(q2);
     k0[c] = acc_cast<A>(f * (sum_dy / cnt) - q2 * (mean[c] - double(hi[c])));
   }
+  // channel c's sums done: sy = sum(dy), sx = sum(dy * (x - hi)) over its cnt values. db, dw
+  // (the rounded mean's rest lo taken out of sx: sum(dy * x_c) = sx - lo * sy), and in training
+  // the constants of dx.
+  void finish(int64_t c, double sy, double sx, const Chan& w, const double* mean, const double* rstd, double cnt,
+              bool train, double* dw, double* db) {
+    const double sum_dyxc = sx - (mean[c] - double(hi[c])) * sy;  // minus lo * sum(dy)
+    db[c] = sy;
+    dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
+    if (train) set_train(c, w, mean, rstd, sy, sum_dyxc, cnt);
+  }
 };
 
 // The backward's sums run in the accumulation dtype for at most kSumRun terms per lane (rows of a
@@ -833,8 +831,8 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
   }
 }
 
-// The backward of planes (the forward_planes rule): a task sums channel c's part, per piece of at
-// most plane_piece values in the accumulation dtype, the pieces added in float64 in order; the
+// The backward of planes (the forward_planes rule): a task sums channel c's part, per piece of
+// kSumRun * 4 vectors in the accumulation dtype, the pieces added in float64 in order; the
 // parts of a channel added in part order. fused (eval, dw/db and dx wanted): dx = dy * a in the
 // same pass. P == 1: the task finishes its channel and writes its dx while in cache.
 template <class S>
@@ -848,10 +846,7 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   GradConst<A> k(n_ch);
   k.init(n_ch, w, mean, rstd);
   auto finish = [&](int64_t c, double sy, double sx) {
-    const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
-    db[c] = sy;
-    dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
-    if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, double(n * s_len));
+    k.finish(c, sy, sx, w, mean, rstd, double(n * s_len), train, dw, db);
   };
   auto dx_channel = [&](int64_t c, int64_t off, int64_t len) {
     grad_x_run(dy + off, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train);
@@ -905,12 +900,7 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   GradConst<A> k(n_ch);
   k.init(n_ch, w, mean, rstd);
   const bool local = g.local && need_sums;
-  auto finish = [&](int64_t c, double sy, double sx) {
-    const double sum_dyxc = sx - (mean[c] - double(k.hi[c])) * sy;  // minus lo * sum(dy)
-    db[c] = sy;
-    dw[c] = sum_dyxc * rstd[c];  // sum(dy * x_hat)
-    if (train) k.set_train(c, w, mean, rstd, sy, sum_dyxc, cnt);
-  };
+  auto finish = [&](int64_t c, double sy, double sx) { k.finish(c, sy, sx, w, mean, rstd, cnt, train, dw, db); };
   if (need_sums) {
     Scratch<double> part(2 * n_rg * width);
     double* pdy = part.get();          // (G, W) per-task, per-column sums of dy

@@ -187,34 +187,25 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len, v1 = std::min(ncols, v0 + rp.len);
       const S* xr = x + r * ncols;
-      double n_a = 0.0, m_a = 0.0, q_a = 0.0;
+      Moments mo;
       for (int64_t lo = v0; lo < v1; lo += kScratchValues) {
         const int64_t k = std::min(kScratchValues, v1 - lo);
         const A shift = to_acc(xr[lo]);
         const A md = over_count(shifted_sum(xr + lo, k, shift), k);                 // from memory
-        const double m = double(shift) + double(md), q = double(shifted_sqdev(xr + lo, k, shift, md));  // from L2
-        if (n_a == 0.0) { n_a = double(k); m_a = m; q_a = q; continue; }
-        const double tot = n_a + double(k), delta = m - m_a;
-        m_a += delta * (double(k) / tot);
-        q_a += q + delta * delta * (n_a * double(k) / tot);
-        n_a = tot;
+        mo.merge(double(k), double(shift) + double(md), double(shifted_sqdev(xr + lo, k, shift, md)));  // from L2
       }
-      if (local) { finish_row(r, m_a, q_a); write_part(r, 0, ncols); continue; }
-      part[3 * t] = n_a; part[3 * t + 1] = m_a; part[3 * t + 2] = q_a;
+      if (local) { finish_row(r, mo.mean, mo.m2); write_part(r, 0, ncols); continue; }
+      part[3 * t] = mo.n; part[3 * t + 1] = mo.mean; part[3 * t + 2] = mo.m2;
     }
   });
   if (local) return;
   for (int64_t r = 0; r < nrows; ++r) {
-    double n_a = 0.0, m_a = 0.0, q_a = 0.0;
+    Moments mo;
     for (int64_t p = 0; p < rp.n_parts; ++p) {
       const double* q = part.data() + 3 * (r * rp.n_parts + p);
-      if (n_a == 0.0) { n_a = q[0]; m_a = q[1]; q_a = q[2]; continue; }
-      const double tot = n_a + q[0], delta = q[1] - m_a;
-      m_a += delta * (q[0] / tot);
-      q_a += q[2] + delta * delta * (n_a * q[0] / tot);
-      n_a = tot;
+      mo.merge(q[0], q[1], q[2]);
     }
-    finish_row(r, m_a, q_a);
+    finish_row(r, mo.mean, mo.m2);
   }
   for_rows(n_items, rp.len, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

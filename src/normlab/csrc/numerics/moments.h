@@ -77,4 +77,19 @@ template <class S> inline acc_t<S> shifted_sqdev(const S* x, int64_t n, acc_t<S>
   return s;
 }
 
+// A running (count, mean, M2) in float64, partials merged by Chan's formula in the order given
+// (partial a, then b):  delta = mean_b - mean_a,  mean += delta * n_b / n,
+// M2 += M2_b + delta^2 * n_a * n_b / n. Reductions that span many pieces or parts merge
+// fixed-boundary partials with it, so the result does not depend on the thread count.
+struct Moments {
+  double n = 0.0, mean = 0.0, m2 = 0.0;
+  void merge(double k, double m, double q) {
+    if (n == 0.0) { n = k; mean = m; m2 = q; return; }
+    const double t = n + k, delta = m - mean;
+    mean += delta * (k / t);
+    m2 += q + delta * delta * (n * k / t);
+    n = t;
+  }
+};
+
 }  // namespace normlab
