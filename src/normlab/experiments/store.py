@@ -24,6 +24,7 @@ any run starts and without creating anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -123,7 +124,7 @@ def check_path(path: str | os.PathLike, *, must_exist: bool = False, read_only: 
     if not _writable(p.parent):
         raise StoreError(f"store {str(p)!r} is in a read-only folder (SQLite needs to create "
                          f"{p.name}-wal beside it); {fix}")
-    try:
+    with _sqlite_errors(p, lock_timeout_s, fix, "opened"):
         con = sqlite3.connect(p, timeout=lock_timeout_s, isolation_level=None)
         try:
             cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
@@ -134,14 +135,21 @@ def check_path(path: str | os.PathLike, *, must_exist: bool = False, read_only: 
             con.execute("ROLLBACK")
         finally:
             con.close()
+    return p
+
+
+@contextlib.contextmanager
+def _sqlite_errors(p: Path, timeout_s: float, fix: str, opened: str):
+    """sqlite3's errors while ``p`` is being checked, as one StoreError each that says what to do."""
+    try:
+        yield
     except sqlite3.OperationalError as e:
         if "locked" in str(e) or "busy" in str(e):
             raise StoreError(f"store {str(p)!r} is locked by another process (a write held for more "
-                             f"than {lock_timeout_s:g} s); wait for it to finish or use another --store") from e
-        raise StoreError(f"store {str(p)!r} cannot be opened: {e}; {fix}") from e
+                             f"than {timeout_s:g} s); wait for it to finish or use another --store") from e
+        raise StoreError(f"store {str(p)!r} cannot be {opened}: {e}; {fix}") from e
     except sqlite3.DatabaseError as e:
         raise StoreError(f"{str(p)!r} is not a usable SQLite file ({e}); {fix}") from e
-    return p
 
 
 def _connect_read_only(p: Path, timeout_s: float) -> sqlite3.Connection:
@@ -159,19 +167,12 @@ def _connect_read_only(p: Path, timeout_s: float) -> sqlite3.Connection:
 
 
 def _check_readable(p: Path, timeout_s: float, fix: str) -> Path:
-    try:
+    with _sqlite_errors(p, timeout_s, fix, "opened for reading"):
         con = _connect_read_only(p, timeout_s)
         try:
             cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
         finally:
             con.close()
-    except sqlite3.OperationalError as e:
-        if "locked" in str(e) or "busy" in str(e):
-            raise StoreError(f"store {str(p)!r} is locked by another process (a write held for more "
-                             f"than {timeout_s:g} s); wait for it to finish or use another --store") from e
-        raise StoreError(f"store {str(p)!r} cannot be opened for reading: {e}; {fix}") from e
-    except sqlite3.DatabaseError as e:
-        raise StoreError(f"{str(p)!r} is not a usable SQLite file ({e}); {fix}") from e
     if tuple(cols) != COLUMNS:
         raise StoreError(f"{str(p)!r} is an SQLite file without a normlab store's table 'runs' "
                          f"(columns {cols}); {fix}")
