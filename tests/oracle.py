@@ -110,18 +110,28 @@ def graph_nodes(t: torch.Tensor, own_names: bool = False) -> list[str]:
     return names
 
 
-def forbid_ops(monkeypatch, *ops: str) -> None:
-    """Replace every backend's function of ``ops`` in the backend table with one that fails the
-    test when it is called (a bad argument must be caught before any op runs)."""
-    from normlab import _backend
+def ops_dispatched(call) -> tuple[list[str], BaseException | None]:
+    """The torch ops (aten and ``normlab::``) dispatched while ``call()`` runs, and the exception it
+    raised (None if none): whichever path the call takes, the C++ fast entries included (they
+    call the registered ops through the dispatcher, which a dispatch mode sees)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def boom(*args, **kwargs):  # pragma: no cover - must not be reached
-        raise AssertionError("op called with bad arguments")
+    class _Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
 
-    for key in list(_backend._IMPL):
-        if key[0] in ops:
-            monkeypatch.setitem(_backend._IMPL, key, boom)
-    monkeypatch.setattr(_backend, "_AUTO", {})
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    log = _Log()
+    with log:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - returned to the test, which asserts on it
+            return log.ops, e
+    return log.ops, None
 
 
 # ----------------------------------------------------------------------------

@@ -1,32 +1,58 @@
-"""Backend choice: the table (op, backend) -> function, and which backend serves a call.
+"""The gate: the one function that decides which path a call takes, and the backend choice it reads.
 
-The ``ops`` families enter their functions with :func:`register_op` when imported; callers
-ask :func:`implementation` for the function that runs an op on a tensor now. Backends:
-``"ref"`` (serves every device and dtype), ``"cpu"`` (CPU tensors of the four float dtypes,
-where the C++ extension is installed), ``"auto"`` (the last registered backend that serves
-the tensor; the default). While ``torch.export`` or ``torch.jit.trace`` records, every call
-resolves to ``"ref"``. An explicit request that cannot serve a tensor raises an error listing
-what can.
+Every public entry (``normlab.functional``, and through it ``normlab.nn``) asks :func:`route`
+once and dispatches on its answer, one of four paths:
 
-The choice, in order of precedence: :func:`use_backend` (a context manager, this thread),
-:func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (read once, at import;
-validated at the first call that uses it), ``"auto"``.
+- :data:`REF`: the reference math in torch ops (``ops/<family>/reference.py``): backend ``"ref"``;
+  every device and dtype; also every call while ``torch.export`` or ``torch.jit.trace`` records
+  (the exported graph holds aten ops, which every runtime it goes to can run);
+- :data:`EAGER`: the C++ kernels (backend ``"cpu"``) called directly, autograd recorded by C++;
+- :data:`TRANSFORM`: the C++ kernels under torch.func transforms or forward-mode AD, through each
+  family's transform ``autograd.Function`` (vmap and jvp rules), which a C++ node cannot be;
+- :data:`COMPILE`: the C++ kernels as the ``torch.ops.normlab`` custom ops ``torch.compile`` traces.
+
+Backends: ``"ref"`` (serves every device and dtype), ``"cpu"`` (CPU tensors of the four float
+dtypes, where the C++ extension is installed), ``"auto"`` (``"cpu"`` where it serves the tensor,
+else ``"ref"``; the default). An explicit ``"cpu"`` that cannot serve a tensor raises an error
+listing what can. The choice, in order of precedence: :func:`use_backend` (a context manager,
+this thread), :func:`set_backend`, the ``NORMLAB_BACKEND`` environment variable (read once, at
+import; validated at the first call that uses it), ``"auto"``.
+
+:func:`backend_for` reports what a call would use by asking :func:`route` itself, so it is true
+by construction.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.autograd.forward_ad as _fwad
 
-# name -> predicate "can this backend serve this tensor?"; kept in priority order
-# (first registered = lowest priority, so "auto" walks the list backwards).
-_BACKENDS: dict[str, Callable[[torch.Tensor], bool]] = {"ref": lambda x: True}
-# (op, backend) -> the function that runs op on that backend: the one table
-_IMPL: dict[tuple[str, str], Callable] = {}
+# The paths (small ints: compared with ``==`` on every call)
+REF = 0
+EAGER = 1
+TRANSFORM = 2
+COMPILE = 3
+
+# The ops every backend implements (the names backend_for and its error messages use)
+OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
+                 "group_norm", "instance_norm", "sync_batch_norm"})
+
+_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the "cpu" kernels' dtypes
+# "cpu" joins when normlab.ops finds the C++ extension installed (install_cpu, at import)
+_CPU = False
+_BACKENDS: tuple[str, ...] = ("ref",)
+# Backends normlab knows but this install may lack, and what brings each one.
+_MISSING = {
+    "cpu": "the C++ extension normlab._C, which this install lacks (installed with "
+           "NORMLAB_NO_EXTENSION=1, or without a C++ compiler); reinstall with "
+           "`pip install --no-build-isolation --force-reinstall --no-deps .` from normlab's source, "
+           "or use 'auto' (takes 'ref')",
+}
+
 
 class _State(threading.local):
     choice: str | None = None  # a class default: reading it unset raises nothing (no AttributeError to catch)
@@ -35,61 +61,22 @@ class _State(threading.local):
 _state = _State()
 _global_choice: str | None = None
 _ENV_CHOICE = os.environ.get("NORMLAB_BACKEND", "").strip() or "auto"  # see get_backend
-# op -> (name, predicate, function) of the backends implementing it, highest priority
-# first ("auto"'s walk, precomputed: it runs before every call)
-_AUTO: dict[str, tuple[tuple[str, Callable[[torch.Tensor], bool], Callable], ...]] = {}
+
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
+_is_exporting = torch.compiler.is_exporting
+_is_tracing = torch._C._is_tracing
 
 
-def register_backend(name: str, serves: Callable[[torch.Tensor], bool]) -> None:
-    """Make backend ``name`` available; ``serves(x)`` tells whether it can run on ``x``.
-
-    Registering a name again replaces ``serves`` (its priority stays). The ops it
-    implements are its entries in the table (:func:`register_op`).
-    """
-    _BACKENDS[name] = serves
-    _AUTO.clear()
-
-
-def register_op(op: str, backend: str, fn: Callable) -> None:
-    """Enter ``fn`` in the table as ``op`` on ``backend`` (a registered backend)."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"normlab: register backend {backend!r} before its ops")
-    _IMPL[(op, backend)] = fn
-    _AUTO.clear()
-
-
-def function(op: str, backend: str) -> Callable:
-    """The table's entry for ``op`` on ``backend`` (a name :func:`backend_for` gave): for ops whose
-    custom ops carry the backend's name, to find their implementation again inside."""
-    return _IMPL[(op, backend)]
-
-
-def _auto_order(op: str):
-    order = _AUTO.get(op)
-    if order is None:
-        order = _AUTO[op] = tuple(
-            (n, _BACKENDS[n], _IMPL[(op, n)]) for n in reversed(list(_BACKENDS)) if (op, n) in _IMPL
-        )
-    return order
-
-
-def _serves(name: str, x: torch.Tensor, op: str) -> bool:
-    serves = _BACKENDS.get(name)
-    return serves is not None and (op, name) in _IMPL and serves(x)
+def install_cpu() -> None:
+    """Make backend ``"cpu"`` available: called once by ``normlab.ops`` when the C++ extension loads."""
+    global _CPU, _BACKENDS
+    _CPU, _BACKENDS = True, ("ref", "cpu")
 
 
 def available_backends() -> list[str]:
-    """Names a user may request: ``"auto"`` and every registered backend."""
+    """Names a user may request: ``"auto"`` and every backend this install has."""
     return ["auto", *_BACKENDS]
-
-
-# Backends normlab knows but this install may lack, and what brings each one.
-_MISSING = {
-    "cpu": "the C++ extension normlab._C, which this install lacks (installed with "
-           "NORMLAB_NO_EXTENSION=1, or without a C++ compiler); reinstall with "
-           "`pip install --no-build-isolation --force-reinstall --no-deps .` from normlab's source, "
-           "or use 'auto' (takes 'ref')",
-}
 
 
 def _validate(name: str) -> str:
@@ -112,7 +99,7 @@ def set_backend(name: str) -> None:
 def use_backend(name: str) -> Iterator[None]:
     """Use backend ``name`` inside a ``with`` block (this thread only)."""
     _validate(name)
-    previous = getattr(_state, "choice", None)
+    previous = _state.choice
     _state.choice = name
     try:
         yield
@@ -122,70 +109,64 @@ def use_backend(name: str) -> Iterator[None]:
 
 def get_backend() -> str:
     """The backend currently requested (may be ``"auto"``)."""
-    choice = getattr(_state, "choice", None) or _global_choice
+    choice = _state.choice or _global_choice
     if choice is None:
-        # read at import, not per call: backend_for runs before every kernel, and a
-        # lookup in os.environ costs microseconds there
+        # read at import, not per call: route runs before every kernel, and a lookup in
+        # os.environ costs microseconds there
         choice = _validate(_ENV_CHOICE)
     return choice
 
 
-def _exporting() -> bool:
-    # torch.export (and torch.onnx.export, which runs it) and torch.jit.trace (the older ONNX
-    # exporter): the reference math in aten ops, which every runtime an exported program goes
-    # to can run; a kernel call is opaque there (and invisible to a trace)
-    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+def transforming() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp, jacrev, ...) or forward-mode AD is active."""
+    return _functorch_active() or _fwad._current_level >= 0
 
 
-_functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
-_is_exporting = torch.compiler.is_exporting
-_is_tracing = torch._C._is_tracing
+def route(x, op: str) -> int:
+    """The path of a call of ``op`` on ``x`` now: :data:`REF`, :data:`EAGER`, :data:`TRANSFORM` or
+    :data:`COMPILE` -- the one place this is decided.
 
-
-def eager_cpu() -> bool:
-    """Whether a plain eager call on a CPU tensor goes to ``"cpu"`` now: the choice is ``"auto"``
-    or ``"cpu"``, the backend is installed, and no transform, forward-mode AD, compile, export or
-    trace is running. ``normlab.functional``'s fast paths ask this before the C++ entry points
-    (which check the arguments themselves and decline what they do not serve)."""
+    ``"ref"`` chosen, or ``torch.export``/``torch.jit.trace`` recording: REF. Otherwise the
+    ``"cpu"`` kernels where they serve ``x`` (a CPU tensor of a float dtype; ``"auto"`` takes REF
+    for any other tensor, an explicit ``"cpu"`` raises ``RuntimeError`` listing the backends that
+    can): TRANSFORM under a torch.func transform or forward-mode AD, COMPILE while torch.compile
+    traces, EAGER otherwise. ``x`` that is not a tensor: REF (whose argument checks say what is
+    wrong).
+    """
     choice = _state.choice or _global_choice or _ENV_CHOICE
-    return ((choice == "auto" or choice == "cpu") and "cpu" in _BACKENDS and not _functorch_active()
-            and _fwad._current_level < 0 and not _is_compiling() and not _is_exporting() and not _is_tracing())
+    if choice != "auto":
+        if choice == "ref":
+            return REF
+        if choice != "cpu":
+            _validate(choice)  # NORMLAB_BACKEND's bad name: raises
+    try:
+        served = _CPU and x.is_cpu and x.dtype in _SERVED
+    except AttributeError:  # not a tensor: the reference's argument checks say what is wrong
+        return REF
+    if not served:
+        if choice == "cpu" and isinstance(x, torch.Tensor) and not (_is_exporting() or _is_tracing()):
+            _cannot_serve(choice, x, op)
+        return REF
+    if _fwad._current_level >= 0 or _functorch_active():
+        return TRANSFORM
+    if _is_compiling():
+        return REF if _is_exporting() else COMPILE
+    return REF if _is_tracing() else EAGER
 
 
 def backend_for(x: torch.Tensor, op: str) -> str:
     """The backend that would run ``op`` (``"layer_norm"``, ``"batch_norm"``, ...) on ``x`` now,
-    under the current choice; raises ``RuntimeError`` when an explicitly chosen backend cannot
-    serve ``x`` (the message lists the backends that can)."""
-    choice = get_backend()
-    if _exporting():
-        return "ref"
-    if choice == "auto":
-        for name, serves, _ in _auto_order(op):
-            if serves(x):
-                return name
-        return "ref"  # pragma: no cover - "ref" serves everything
-    _check_explicit(choice, x, op)
-    return choice
+    under the current choice (what :func:`route` decides); raises ``RuntimeError`` when an
+    explicitly chosen backend cannot serve ``x`` (the message lists the backends that can)."""
+    if op not in OPS:
+        raise ValueError(f"normlab: unknown op {op!r}; expected one of {sorted(OPS)}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"normlab.backend_for: expected a torch.Tensor, got {type(x).__name__}")
+    return "ref" if route(x, op) == REF else "cpu"
 
 
-def implementation(x: torch.Tensor, op: str) -> Callable:
-    """The function of the table that runs ``op`` on ``x`` now (the backend :func:`backend_for` picks)."""
-    choice = get_backend()
-    if choice == "auto" and not _exporting():
-        for _, serves, fn in _auto_order(op):
-            if serves(x):
-                return fn
-    return _IMPL[(op, backend_for(x, op))]
-
-
-def _check_explicit(choice: str, x: torch.Tensor, op: str) -> None:
-    if not _serves(choice, x, op):
-        serving = [n for n in _BACKENDS if _serves(n, x, op)]
-        what = (
-            f"does not implement {op}" if (op, choice) not in _IMPL
-            else f"cannot serve a {x.dtype} tensor on {x.device}"
-        )
-        raise RuntimeError(
-            f"normlab {op}: backend {choice!r} {what}; backends that can: {serving} (or 'auto')"
-        )
+def _cannot_serve(choice: str, x: torch.Tensor, op: str) -> None:
+    raise RuntimeError(
+        f"normlab {op}: backend {choice!r} cannot serve a {x.dtype} tensor on {x.device}; "
+        f"backends that can: ['ref'] (or 'auto')"
+    )

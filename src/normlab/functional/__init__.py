@@ -1,9 +1,11 @@
 """normlab.functional: the normalizations as functions, with torch.nn.functional's signatures.
 
-Each function checks its arguments first (raising the exception class torch
-raises for the same mistake, with what was expected and what was given), then
-picks a backend (``normlab.set_backend``) and calls the family's op in
-``normlab.ops``. Nothing is broadcast silently: a weight must have exactly the
+Each function asks the gate (``normlab._backend.route``) which path the call
+takes, judges its arguments (raising the exception class torch raises for the
+same mistake, with what was expected and what was given; on the eager ``"cpu"``
+path the C++ entry judges them first, by the same rules, and hands anything it
+does not take to these checks), then runs the family's op in ``normlab.ops`` on
+that path. Nothing is broadcast silently: a weight must have exactly the
 shape the op expects.
 
 >>> import torch, normlab.functional as NF

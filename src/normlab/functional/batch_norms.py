@@ -8,11 +8,10 @@ import numbers
 
 import torch
 
-from .. import _backend
+from .._backend import EAGER, route
 from .._checks import check_eps, check_input, cpu_params_fit, plain_eps
-# importing the family enters its ops in the backend table (_backend.implementation)
-from ..ops import batch_norm as _ops_family  # noqa: F401
 from ..ops import extension as _extension
+from ..ops.batch_norm import op as _op
 from ..ops.batch_norm import ghost as _ghost
 from ..ops.batch_norm import renorm as _renorm
 from ..ops.layouts import output_memory_format
@@ -21,7 +20,6 @@ from .checks import (check_channels_input, check_limit, check_momentum, check_pe
                      momentum_value, plain_momentum, values_per_channel)
 
 _C = _extension.load()
-_eager_cpu = _backend.eager_cpu
 # BatchNorm's C++ entry (a module global: one lookup a call)
 _batch_norm_fast = _C.batch_norm_fast if _C is not None else None
 # A BatchNorm module's whole eager forward in one C++ call (normlab.nn.BatchNorm*d's fast path)
@@ -67,7 +65,8 @@ def batch_norm(
     >>> rm, rv
     (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
-    if _batch_norm_fast is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    path = route(input, "batch_norm")
+    if path == EAGER:  # the C++ entry judges the arguments as the checks below; None: not its case
         try:
             y = _batch_norm_fast(input, running_mean, running_var, weight, bias, training, momentum, eps)
         except TypeError:  # an argument of a type it does not take: the checks below say what
@@ -107,8 +106,8 @@ def batch_norm(
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {input.size()}"
             )
-    return _backend.implementation(input, fn)(
-        input, running_mean, running_var, weight, bias, bool(training), momentum_value(momentum), float(eps)
+    return _op.batch_norm(
+        path, input, running_mean, running_var, weight, bias, bool(training), momentum_value(momentum), float(eps)
     )
 
 

@@ -8,15 +8,13 @@ import numbers
 
 import torch
 
-from .. import _backend
+from .._backend import EAGER, route
 from .._checks import check_eps, check_input, cpu_params_fit, plain_eps
-# importing the family enters its ops in the backend table (_backend.implementation)
-from ..ops import group_norm as _ops_family  # noqa: F401
 from ..ops import extension as _extension
+from ..ops.group_norm import op as _op
 from .checks import (check_channels_input, check_momentum, check_per_channel, check_running_pair, plain_momentum)
 
 _C = _extension.load()
-_eager_cpu = _backend.eager_cpu
 
 
 def group_norm(
@@ -43,7 +41,8 @@ def group_norm(
     >>> NF.group_norm(torch.tensor([[1.0, 3.0, 10.0, 30.0]]), 2)
     tensor([[-1.0000,  1.0000, -1.0000,  1.0000]])
     """
-    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    path = route(input, "group_norm")
+    if path == EAGER:  # the C++ entry judges the arguments as the checks below; None: not its case
         y = _C.group_norm_fast(input, num_groups, weight, bias, eps)
         if y is not None:
             return y
@@ -75,7 +74,7 @@ def group_norm(
                 f"Expected more than 1 value per channel when training, got input size "
                 f"{[input.shape[0] * c // num_groups, num_groups, *input.shape[2:]]}"
             )
-    return _backend.implementation(input, fn)(input, int(num_groups), weight, bias, float(eps))
+    return _op.group_norm(path, input, int(num_groups), weight, bias, float(eps))
 
 
 def instance_norm(
@@ -106,7 +105,8 @@ def instance_norm(
     >>> NF.instance_norm(torch.tensor([[[1.0, 2.0, 3.0]]]))
     tensor([[[-1.2247,  0.0000,  1.2247]]])
     """
-    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    path = route(input, "instance_norm")
+    if path == EAGER:  # the C++ entry judges the arguments as the checks below; None: not its case
         y = _C.instance_norm_fast(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
         if y is not None:
             return y
@@ -140,6 +140,6 @@ def instance_norm(
             raise ValueError(
                 f"Expected more than 1 spatial element when training, got input size {input.size()}"
             )
-    return _backend.implementation(input, fn)(
-        input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum), float(eps)
+    return _op.instance_norm(
+        path, input, running_mean, running_var, weight, bias, bool(use_input_stats), float(momentum), float(eps)
     )

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend
+from .._backend import EAGER, route
 from .._checks import (check_eps, check_input, check_param, cpu_params_fit, normalized_shape_tuple, plain_eps,
                        rms_variant)
-# importing the family enters its ops in the backend table (_backend.implementation)
-from ..ops import layer_norm as _ops_family  # noqa: F401
 from ..ops import extension as _extension
+from ..ops.layer_norm import op as _op
+from ..ops.layer_norm import op_2d as _op_2d
 from ..ops.numerics import acc_dtype
 from .checks import (check_channels_input, check_normalized_shape, check_per_channel, check_residual, residual_fits,
                      rows_fit)
 
 _C = _extension.load()
-_eager_cpu = _backend.eager_cpu
 
 
 def layer_norm(
@@ -43,7 +42,8 @@ def layer_norm(
     >>> NF.layer_norm(torch.tensor([[1.0, 2.0, 3.0]]), 3)
     tensor([[-1.2247,  0.0000,  1.2247]])
     """
-    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    path = route(input, "layer_norm")
+    if path == EAGER:  # the C++ entry judges the arguments as the checks below; None: not its case
         try:
             y = _C.layer_norm_fast(input, normalized_shape, weight, bias, eps)
         except TypeError:  # an argument of a type it does not take: the checks below say what
@@ -59,7 +59,7 @@ def layer_norm(
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_param(fn, "bias", bias, input, shape, "normalized_shape")
         check_eps(fn, eps)
-    return _backend.implementation(input, fn)(input, shape, weight, bias, float(eps))
+    return _op.layer_norm(path, input, shape, weight, bias, float(eps))
 
 
 def _other_float_dtype(weight, input) -> bool:
@@ -105,7 +105,8 @@ def rms_norm(
     >>> torch.equal(NF.rms_norm(x, (8,), w, 1e-6, casting="llama"), w * x_hat)
     True
     """
-    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+    path = route(input, "rms_norm")
+    if path == EAGER and casting == "torch" and offset == 0.0:
         try:
             y = _C.rms_norm_fast(input, normalized_shape, weight, eps)
         except TypeError:
@@ -126,7 +127,7 @@ def rms_norm(
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _backend.implementation(input, fn)(input, shape, weight, eps, offset, cast_x_hat)
+    return _op.rms_norm(path, input, shape, weight, eps, offset, cast_x_hat)
 
 
 def _rms_norm_other_weight(input, normalized_shape, weight, eps, casting="torch", offset=0.0):
@@ -171,7 +172,8 @@ def add_layer_norm(
     >>> torch.equal(h, x + r), torch.allclose(y, torch.nn.functional.layer_norm(x + r, (6,)), atol=1e-6)
     (True, True)
     """
-    if _C is not None and _eager_cpu():
+    path = route(x, "add_layer_norm")
+    if path == EAGER:
         try:
             yh = _C.add_norm_fast(x, residual, normalized_shape, weight, bias, eps, True)
         except TypeError:
@@ -188,7 +190,7 @@ def add_layer_norm(
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_param(fn, "bias", bias, x, shape, "normalized_shape")
         check_eps(fn, eps)
-    return _backend.implementation(x, fn)(x, residual, shape, weight, bias, float(eps))
+    return _op.add_layer_norm(path, x, residual, shape, weight, bias, float(eps))
 
 
 def add_rms_norm(
@@ -219,7 +221,8 @@ def add_rms_norm(
     >>> torch.allclose(y, torch.nn.functional.rms_norm(x + r, (6,), eps=1e-6), atol=1e-6)
     True
     """
-    if _C is not None and casting == "torch" and offset == 0.0 and _eager_cpu():
+    path = route(x, "add_rms_norm")
+    if path == EAGER and casting == "torch" and offset == 0.0:
         try:
             yh = _C.add_norm_fast(x, residual, normalized_shape, weight, None, eps, False)
         except TypeError:
@@ -246,7 +249,7 @@ def add_rms_norm(
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_eps(fn, eps)
     eps = None if eps is None else float(eps)
-    return _backend.implementation(x, fn)(x, residual, shape, weight, eps, offset, cast_x_hat)
+    return _op.add_rms_norm(path, x, residual, shape, weight, eps, offset, cast_x_hat)
 
 
 def layer_norm2d(
@@ -274,7 +277,8 @@ def layer_norm2d(
     >>> torch.allclose(NF.layer_norm2d(x), ref, atol=1e-6)
     True
     """
-    if _C is not None and _eager_cpu():  # the C++ entry checks the arguments; None: not its case
+    path = route(input, "layer_norm2d")
+    if path == EAGER:  # the C++ entry judges the arguments as the checks below; None: not its case
         try:
             y = _C.layer_norm2d_fast(input, weight, bias, eps)
         except TypeError:  # an argument of a type it does not take: the checks below say what
@@ -292,4 +296,4 @@ def layer_norm2d(
         check_channels_input(fn, input)
         check_per_channel(fn, input, weight=weight, bias=bias)
         check_eps(fn, eps)
-    return _backend.implementation(input, "layer_norm2d")(input, weight, bias, float(eps))
+    return _op_2d.layer_norm2d(path, input, weight, bias, float(eps))

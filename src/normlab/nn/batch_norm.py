@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend
+from .._backend import EAGER, route
 from .. import functional as F
 from ..functional.batch_norms import batch_norm_module as _module_fast
 from ._base import _NormBase
 
-_eager_cpu = _backend.eager_cpu
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
@@ -67,7 +66,7 @@ class _BatchNorm(_NormBase):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         # Eager CPU: one C++ call does what the lines below do (checks, statistics, momentum,
         # running statistics, num_batches_tracked); None: a case for the lines below.
-        if self._fast_dims and _module_fast is not None and _eager_cpu():
+        if self._fast_dims and route(input, "batch_norm") == EAGER:
             p, b = self._parameters, self._buffers
             try:
                 y = _module_fast(input, p["weight"], p["bias"], b["running_mean"], b["running_var"],

@@ -4,7 +4,17 @@
 - ``batch_norm``: BatchNorm and its running statistics (``sync.py``: across ranks)
 - ``group_norm``: GroupNorm and InstanceNorm
 
-Shared by the rooms: ``extension.py`` (loads ``normlab._C``), ``_register.py`` (the backend
-table entries and the Python autograd Functions), ``_transforms.py`` (torch.func rules),
-``numerics.py``, ``layouts.py``, ``forward_mode.py``.
+Shared by the rooms: ``extension.py`` (loads ``normlab._C``; importing this package makes
+backend ``"cpu"`` available when it is installed), ``_register.py`` (the Python autograd
+Functions and custom ops), ``_transforms.py`` (torch.func rules), ``numerics.py``,
+``layouts.py``, ``forward_mode.py``.
+
+Each family's ``op.py`` holds its entries: one function per op that takes the path
+``normlab._backend.route`` decided (``REF``, ``EAGER``, ``TRANSFORM``, ``COMPILE``) and runs it.
 """
+
+from .. import _backend
+from . import extension
+
+if extension.available():
+    _backend.install_cpu()

@@ -1,10 +1,8 @@
 """The Python side of op registration: what the C++ ops (``csrc/``) cannot do themselves.
 
-- :func:`implement`: an op's entries in the backend table (``_backend``): ``"ref"`` from the
-  family's ``reference.py``, ``"cpu"`` from its ``op.py`` when the extension is installed.
-- :func:`transform` and :func:`route`: the Python ``autograd.Function`` that runs an op under
-  torch.func transforms and forward-mode AD (a C++ autograd node refuses them), with its
-  ``vmap`` and ``jvp`` rules, and the rule that picks it.
+- :func:`transform`: the Python ``autograd.Function`` that runs an op under torch.func
+  transforms and forward-mode AD (a C++ autograd node refuses them), with its ``vmap`` and
+  ``jvp`` rules (the path ``normlab._backend.route`` calls ``TRANSFORM``).
 - :func:`custom_op`, :func:`eager`: for SyncBatchNorm (``batch_norm/sync.py``), whose
   collectives run in Python: its ``torch.library`` ops and its eager Function.
 """
@@ -14,45 +12,6 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-import torch.autograd.forward_ad as _fwad
-
-from .. import _backend
-from . import extension
-
-# --------------------------------------------------------------------------
-# Which path runs a call
-# --------------------------------------------------------------------------
-
-FUNCTION = 0  # an autograd.Function runs the call: a torch.func transform or forward-mode AD
-               # is active (the <Name>Transform Function), or autograd records it (<Name>Eager)
-COMPILE = 1  # torch.compile is tracing: the custom ops
-PLAIN = 2  # nothing to record (no_grad, inference, no input needs a gradient): the op call alone
-
-_functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
-
-
-def route(*tensors: Optional[torch.Tensor]) -> int:
-    """The path of a call on ``tensors`` (None allowed): :data:`FUNCTION`, :data:`COMPILE` or
-    :data:`PLAIN`.
-
-    A kernel gets tensors by address, which a functorch ``BatchedTensor`` or a
-    dual tensor has not: transforms come first (FUNCTION), also while compiling. Without
-    a transform, ``torch.compile`` traces the custom ops; an eager call takes
-    a Function only when autograd records it (grad mode on and an
-    input that requires grad), else the op call alone (no Function to build).
-    """
-    if _functorch_active() or _fwad._current_level >= 0:
-        return FUNCTION
-    if _is_compiling():
-        return COMPILE
-    if _grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return FUNCTION
-    return PLAIN
-
 
 # --------------------------------------------------------------------------
 # The three forms of an op
@@ -134,19 +93,3 @@ def transform(
         "__doc__": doc or f"{name} on the kernels under torch.func transforms and forward-mode AD.",
         "__module__": forward.__module__,
     })
-
-
-# --------------------------------------------------------------------------
-# The backend table and the running buffers
-# --------------------------------------------------------------------------
-
-
-def implement(op: str, *, ref: Callable, cpu: Optional[Callable] = None) -> None:
-    """Enter ``op`` in the backend table: ``ref`` (from the family's ``reference.py``) on
-    ``"ref"``, ``cpu`` (from its ``op.py``) on ``"cpu"`` when the C++ extension is installed
-    (``extension.available()``). Both take the arguments ``normlab.functional`` has checked."""
-    _backend.register_op(op, "ref", ref)
-    if cpu is not None and extension.available():
-        _backend.register_backend("cpu", extension.serves_cpu)
-        _backend.register_op(op, "cpu", cpu)
-

@@ -2,8 +2,8 @@
 
 The eager paths hand tensors to the kernels by address, which a functorch
 ``BatchedTensor`` or a dual tensor of forward-mode AD does not have. While a
-transform is active (:func:`active`), each family's entry point calls its
-transform ``autograd.Function`` instead: ``forward`` without ``ctx`` (runs the
+transform is active (the path ``normlab._backend.route`` calls ``TRANSFORM``), each
+family's entry point calls its transform ``autograd.Function`` instead: ``forward`` without ``ctx`` (runs the
 kernels on plain tensors), ``setup_context``, ``backward`` (the kernels, or the
 differentiable reference under ``create_graph``, which is what ``grad`` and
 ``vjp`` use), a hand-derived ``jvp`` (``ops/forward_mode.x_hat_jvp``) and a ``vmap``
@@ -15,14 +15,12 @@ the kernel once, never a loop over the batch.
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as _fwad
 
-_functorch_active = torch._C._are_functorch_transforms_active
+from .. import _backend
 
-
-def active() -> bool:
-    """Whether a torch.func transform (vmap, grad, jvp, jacrev, ...) or forward-mode AD is active."""
-    return _functorch_active() or _fwad._current_level >= 0
+# Whether a torch.func transform (vmap, grad, jvp, jacrev, ...) or forward-mode AD is active:
+# the gate's own test (normlab._backend.route's TRANSFORM), not a second spelling of it
+active = _backend.transforming
 
 
 def front(t: torch.Tensor | None, bdim, batch: int) -> torch.Tensor | None:

@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
+import normlab
 import normlab.functional as NF
+from normlab._backend import EAGER, REF
 from normlab.ops import group_norm as gn_ops
 from tests.oracle import (
     affine_params,
     assert_within_rounding,
-    forbid_ops,
+    ops_dispatched,
     graph_nodes,
     rel_err,
 )
@@ -360,8 +362,8 @@ def test_empty_input(x_shape):
 def test_empty_spatial_instance_norm_op():
     """The op itself serves a spatial size of 0 in training, as torch does."""
     x = torch.zeros(2, 4, 0)
-    for entry in (gn_ops.ref_instance_norm, gn_ops.op.instance_norm):  # the "ref" and the "cpu" functions
-        y = entry(x, None, None, None, None, True, 0.1, 1e-5)
+    for path in (REF, EAGER):  # the reference and the kernels' entry
+        y = gn_ops.op.instance_norm(path, x, None, None, None, None, True, 0.1, 1e-5)
         assert y.shape == TF.instance_norm(x).shape == (2, 4, 0)
 
 
@@ -548,12 +550,15 @@ def test_errors_instance_norm():
                        r"running_mean of shape \[4\].*\[3\]")
 
 
-def test_errors_are_raised_before_any_work(monkeypatch):
-    """A bad argument never reaches the op."""
-    forbid_ops(monkeypatch, "group_norm", "instance_norm")
-    with pytest.raises(RuntimeError):
-        NF.group_norm(torch.randn(2, 6, 3), 4)
-    rm = torch.zeros(3)
-    with pytest.raises(RuntimeError):
-        NF.instance_norm(torch.randn(2, 4, 3), rm, torch.ones(3))
+@pytest.mark.parametrize("backend", normlab.available_backends())
+def test_errors_are_raised_before_any_work(backend):
+    """A bad argument never reaches an op, on any backend: not one op is dispatched before the error."""
+    x6, x4, rm, rv = torch.randn(2, 6, 3), torch.randn(2, 4, 3), torch.zeros(3), torch.ones(3)
+    with normlab.use_backend(backend):
+        ops, err = ops_dispatched(lambda: NF.group_norm(x6, 4))
+        assert isinstance(err, RuntimeError) and "divisible by num_groups" in str(err) and ops == []
+        ops, err = ops_dispatched(lambda: NF.instance_norm(x4, rm, rv))
+        assert isinstance(err, RuntimeError) and "running_mean of shape [4]" in str(err) and ops == []
+        ops, err = ops_dispatched(lambda: NF.group_norm(x6, 3))  # the oracle sees the ops of a good call
+        assert err is None and ops
     assert torch.equal(rm, torch.zeros(3))

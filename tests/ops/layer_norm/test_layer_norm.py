@@ -13,7 +13,7 @@ import normlab.functional as NF
 from tests.oracle import (
     affine_params,
     assert_within_rounding,
-    forbid_ops,
+    ops_dispatched,
     graph_nodes,
     rel_err,
 )
@@ -303,11 +303,17 @@ def test_errors_rms_norm():
         NF.rms_norm(torch.ones(4, 6, dtype=torch.int32), (6,))
 
 
-def test_errors_are_raised_before_any_work(monkeypatch):
-    """A bad argument never reaches the op."""
-    forbid_ops(monkeypatch, "layer_norm")
-    with pytest.raises(RuntimeError):
-        NF.layer_norm(torch.randn(4, 6), (6,), torch.ones(5))
+@pytest.mark.parametrize("backend", normlab.available_backends())
+def test_errors_are_raised_before_any_work(backend):
+    """A bad argument never reaches an op, on any backend: not one op is dispatched before the error."""
+    x, w = torch.randn(4, 6), torch.ones(5)
+    with normlab.use_backend(backend):
+        ops, err = ops_dispatched(lambda: NF.layer_norm(x, (6,), w))
+    assert isinstance(err, RuntimeError) and "weight of shape [6]" in str(err)
+    assert ops == []
+    with normlab.use_backend(backend):  # the oracle sees the ops of a good call
+        ops, err = ops_dispatched(lambda: NF.layer_norm(x, (6,)))
+    assert err is None and ops
 
 
 def test_float64_error_is_tiny_against_float64_reference():

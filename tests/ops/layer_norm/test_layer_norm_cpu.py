@@ -458,8 +458,9 @@ def test_backend_registry():
             assert normlab.backend_for(x, op) == "cpu"
         assert normlab.backend_for(x, "batch_norm") == "cpu"
         assert normlab.backend_for(x.to("meta"), "layer_norm") == "ref"
-    with normlab.use_backend("cpu"):
-        with pytest.raises(RuntimeError, match="does not implement no_such_op"):
+    for choice in ("auto", "cpu", "ref"):  # an op name normlab does not have, whatever the choice
+        with normlab.use_backend(choice), pytest.raises(ValueError, match="unknown op 'no_such_op'"):
             normlab.backend_for(x, "no_such_op")
+    with normlab.use_backend("cpu"):
         with pytest.raises(RuntimeError, match="cannot serve a torch.float32 tensor on meta"):
             normlab.backend_for(x.to("meta"), "layer_norm")

@@ -1,22 +1,19 @@
 """BatchNorm, its running statistics and its variants.
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
-  the running-statistic update, the autograd Functions, and the entry point of
-  backend ``"ref"`` (``ref_batch_norm``).
-- ``op.py``: the entry point of backend ``"cpu"``, on the C++ ops
-  ``torch.ops.normlab.batch_norm_*``, and its transform Function.
+  the running-statistic update, the autograd Functions, and the ``REF`` path
+  (``ref_batch_norm``).
+- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided: the reference,
+  or the C++ ops ``torch.ops.normlab.batch_norm_*`` eager, compiled or under a transform
+  (its transform Function).
 - ``sync.py``: SyncBatchNorm, the statistics and gradient sums merged across the
   ranks (the collectives of ``torch.distributed``); ``sync_parts.py``: its per-rank
   computations on each backend.
 - ``ghost.py``: GhostBatchNorm's virtual batches as channels of one BatchNorm call;
   ``renorm.py``: BatchRenorm's correction ``r``, ``d``.
-
-Importing this package enters ``batch_norm`` in the backend table (``"cpu"``
-when the C++ extension is installed).
 """
 
-from .. import _register
-from . import op
+from . import op  # noqa: F401 (the entries: <family>.op)
 from .reference import (
     BatchNormEvalFunction,
     BatchNormTrainFunction,
@@ -42,5 +39,3 @@ __all__ = [
     "batch_norm_ref",
     "ref_batch_norm",
 ]
-
-_register.implement("batch_norm", ref=ref_batch_norm, cpu=op.batch_norm)

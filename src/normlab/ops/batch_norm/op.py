@@ -1,4 +1,5 @@
-"""BatchNorm on the ``"cpu"`` backend: the entry point on the C++ ops ``torch.ops.normlab.batch_norm_*``.
+"""BatchNorm: the family's entry, running the path ``normlab._backend.route`` decided (``REF``: the
+reference math; the others: the C++ ops ``torch.ops.normlab.batch_norm_*``).
 
 The ops it calls (registered in ``csrc/batch_norm.cpp``):
 
@@ -12,16 +13,17 @@ The ops it calls (registered in ``csrc/batch_norm.cpp``):
   rounded once to each buffer (``momentum`` a 0-dim tensor, read when the op runs:
   ``momentum=None``'s cumulative factor depends on a buffer a traced graph must not bake in).
 
-Which path runs a call: eager (no transform, not compiling) -> ``normlab._C.batch_norm``, one
-C++ call through the ops' cached dispatcher handles (autograd included, running statistics
-updated and their version counters moved); compiling -> the ops through ``torch.ops``;
-torch.func transforms and forward-mode AD -> :class:`BatchNormTransform` (a Python Function:
+The paths: ``EAGER`` -> ``normlab._C.batch_norm``, one C++ call through the ops' cached
+dispatcher handles (autograd included, running statistics updated and their version counters
+moved); ``COMPILE`` -> the ops through ``torch.ops``; ``TRANSFORM`` (torch.func transforms and
+forward-mode AD) -> :class:`BatchNormTransform` (a Python Function:
 a C++ autograd Function refuses functorch transforms), whose forward and backward call the ops.
 """
 
 import torch
 from torch import Tensor
 
+from ..._backend import COMPILE, REF, TRANSFORM
 from .. import _register, _transforms, extension
 from ..layouts import output_memory_format
 from ..numerics import acc_dtype
@@ -36,9 +38,6 @@ from .reference import (
 )
 
 _ops = torch.ops.normlab
-_transform_active = _register._functorch_active
-_fwad = _register._fwad
-_is_compiling = _register._is_compiling
 
 
 def _canonical(x: Tensor) -> Tensor:
@@ -169,13 +168,13 @@ def _update_running_ops(running_mean, running_var, x, stats, n, momentum):
 
 
 # --------------------------------------------------------------------------
-# Entry point (called by normlab.functional after its argument checks)
+# Entry (called by normlab.functional after its argument judgement)
 # --------------------------------------------------------------------------
 
 
-def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps):
-    """BatchNorm of an ``(N, C, *spatial)`` ``x`` on the C++ ops (the backend table's ``"cpu"``
-    function; the ``"ref"`` one is ``reference.ref_batch_norm``).
+def batch_norm(path, x, running_mean, running_var, w, b, training, momentum, eps):
+    """BatchNorm of an ``(N, C, *spatial)`` ``x`` on ``path`` (``REF``: ``reference.ref_batch_norm``;
+    the others: the C++ ops).
 
     ``training=True``: normalise with the batch's statistics and, when
     ``running_mean``/``running_var`` are given, update them in place with
@@ -183,18 +182,18 @@ def batch_norm(x, running_mean, running_var, w, b, training, momentum, eps):
     stat``, the *unbiased* variance ``var * n / (n - 1)`` for ``running_var``,
     blended in float64 and rounded once to each buffer's dtype).
     ``training=False``: normalise with the running statistics, left untouched.
-    An empty batch takes the reference path.
+    An empty batch takes the reference math.
     """
-    if x.numel() == 0:
+    if path == REF or x.numel() == 0:
         return ref_batch_norm(x, running_mean, running_var, w, b, training, momentum, eps)
-    if _transform_active() or _fwad._current_level >= 0:
+    if path == TRANSFORM:
         update = training and running_mean is not None
         rm, rv = (None, None) if training else (running_mean, running_var)
         y, stats = _Transform.apply(x, w, b, rm, rv, training, eps)
         if update:
             _update_running_ops(running_mean, running_var, x, stats, x.numel() // x.shape[1], float(momentum))
         return y
-    if _is_compiling():
+    if path == COMPILE:
         if not training:
             return _ops.batch_norm_eval_fwd(x, running_mean, running_var, w, b, eps)
         y, stats = _ops.batch_norm_train_fwd(x, w, b, eps)

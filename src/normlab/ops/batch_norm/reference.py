@@ -413,7 +413,7 @@ class BatchNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The "ref" entry point (the backend table's function for backend "ref";
+# The REF path (what op.py runs when normlab._backend.route says REF;
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
 

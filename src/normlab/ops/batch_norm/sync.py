@@ -250,8 +250,16 @@ def _local_sums(dy: Tensor, x: Tensor, w, stats, parts):
     return parts.sums(dy, x, w, stats)
 
 
+def _records(*tensors) -> bool:
+    """Whether autograd records the call: a transform or forward-mode AD is active, or grad mode
+    is on and an input requires grad (then the eager Function, else the computation alone)."""
+    if _backend.transforming():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _parts(backend: str) -> Parts:
-    return _backend.function("sync_batch_norm", backend)
+    return KERNEL_PARTS if backend == "cpu" else TORCH_PARTS
 
 
 def _backward(dy: Tensor, x: Tensor, w, stats, group, parts):
@@ -427,12 +435,15 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
     """
     if group is None:
         group = dist.group.WORLD
-    backend = _backend.backend_for(x, "sync_batch_norm")  # its name: the custom ops carry it
+    path = _backend.route(x, "sync_batch_norm")
+    backend = "ref" if path == _backend.REF else "cpu"  # its name: the custom ops carry it
     xc = _parts(backend).canonical(x)
     update = running_mean is not None
-    path = _register.route(x, w, b)
-    if path != _register.COMPILE:  # (no torch.func rule: under a transform, the eager Function)
-        if path != _register.PLAIN:
+    # The custom ops are the traced form of either backend (collectives do not trace as torch
+    # ops): COMPILE, and REF while torch.compile traces a tensor "cpu" does not serve.
+    if not (path == _backend.COMPILE or (path == _backend.REF and torch.compiler.is_compiling())):
+        # (no torch.func rule: under a transform, the eager Function)
+        if _records(x, w, b):
             out = [None]
             y = _eager_apply(xc, w, b, eps, group, check, backend, out)
             stats = out[0]
@@ -448,5 +459,3 @@ def sync_batch_norm(x, running_mean, running_var, w, b, momentum, eps, group=Non
         sync_batch_norm_update_stats(running_mean, running_var, stats, momentum)
     return y
 
-
-_register.implement("sync_batch_norm", ref=TORCH_PARTS, cpu=KERNEL_PARTS)

@@ -64,7 +64,7 @@ def _torch_sums(dy: Tensor, x: Tensor, w, stats):
 
 class Parts(NamedTuple):
     """SyncBatchNorm's per-rank computations on one backend; the communication is shared.
-    The backend table holds one per backend (op ``"sync_batch_norm"``)."""
+    One per backend: ``KERNEL_PARTS`` ("cpu") and ``TORCH_PARTS`` ("ref")."""
 
     stats: Callable  # x -> (mean, M2) of this rank, float64 (C,)
     normalize: Callable  # (x, w, b, stats, eps) -> y with the global statistics

@@ -2,16 +2,13 @@
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   InstanceNorm's running-statistics update, the autograd Functions, and the
-  entry points of backend ``"ref"`` (``ref_group_norm``, ``ref_instance_norm``).
-- ``op.py``: the entry points of backend ``"cpu"``, on the C++ ops
-  (``torch.ops.normlab.group_norm``, ...), and their transform Function.
-
-Importing this package enters ``group_norm`` and ``instance_norm`` in the
-backend table (``"cpu"`` when the C++ extension is installed).
+  ``REF`` path (``ref_group_norm``, ``ref_instance_norm``).
+- ``op.py``: the entries, one function per op taking the path ``normlab._backend.route``
+  decided: the reference, or the C++ ops (``torch.ops.normlab.group_norm``, ...) eager,
+  compiled or under a transform (their transform Function).
 """
 
-from .. import _register
-from . import op
+from . import op  # noqa: F401 (the entries: <family>.op)
 from .reference import (
     GroupNormFunction,
     InstanceNormEvalFunction,
@@ -35,6 +32,3 @@ __all__ = [
     "ref_group_norm",
     "ref_instance_norm",
 ]
-
-_register.implement("group_norm", ref=ref_group_norm, cpu=op.group_norm)
-_register.implement("instance_norm", ref=ref_instance_norm, cpu=op.instance_norm)

@@ -1,4 +1,5 @@
-"""GroupNorm / InstanceNorm on the ``"cpu"`` backend: the entry points on the C++ ops ``torch.ops.normlab.*``.
+"""GroupNorm / InstanceNorm: the family's entries, each running the path ``normlab._backend.route``
+decided (``REF``: the reference math; the others: the C++ ops ``torch.ops.normlab.*``).
 
 The ops they call (registered in ``csrc/group_norm.cpp``):
 
@@ -12,10 +13,10 @@ The ops they call (registered in ``csrc/group_norm.cpp``):
 - ``instance_norm_update_stats(running_mean!, running_var!, mean, var, momentum, n_spatial)``: the
   in-place running-statistics update (a mutating op of its own: torch.compile functionalises it).
 
-Which form runs a call (``_register.route``): eager calls go straight to ``normlab._C`` (a C++
-entry point that calls the registered op through a cached dispatcher handle, no Python dispatch);
-``torch.compile`` traces ``torch.ops.normlab.*``; under torch.func transforms and forward-mode AD
-the Python Function ``GroupNormTransform`` (vmap and jvp rules) calls the same forward and
+The paths: ``EAGER`` goes straight to ``normlab._C`` (a C++ entry point that calls the
+registered op through a cached dispatcher handle, no Python dispatch); ``COMPILE`` traces
+``torch.ops.normlab.*``; ``TRANSFORM`` (torch.func transforms and forward-mode AD) takes the
+Python Function ``GroupNormTransform`` (vmap and jvp rules) calls the same forward and
 backward ops (a C++ autograd Function refuses functorch transforms). Empty inputs take the
 reference path.
 
@@ -28,8 +29,8 @@ torch ops, so double backward works.
 import math
 
 import torch
-import torch.autograd.forward_ad as _fwad
 
+from ..._backend import COMPILE, EAGER, REF
 from .. import _register, _transforms, extension
 from ..layouts import group_params, grouped, in_memory_format, output_memory_format
 from ..numerics import acc_dtype, to_acc
@@ -45,8 +46,6 @@ from .reference import (
 
 _C = extension.load()
 _ops = torch.ops.normlab
-_functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
 
 
 def _kernel_input(x, fmt):
@@ -189,38 +188,36 @@ _Transform = _register.transform(
 
 
 # --------------------------------------------------------------------------
-# Entry points: the backend table's "cpu" functions (normlab.functional has
-# checked the arguments)
+# Entries: one function per op, taking the path normlab._backend.route
+# decided (normlab.functional has judged the arguments)
 # --------------------------------------------------------------------------
 
 
-def group_norm(x, num_groups, w, b, eps):
-    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups on the C++ ops (the backend
-    table's ``"cpu"`` function; the ``"ref"`` one is ``reference.ref_group_norm``). An empty
-    input takes the reference path."""
-    if x.numel() == 0:
+def group_norm(path, x, num_groups, w, b, eps):
+    """GroupNorm of an ``(N, C, *)`` ``x`` with ``num_groups`` groups on ``path`` (``REF``:
+    ``reference.ref_group_norm``; the others: the C++ ops). An empty input takes the reference
+    math."""
+    if path == REF or x.numel() == 0:
         return ref_group_norm(x, num_groups, w, b, eps)
-    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
+    if path == EAGER:
         return _C.group_norm(x, num_groups, w, b, eps)
-    path = _register.route(x, w, b)
-    if path == _register.COMPILE:
+    if path == COMPILE:
         return _ops.group_norm(x, num_groups, w, b, eps)
     fmt = output_memory_format(x)
     y = _Transform.apply(_kernel_input(x, fmt), w, b, num_groups, eps, None, None)[0]
     return in_memory_format(y.reshape(x.shape), fmt)  # a view (NHWC stays channels_last)
 
 
-def instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
-    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` on the C++ ops (the backend table's ``"cpu"``
-    function; the ``"ref"`` one, and what both compute, is ``reference.ref_instance_norm``). An
-    empty input takes the reference path. The output is contiguous."""
-    if x.numel() == 0:
+def instance_norm(path, x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
+    """InstanceNorm of an ``(N, C, *spatial)`` ``x`` on ``path`` (``REF``, and what every path
+    computes: ``reference.ref_instance_norm``; the others: the C++ ops). An empty input takes the
+    reference math. The output is contiguous."""
+    if path == REF or x.numel() == 0:
         return ref_instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
-    if not (_functorch_active() or _fwad._current_level >= 0 or _is_compiling()):  # eager (_register.route)
+    if path == EAGER:
         return _C.instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
-    path = _register.route(x, w, b)
     n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
-    if path == _register.COMPILE:
+    if path == COMPILE:
         x = x.contiguous()  # torch's instance_norm output is contiguous
         if use_input_stats:
             if running_mean is None:

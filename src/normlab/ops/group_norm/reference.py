@@ -319,7 +319,7 @@ class InstanceNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The "ref" entry points (the backend table's functions for backend "ref";
+# The REF path (what op.py runs when normlab._backend.route says REF;
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
 

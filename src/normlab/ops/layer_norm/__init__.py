@@ -1,21 +1,16 @@
 """LayerNorm, RMSNorm, their fused residual-add variants, and LayerNorm2d.
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
-  the autograd Functions, and the entry points of backend ``"ref"``
-  (:func:`ref_layer_norm`, ...).
-- ``op.py``: the entry points of backend ``"cpu"`` for the row norms, on the C++ ops
-  (``torch.ops.normlab.layer_norm_fwd``, ...), and their transform Function (vmap and
-  forward-mode rules).
-- ``op_2d.py``: the entry point of backend ``"cpu"`` for LayerNorm2d, on the C++ op
-  ``torch.ops.normlab.layer_norm2d`` (both layouts).
-
-Importing this package enters ``layer_norm``, ``rms_norm``, ``add_layer_norm``,
-``add_rms_norm`` and ``layer_norm2d`` in the backend table (``"cpu"`` where the C++
-extension is installed).
+  the autograd Functions, and the ``REF`` path (:func:`ref_layer_norm`, ...).
+- ``op.py``: the entries of the row norms, one function per op taking the path
+  ``normlab._backend.route`` decided: the reference, or the C++ ops
+  (``torch.ops.normlab.layer_norm_fwd``, ...) eager, compiled or under a transform
+  (their transform Function: vmap and forward-mode rules).
+- ``op_2d.py``: LayerNorm2d's entry, on the C++ op ``torch.ops.normlab.layer_norm2d``
+  (both layouts).
 """
 
-from .. import _register
-from . import op, op_2d
+from . import op, op_2d  # noqa: F401 (the entries: layer_norm.op, layer_norm.op_2d)
 from .reference import (
     LayerNormFunction,
     RMSNormFunction,
@@ -25,7 +20,6 @@ from .reference import (
     ref_add_layer_norm,
     ref_add_rms_norm,
     ref_layer_norm,
-    ref_layer_norm2d,
     ref_rms_norm,
     rms_norm_backward_ref,
     rms_norm_ref,
@@ -46,9 +40,3 @@ __all__ = [
     "ref_add_layer_norm",
     "ref_add_rms_norm",
 ]
-
-_register.implement("layer_norm", ref=ref_layer_norm, cpu=op.layer_norm)
-_register.implement("rms_norm", ref=ref_rms_norm, cpu=op.rms_norm)
-_register.implement("add_layer_norm", ref=ref_add_layer_norm, cpu=op.add_layer_norm)
-_register.implement("add_rms_norm", ref=ref_add_rms_norm, cpu=op.add_rms_norm)
-_register.implement("layer_norm2d", ref=ref_layer_norm2d, cpu=op_2d.layer_norm2d)

@@ -1,17 +1,19 @@
-"""LayerNorm / RMSNorm on the ``"cpu"`` backend: the entry points on the C++ ops ``torch.ops.normlab.*``.
+"""LayerNorm / RMSNorm and their fused residual adds: the family's entries, one function per op,
+each running the path ``normlab._backend.route`` decided.
 
 The ops they call (registered in ``csrc/layer_norm.cpp``):
 ``layer_norm_fwd``, ``rms_norm_fwd``, ``add_layer_norm_fwd``, ``add_rms_norm_fwd`` (forward with
 the (n_rows,) statistics, differentiable; double backward through the reference formula in
 ATen), ``layer_norm_bwd``, ``rms_norm_bwd`` (backward) and ``row_norm_infer`` (the output alone).
 
-Which runs a call:
+The paths:
 
-- eager: :func:`_forward`, ``normlab._C.row_norm``: one C++ call that records autograd through
+- ``REF``: the reference math, ``reference.ref_layer_norm`` and its siblings;
+- ``EAGER``: :func:`_forward`, ``normlab._C.row_norm``: one C++ call that records autograd through
   the forward op when an input requires grad, and otherwise runs ``row_norm_infer``, which
   allocates only the output;
-- ``torch.compile``: the forward ops through ``torch.ops.normlab`` (traced as single nodes);
-- torch.func transforms and forward-mode AD (a C++ ``autograd::Function`` refuses them):
+- ``COMPILE``: the forward ops through ``torch.ops.normlab`` (traced as single nodes);
+- ``TRANSFORM``, torch.func transforms and forward-mode AD (a C++ ``autograd::Function`` refuses them):
   ``RowNormTransform``, a Python Function with the forward-mode rule and the vmap rule (a batch
   of row sets is one set of more rows; batched weights stay *grouped* weights), whose forward
   and backward call the same C++ ops.
@@ -20,8 +22,8 @@ Which runs a call:
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as _fwad
 
+from ..._backend import COMPILE, REF, TRANSFORM
 from .. import _register, _transforms, extension
 from ..layouts import output_memory_format
 from ..numerics import to_acc
@@ -29,6 +31,10 @@ from .reference import (
     layer_norm_backward_ref,
     layer_norm_stats,
     norm_jvp,
+    ref_add_layer_norm,
+    ref_add_rms_norm,
+    ref_layer_norm,
+    ref_rms_norm,
     rms_norm_backward_ref,
     rms_norm_stats,
 )
@@ -37,8 +43,6 @@ _C = extension.load()
 # (x, normalized_shape, residual, w, b, eps, center, offset, cast_x_hat, stats) -> (y, h, mean, rstd)
 _forward = _C.row_norm if _C is not None else None
 _ops = torch.ops.normlab
-_functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
 
 
 # --------------------------------------------------------------------------
@@ -161,8 +165,8 @@ def _transformed(x, res, shape, w, b, eps, center, offset, cast_x_hat):
 
 
 # --------------------------------------------------------------------------
-# Entry points: the backend table's "cpu" functions (normlab.functional has
-# checked the arguments)
+# Entry points: one function per op, taking the path normlab._backend.route
+# decided (normlab.functional has judged the arguments)
 # --------------------------------------------------------------------------
 
 
@@ -181,39 +185,47 @@ def _compiled(x, res, shape, w, b, eps, center, offset, cast_x_hat):
     return y, h
 
 
-def layer_norm(x, normalized_shape, w, b, eps):
-    """LayerNorm over the trailing ``normalized_shape`` dims of ``x``."""
-    if _functorch_active() or _fwad._current_level >= 0:
+def layer_norm(path, x, normalized_shape, w, b, eps):
+    """LayerNorm over the trailing ``normalized_shape`` dims of ``x`` on ``path``."""
+    if path == REF:
+        return ref_layer_norm(x, normalized_shape, w, b, eps)
+    if path == TRANSFORM:
         return _transformed(x, None, normalized_shape, w, b, eps, True, 0.0, False)[0]
-    if _is_compiling():
+    if path == COMPILE:
         return _compiled(x, None, normalized_shape, w, b, eps, True, 0.0, False)[0]
     return _forward(x, normalized_shape, None, w, b, eps, True, 0.0, False, False)[0]
 
 
-def rms_norm(x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
-    """RMSNorm over the trailing ``normalized_shape`` dims of ``x``; the weight applied as
-    ``w + offset``, ``x_hat`` rounded to ``x``'s dtype first if ``cast_x_hat``; ``eps`` None: the
+def rms_norm(path, x, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x`` on ``path``; the weight applied
+    as ``w + offset``, ``x_hat`` rounded to ``x``'s dtype first if ``cast_x_hat``; ``eps`` None: the
     machine epsilon of the accumulation dtype."""
-    if _functorch_active() or _fwad._current_level >= 0:
+    if path == REF:
+        return ref_rms_norm(x, normalized_shape, w, eps, offset, cast_x_hat)
+    if path == TRANSFORM:
         return _transformed(x, None, normalized_shape, w, None, eps, False, offset, cast_x_hat)[0]
-    if _is_compiling():
+    if path == COMPILE:
         return _compiled(x, None, normalized_shape, w, None, eps, False, offset, cast_x_hat)[0]
     return _forward(x, normalized_shape, None, w, None, eps, False, offset, cast_x_hat, False)[0]
 
 
-def add_layer_norm(x, residual, normalized_shape, w, b, eps):
-    """``h = x + residual``, ``y = layer_norm(h)``; returns ``(y, h)``."""
-    if _functorch_active() or _fwad._current_level >= 0:
+def add_layer_norm(path, x, residual, normalized_shape, w, b, eps):
+    """``h = x + residual``, ``y = layer_norm(h)`` on ``path``; returns ``(y, h)``."""
+    if path == REF:
+        return ref_add_layer_norm(x, residual, normalized_shape, w, b, eps)
+    if path == TRANSFORM:
         return _transformed(x, residual, normalized_shape, w, b, eps, True, 0.0, False)
-    if _is_compiling():
+    if path == COMPILE:
         return _compiled(x, residual, normalized_shape, w, b, eps, True, 0.0, False)
     return _forward(x, normalized_shape, residual, w, b, eps, True, 0.0, False, False)[:2]
 
 
-def add_rms_norm(x, residual, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
-    """``h = x + residual``, ``y = rms_norm(h)``; returns ``(y, h)``."""
-    if _functorch_active() or _fwad._current_level >= 0:
+def add_rms_norm(path, x, residual, normalized_shape, w, eps, offset=0.0, cast_x_hat=False):
+    """``h = x + residual``, ``y = rms_norm(h)`` on ``path``; returns ``(y, h)``."""
+    if path == REF:
+        return ref_add_rms_norm(x, residual, normalized_shape, w, eps, offset, cast_x_hat)
+    if path == TRANSFORM:
         return _transformed(x, residual, normalized_shape, w, None, eps, False, offset, cast_x_hat)
-    if _is_compiling():
+    if path == COMPILE:
         return _compiled(x, residual, normalized_shape, w, None, eps, False, offset, cast_x_hat)
     return _forward(x, normalized_shape, residual, w, None, eps, False, offset, cast_x_hat, False)[:2]

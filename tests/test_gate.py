@@ -1,0 +1,113 @@
+"""The gate: every public entry (``normlab.functional``, ``normlab.nn``) asks
+``normlab._backend.route`` which path it takes, and takes it.
+
+Two behaviours show it from outside, for every entry:
+
+- an explicit ``"cpu"`` on a tensor it cannot serve (a ``meta`` tensor) raises the gate's error;
+  an entry that decided its path elsewhere would compute instead;
+- under ``"ref"``, not one ``normlab::`` op is dispatched (the reference math is torch ops); under
+  ``"auto"`` on a CPU tensor (with the extension installed) the ops dispatched differ from those:
+  the kernels run (some through their ``normlab::`` ops, some called directly by the C++ entry,
+  which the log does not see), not the reference's torch ops.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab
+import normlab.functional as NF
+import normlab.nn as NN
+from tests.oracle import ops_dispatched
+
+HAS_CPU = "cpu" in normlab.available_backends()
+
+
+def _t(*shape, device="cpu"):
+    return torch.randn(*shape, device=device) if device == "cpu" else torch.empty(*shape, device=device)
+
+
+# name -> call(device): each public function once, with arguments it accepts
+FUNCTIONS = {
+    "layer_norm": lambda d: NF.layer_norm(_t(4, 8, device=d), (8,), _t(8, device=d), _t(8, device=d)),
+    "rms_norm": lambda d: NF.rms_norm(_t(4, 8, device=d), (8,), _t(8, device=d)),
+    "add_layer_norm": lambda d: NF.add_layer_norm(_t(4, 8, device=d), _t(4, 8, device=d), (8,)),
+    "add_rms_norm": lambda d: NF.add_rms_norm(_t(4, 8, device=d), _t(4, 8, device=d), (8,)),
+    "batch_norm": lambda d: NF.batch_norm(_t(4, 3, 5, device=d), _t(3, device=d), _t(3, device=d).abs(),
+                                          training=True),
+    "group_norm": lambda d: NF.group_norm(_t(2, 6, 5, device=d), 3),
+    "instance_norm": lambda d: NF.instance_norm(_t(2, 3, 5, device=d)),
+    "layer_norm2d": lambda d: NF.layer_norm2d(_t(2, 3, 4, 4, device=d)),
+    "batch_renorm": lambda d: NF.batch_renorm(_t(4, 3, device=d), torch.zeros(3, device=d),
+                                              torch.ones(3, device=d), training=True),
+    "ghost_batch_norm": lambda d: NF.ghost_batch_norm(_t(8, 3, device=d), 4),
+}
+
+# name -> (module, input shape)
+MODULES = {
+    "LayerNorm": (lambda: NN.LayerNorm(8), (4, 8)),
+    "RMSNorm": (lambda: NN.RMSNorm(8), (4, 8)),
+    "BatchNorm1d": (lambda: NN.BatchNorm1d(3), (4, 3)),
+    "BatchNorm2d": (lambda: NN.BatchNorm2d(3), (2, 3, 4, 4)),
+    "BatchNorm3d": (lambda: NN.BatchNorm3d(3), (2, 3, 2, 2, 2)),
+    "FrozenBatchNorm1d": (lambda: NN.FrozenBatchNorm1d(3), (4, 3)),
+    "FrozenBatchNorm2d": (lambda: NN.FrozenBatchNorm2d(3), (2, 3, 4, 4)),
+    "FrozenBatchNorm3d": (lambda: NN.FrozenBatchNorm3d(3), (2, 3, 2, 2, 2)),
+    "GroupNorm": (lambda: NN.GroupNorm(2, 4), (2, 4, 5)),
+    "InstanceNorm1d": (lambda: NN.InstanceNorm1d(3, affine=True, track_running_stats=True), (2, 3, 5)),
+    "InstanceNorm2d": (lambda: NN.InstanceNorm2d(3), (2, 3, 4, 4)),
+    "InstanceNorm3d": (lambda: NN.InstanceNorm3d(3), (2, 3, 2, 2, 2)),
+    "SyncBatchNorm": (lambda: NN.SyncBatchNorm(3), (4, 3, 5)),
+    "LayerNorm2d": (lambda: NN.LayerNorm2d(3), (2, 3, 4, 4)),
+    "BatchRenorm1d": (lambda: NN.BatchRenorm1d(3), (4, 3)),
+    "BatchRenorm2d": (lambda: NN.BatchRenorm2d(3), (2, 3, 4, 4)),
+    "BatchRenorm3d": (lambda: NN.BatchRenorm3d(3), (2, 3, 2, 2, 2)),
+    "GhostBatchNorm1d": (lambda: NN.GhostBatchNorm1d(3, virtual_batch_size=2), (4, 3)),
+    "GhostBatchNorm2d": (lambda: NN.GhostBatchNorm2d(3, virtual_batch_size=2), (4, 3, 2, 2)),
+    "GhostBatchNorm3d": (lambda: NN.GhostBatchNorm3d(3, virtual_batch_size=2), (4, 3, 2, 2, 2)),
+}
+
+
+def _module_call(name, device, training=True):
+    make, shape = MODULES[name]
+    m = make().to(device).train(training)
+    x = _t(*shape, device=device)
+    return lambda: m(x)
+
+
+def test_the_tables_cover_every_public_entry():
+    assert set(FUNCTIONS) == set(NF.__all__)
+    assert set(MODULES) == set(NN.__all__)
+
+
+CASES = [("function", n, None) for n in FUNCTIONS] + [
+    ("module", n, t) for n in MODULES for t in (True, False)]
+
+
+def _call(kind, name, training, device):
+    return (lambda: FUNCTIONS[name](device)) if kind == "function" else _module_call(name, device, training)
+
+
+@pytest.mark.skipif(not HAS_CPU, reason="the C++ extension is not installed")
+@pytest.mark.parametrize("kind,name,training", CASES)
+def test_every_entry_asks_the_gate(kind, name, training):
+    call = _call(kind, name, training, "meta")
+    with normlab.use_backend("cpu"):
+        with pytest.raises(RuntimeError, match=r"backend 'cpu' cannot serve a torch.float32 tensor on meta"):
+            call()
+
+
+@pytest.mark.parametrize("kind,name,training", CASES)
+def test_every_entry_takes_the_path_the_gate_gives(kind, name, training):
+    torch.manual_seed(0)
+    with normlab.use_backend("ref"):
+        ref_ops, err = ops_dispatched(_call(kind, name, training, "cpu"))
+    assert err is None
+    assert ref_ops and not [op for op in ref_ops if op.startswith("normlab.")], ref_ops
+    if HAS_CPU:
+        torch.manual_seed(0)
+        with normlab.use_backend("auto"):
+            ops, err = ops_dispatched(_call(kind, name, training, "cpu"))
+        assert err is None
+        assert ops != ref_ops
