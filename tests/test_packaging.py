@@ -72,6 +72,12 @@ def test_a_command_that_needs_the_extra_says_which_in_one_line(tmp_path):
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.startswith("normlab report: needs ") and "normlab[experiments]" in p.stderr
+    for experiment in ("stability", "train-eval", "batch-size"):  # refused before the store is created
+        new_store = tmp_path / f"{experiment}.sqlite"
+        p = _python(run, "experiment", experiment, "--quick", "--store", str(new_store), cwd=tmp_path)
+        assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.startswith(f"normlab experiment {experiment}: needs scikit-learn"), p.stderr
+        assert not new_store.exists()
 
 
 def _project() -> dict:

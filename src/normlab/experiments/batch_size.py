@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import normlab.nn
 
+from .._extras import require
 from ..demos._report import table
 from . import arguments, summaries, sweep
 from .store import DEFAULT_STORE, config_key
@@ -162,6 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(norms=None, batch_sizes=None, seeds=None, epochs=None, quick: bool = False, store: str = DEFAULT_STORE,
         workers: int | str = "auto", threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
+    require("sklearn", "normlab experiment batch-size")  # before the store is opened or any work starts
     norms, sizes, seed_list, epochs = _check(norms, batch_sizes, seeds, epochs, quick)
     workers, threads, executor = sweep.check_parallel(workers, threads, executor)
     with sweep.interrupt_note(str(store)), sweep.open_store(store) as st:

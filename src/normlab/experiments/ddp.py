@@ -52,6 +52,7 @@ import normlab.nn
 
 from ..demos import source_label
 from . import arguments, summaries, sweep
+from .._extras import require
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons
 from .store import DEFAULT_STORE, check_path
 
@@ -305,6 +306,7 @@ def run(nproc: int = DEFAULTS["nproc"], batch: int = DEFAULTS["batch"], steps: i
     except ValueError as e:
         raise ValueError(f"normlab experiment ddp: {e}") from None
     check_path(store)  # a bad store fails before any training
+    require("sklearn", "normlab experiment ddp")  # before any rank starts
     t0 = time.perf_counter()
     dist_res = _dist if _dist is not None else launch(cfg)
     single_res = single(cfg)

@@ -34,6 +34,7 @@ import time
 
 import normlab.nn
 
+from .._extras import require
 from ..demos._report import table
 from . import arguments, summaries, sweep
 from ..demos import source_label
@@ -286,6 +287,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(norms=None, lrs=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None, compare_loop: bool = False) -> dict:
     """The chapter table, then the study; every number read back from the store."""
+    require("sklearn", "normlab experiment stability")  # before the store is opened or any work starts
     norms, lrs, seed_list = _check(norms, lrs, seeds, quick)
     workers, threads, executor = sweep.check_parallel(workers, threads, executor)
     with sweep.interrupt_note(str(store)), sweep.open_store(store) as st:

@@ -24,6 +24,7 @@ import torch
 
 import normlab.nn
 
+from .._extras import require
 from ..demos._report import table
 from . import arguments, summaries, sweep
 from ._mlp import CHAPTER_SEED, chapter_mlp, moons, train_loop
@@ -85,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(norms=None, seeds=None, quick: bool = False, store: str = DEFAULT_STORE, workers: int | str = "auto",
         threads: int = 1, executor: str = "local", ray_address: str | None = None) -> dict:
+    require("sklearn", "normlab experiment train-eval")  # before the store is opened or any work starts
     norms = arguments.parse_norms(norms if norms is not None else (QUICK["norms"] if quick else DEFAULT_NORMS), NORMS)
     n = arguments.parse_count(seeds if seeds is not None else (QUICK["seeds"] if quick else SEEDS), "seeds")
     seed_list = [CHAPTER_SEED + i for i in range(n)]
