@@ -119,11 +119,55 @@ def check_min_dim(fn: str, x: torch.Tensor, n: int, what: str) -> None:
         )
 
 
-def check_eps(fn: str, eps) -> None:
-    if eps is None:
+def check_eps(fn: str, eps, none_ok: bool | None = None) -> None:
+    """``eps`` is a number >= 0 -- ``inf`` included, as torch (the output is then 0, or the
+    bias) -- or None unless ``none_ok`` is False (``True``: None is RMSNorm's machine epsilon, and
+    the message says so; the default, None: passed through, for ``normlab.functional``'s code to
+    turn into a float).
+
+    The one judgement of ``eps`` for ``normlab.functional`` and ``normlab.nn``'s constructors:
+    ``TypeError`` for what is not a real number (torch's class for a str or None), a bool
+    included (torch takes ``True`` as 1.0; here it is refused: ``LayerNorm(8, False)`` sets eps,
+    not ``elementwise_affine``); ``ValueError`` for a negative or NaN ``eps``, which torch
+    accepts and turns into NaN outputs."""
+    if eps is None and none_ok is not False:
         return
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        hint = ("; a bool here is usually a flag passed by position: pass eps as a number and the flag "
+                "by name" if isinstance(eps, bool) else "")
+        raise TypeError(f"{fn}: expected eps to be a float{' or None' if none_ok else ''}, got {eps!r}{hint}")
+    if not eps >= 0:
         raise ValueError(f"{fn}: expected eps to be a non-negative number, got {eps!r}")
+
+
+def check_momentum(fn: str, momentum, none_ok: bool = False) -> None:
+    """``momentum`` is a number in [0, 1] (or None where ``none_ok``: the modules' cumulative average).
+
+    The one judgement of ``momentum`` for ``normlab.functional`` and ``normlab.nn``'s constructors,
+    checked whether or not a call updates running statistics: ``TypeError`` for what is not a real
+    number (a bool included; torch takes ``True`` as 1.0), ``ValueError`` outside [0, 1] or NaN
+    (torch accepts those and extrapolates the running statistics, or makes them NaN)."""
+    if momentum is None and none_ok:
+        return
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool):
+        raise TypeError(f"{fn}: expected momentum to be a float in [0, 1]{' or None' if none_ok else ''}, "
+                        f"got {momentum!r}")
+    if not 0 <= momentum <= 1:
+        raise ValueError(f"{fn}: expected momentum in [0, 1] (the weight of the new batch statistic in the running "
+                         f"ones{'; None: a cumulative average' if none_ok else ''}), got {momentum!r}")
+
+
+def check_num_groups(fn: str, num_groups) -> int:
+    """GroupNorm's ``num_groups`` is a positive int (not a bool); returns it as an int.
+
+    ``TypeError`` for another type (torch's class: ``group_norm(): argument 'num_groups' must be
+    int``), ``ValueError`` for 0 or a negative number (torch: ZeroDivisionError for 0, a
+    RuntimeError at the first forward for a negative one)."""
+    if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
+        raise TypeError(f"{fn}: expected num_groups to be an int, got {num_groups!r}")
+    if num_groups < 1:
+        raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
+    return int(num_groups)
 
 
 # RMSNorm's casting variants -> whether x_hat is rounded to the input's dtype before the weight

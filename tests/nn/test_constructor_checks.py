@@ -183,10 +183,25 @@ def _make(name, **kwargs):
 
 
 @pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf")])
+@pytest.mark.parametrize("eps", [-1e-5, float("nan")])
 def test_eps_out_of_range(name, eps):
-    with pytest.raises(ValueError, match=rf"^{name}: expected eps to be a finite number >= 0, got {eps!r}$"):
+    """The judgement of normlab.functional (normlab._checks.check_eps), with its message."""
+    with pytest.raises(ValueError, match=rf"^{name}: expected eps to be a non-negative number, got {eps!r}$"):
         _make(name, eps=eps)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_eps_inf_constructs(name):
+    """eps=inf is accepted, as by torch.nn and normlab.functional (the output is 0, or the bias;
+    tests/functional/test_argument_table.py compares the values with torch's)."""
+    assert _make(name, eps=float("inf")).eps == float("inf")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_eps_bool_is_a_type_error(name):
+    with pytest.raises(TypeError, match=rf"^{name}: expected eps to be a float( or None)?, got False; a bool here "
+                                        rf"is usually a flag passed by position"):
+        _make(name, eps=False)
 
 
 @pytest.mark.parametrize("name", ALL)

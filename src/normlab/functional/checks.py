@@ -15,6 +15,7 @@ import numbers
 
 import torch
 
+from .._checks import check_momentum as _check_momentum
 from .._checks import check_param, cpu_params_fit, plain_eps
 
 
@@ -83,13 +84,11 @@ def plain_momentum(momentum) -> bool:
 
 
 def check_momentum(fn: str, momentum) -> None:
+    """``momentum`` in [0, 1] (``normlab._checks.check_momentum``, the modules' judgement too), or a
+    0-dim floating-point tensor."""
     if _scalar_tensor(momentum):  # normlab.nn's momentum=None factor under torch.compile
         return
-    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool):
-        raise TypeError(f"{fn}: expected momentum to be a float in [0, 1], got {momentum!r}")
-    if not 0 <= momentum <= 1:
-        raise ValueError(f"{fn}: expected momentum in [0, 1] (the weight of the new batch statistic in the "
-                         f"running ones), got {momentum!r}")
+    _check_momentum(fn, momentum)
 
 
 def _scalar_tensor(v) -> bool:

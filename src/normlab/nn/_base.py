@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 from torch import nn
 
+from .. import _checks
 from .._checks import normalized_shape_tuple
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -41,26 +41,15 @@ def check_shape(cls: str, normalized_shape) -> tuple[int, ...]:
 
 
 def check_eps(cls: str, eps, none_ok: bool = False) -> None:
-    """``eps`` is a finite number >= 0 (or None where ``none_ok``)."""
-    if eps is None and none_ok:
-        return
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise TypeError(f"{cls}: expected eps to be a float{' or None' if none_ok else ''}, got {eps!r}")
-    if not (0 <= eps < math.inf):
-        raise ValueError(f"{cls}: expected eps to be a finite number >= 0, got {eps!r}")
+    """``eps`` is a number >= 0 (``inf`` included, as torch), or None where ``none_ok``: the one
+    judgement ``normlab.functional`` makes too (:func:`normlab._checks.check_eps`)."""
+    _checks.check_eps(cls, eps, none_ok)
 
 
 def check_momentum(cls: str, momentum) -> None:
-    """``momentum`` is None or a number in [0, 1] (the weight of the new batch statistic)."""
-    if momentum is None:
-        return
-    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool):
-        raise TypeError(f"{cls}: expected momentum to be a float in [0, 1] or None, got {momentum!r}")
-    if not 0 <= momentum <= 1:
-        raise ValueError(
-            f"{cls}: expected momentum in [0, 1] (the weight of the new batch statistic in the running "
-            f"ones; None: a cumulative average), got {momentum!r}"
-        )
+    """``momentum`` is None or a number in [0, 1] (the weight of the new batch statistic): the
+    judgement of ``normlab.functional`` (:func:`normlab._checks.check_momentum`), with None."""
+    _checks.check_momentum(cls, momentum, none_ok=True)
 
 
 def check_dtype(cls: str, dtype) -> None:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import torch
 from torch import nn
 
 from .. import functional as F
+from .._checks import check_num_groups
 from ._base import _NormBase, _NotScriptable, check_dtype, check_eps, check_size, register_affine, reset_affine
 
 
@@ -61,11 +61,7 @@ class GroupNorm(_NotScriptable, nn.Module):
         *,
         bias: bool = True,
     ) -> None:
-        if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
-            raise TypeError(f"GroupNorm: expected num_groups to be an int, got {num_groups!r}")
-        if num_groups < 1:
-            raise ValueError(f"GroupNorm: expected num_groups to be a positive int, got {num_groups}")
-        num_groups = int(num_groups)
+        num_groups = check_num_groups("GroupNorm", num_groups)
         num_channels = check_size("GroupNorm", "num_channels", num_channels, "the number of channels C")
         if num_channels % num_groups != 0:
             raise ValueError(_indivisible(num_groups, num_channels))

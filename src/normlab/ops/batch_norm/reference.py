@@ -164,8 +164,8 @@ def batch_norm_train_ref(
     y = x_hat
     if w is not None:
         y = y * _per_channel(w, x, acc)  # (N, C, *spatial)
-    if b is not None:
-        y = y + _per_channel(b, x, acc)  # (N, C, *spatial)
+    # no bias: + 0 as torch (x * alpha + (0 - mean * alpha)): a zero product is +0, not -0
+    y = y + (_per_channel(b, x, acc) if b is not None else 0.0)  # (N, C, *spatial)
     y = y.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return y, mean, rstd, mean.reshape(-1), var.reshape(-1)
 
@@ -190,8 +190,7 @@ def batch_norm_eval_ref(
     y = (x.to(acc) - mean) * rstd  # x_hat, (N, C, *spatial)
     if w is not None:
         y = y * _per_channel(w, x, acc)
-    if b is not None:
-        y = y + _per_channel(b, x, acc)
+    y = y + (_per_channel(b, x, acc) if b is not None else 0.0)  # no bias: + 0, as torch (see the training's)
     y = y.to(x.dtype).contiguous(memory_format=output_memory_format(x))
     return y, mean, rstd
 

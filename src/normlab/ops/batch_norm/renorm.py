@@ -23,6 +23,8 @@ bit. The derivation is in ``docs/derivations/batch_norm_variants.md``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..numerics import acc_dtype
@@ -39,7 +41,8 @@ def renorm_factors(x, running_mean, running_var, eps, r_max, d_max):
     dims = (0, *range(2, x.dim()))
     var_b, mu_b = torch.var_mean(x.to(acc), dim=dims, correction=0)  # (C,) each
     sigma = torch.sqrt(running_var.to(acc) + eps)  # (C,)
-    r = torch.sqrt(var_b + eps) / sigma
+    # eps = inf: sigma_B / sigma is inf / inf; its limit is 1 (and d's is 0, as computed)
+    r = torch.ones_like(var_b) if eps == math.inf else torch.sqrt(var_b + eps) / sigma
     d = (mu_b - running_mean.to(acc)) / sigma
     if isinstance(r_max, torch.Tensor) or isinstance(d_max, torch.Tensor):
         r_max = torch.as_tensor(r_max, dtype=acc)

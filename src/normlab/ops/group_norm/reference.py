@@ -89,13 +89,12 @@ def group_norm_stats(
 
 
 def _affine(x_hat: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:
-    """``x_hat * w + b`` with per-channel ``w``/``b`` (G, Cg, 1), either may be None."""
+    """``x_hat * w + b`` with per-channel ``w``/``b`` (G, Cg, 1), either may be None (no bias: + 0,
+    as torch's ``x * scale + (0 - mean * scale)``, so a zero product comes out +0, not -0)."""
     y = x_hat
     if w is not None:
         y = y * to_acc(w)  # (N, G, Cg, S)
-    if b is not None:
-        y = y + to_acc(b)  # (N, G, Cg, S)
-    return y
+    return y + (to_acc(b) if b is not None else 0.0)  # (N, G, Cg, S)
 
 
 def _group_norm_forward(x, w, b, eps):

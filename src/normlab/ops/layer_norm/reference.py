@@ -78,8 +78,9 @@ def layer_norm_ref(
     y = x_hat
     if w is not None:
         y = y * to_acc(w)  # (n_rows, n_cols)
-    if b is not None:
-        y = y + to_acc(b)  # (n_rows, n_cols)
+    # torch adds a bias of 0 where there is none ((x - mean) * rstd * w + 0): a zero product
+    # (x below the mean times rstd = 0 at eps = inf, or times w = 0) comes out as +0, not -0
+    y = y + (to_acc(b) if b is not None else 0.0)  # (n_rows, n_cols)
     return y.to(x.dtype), mean, rstd
 
 
