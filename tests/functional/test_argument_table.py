@@ -608,14 +608,6 @@ DELIBERATE: dict[str, Deliberate] = {
 # rows that wait for a change in a file this table's author could not edit: row id -> the change.
 # The row is run and must still fail (a row that passes is a stale entry).
 PENDING: dict[str, str] = {
-    "group_norm num_groups=bool": "functional/group_norms.py: group_norm's full checks should call "
-    "_checks.check_num_groups(fn, num_groups) (TypeError for a non-int, as torch and normlab.nn.GroupNorm) "
-    "instead of raising ValueError for every bad num_groups",
-    "group_norm num_groups=float": "as 'group_norm num_groups=bool'",
-    "add_layer_norm eps=None": "functional/row_norms.py: add_layer_norm's C++ call _C.add_norm_fast takes "
-    "eps=None as RMSNorm's default (cpu accepts, ref raises float()'s TypeError): call it only when eps is not "
-    "None, and refuse None before the fast test, as layer_norm should: `if eps is None or not rows_fit(...)` "
-    "with `check_eps(fn, eps, none_ok=False)` in the full checks (TypeError, normlab's message)",
     "batch_norm running stats requiring grad": "torch refuses running statistics that require grad "
     "(RuntimeError: native_batch_norm is not differentiable with respect to running_mean); normlab updates "
     "them. Refusing needs the C++ entry (_C.batch_norm_fast, which accepts them) to decline or refuse too, "

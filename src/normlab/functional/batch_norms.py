@@ -74,7 +74,7 @@ def batch_norm(
         if y is not None:
             return y
     fn = "batch_norm"
-    if training and isinstance(eps, numbers.Real) and not eps > 0:
+    if training and isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps <= 0:
         raise ValueError(
             f"{fn}: expected eps > 0 in training, got {eps!r}; eps keeps 1 / sqrt(var + eps) finite "
             f"for a channel whose batch values are all equal (torch raises here too)"
@@ -86,6 +86,7 @@ def batch_norm(
         and (running_mean is None) == (running_var is None)
         and (running_mean is not None or training)
         and plain_momentum(momentum)
+        and eps is not None
         and plain_eps(eps)
         and (not training or input.numel() > input.shape[1])
     ):
@@ -101,7 +102,7 @@ def batch_norm(
         check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
                            weight=weight, bias=bias)
         check_momentum(fn, momentum)
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
         if training and values_per_channel(input) == 1:
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {input.size()}"
@@ -161,7 +162,7 @@ def batch_renorm(
     if not training:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     check_momentum(fn, momentum)
-    check_eps(fn, eps)
+    check_eps(fn, eps, none_ok=False)
     if input.numel() == input.shape[1]:  # one value per channel: BatchNorm's own error, before any work
         return batch_norm(input, running_mean, running_var, weight, bias, True, momentum, eps)
     r, d = _renorm.renorm_factors(input, running_mean, running_var, float(eps), r_max, d_max)
@@ -208,7 +209,7 @@ def ghost_batch_norm(
     check_virtual_batch_size(fn, virtual_batch_size)
     check_running_pair(fn, running_mean, running_var)
     check_per_channel(fn, input, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
-    check_eps(fn, eps)
+    check_eps(fn, eps, none_ok=False)
     if not training:
         return batch_norm(input, running_mean, running_var, weight, bias, False, 0.0, eps)
     tracking = running_mean is not None

@@ -9,7 +9,7 @@ import numbers
 import torch
 
 from .._backend import EAGER, route
-from .._checks import check_eps, check_input, cpu_params_fit, plain_eps
+from .._checks import check_eps, check_input, check_num_groups, cpu_params_fit, plain_eps
 from ..ops import extension as _extension
 from ..ops.group_norm import op as _op
 from .checks import (check_channels_input, check_momentum, check_per_channel, check_running_pair, plain_momentum)
@@ -54,13 +54,13 @@ def group_norm(
         and num_groups > 0
         and input.shape[1] % num_groups == 0
         and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and eps is not None
         and plain_eps(eps)
         and input.numel() != num_groups  # N * (C / G) * S == 1: one value per group
     ):
         check_input(fn, input)
         check_channels_input(fn, input)
-        if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool) or num_groups <= 0:
-            raise ValueError(f"{fn}: expected num_groups to be a positive int, got {num_groups!r}")
+        num_groups = check_num_groups(fn, num_groups)
         c = input.shape[1]
         if c % num_groups != 0:
             raise RuntimeError(
@@ -68,7 +68,7 @@ def group_norm(
                 f"{list(input.shape)}) to be divisible by num_groups ({num_groups})"
             )
         check_per_channel(fn, input, weight=weight, bias=bias)
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
         if input.shape[0] * (c // num_groups) * math.prod(input.shape[2:]) == 1:
             raise ValueError(  # each group would hold a single value: its variance is 0
                 f"Expected more than 1 value per channel when training, got input size "
@@ -118,6 +118,7 @@ def instance_norm(
         and (running_mean is None) == (running_var is None)
         and (running_mean is not None or use_input_stats)
         and plain_momentum(momentum)
+        and eps is not None
         and plain_eps(eps)
         and (not use_input_stats or input.numel() != input.shape[0] * input.shape[1])  # S == 1
     ):
@@ -135,7 +136,7 @@ def instance_norm(
         check_per_channel(fn, input, running_mean=running_mean, running_var=running_var,
                            weight=weight, bias=bias)
         check_momentum(fn, momentum)
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
         if use_input_stats and math.prod(input.shape[2:]) == 1:
             raise ValueError(
                 f"Expected more than 1 spatial element when training, got input size {input.size()}"

@@ -52,13 +52,13 @@ def layer_norm(
             return y
     fn = "layer_norm"
     shape = normalized_shape
-    if not rows_fit(input, shape, eps, weight, bias):
+    if eps is None or not rows_fit(input, shape, eps, weight, bias):
         check_input(fn, input)
         shape = normalized_shape_tuple(fn, normalized_shape)
         check_normalized_shape(fn, input, shape)
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
         check_param(fn, "bias", bias, input, shape, "normalized_shape")
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
     return _op.layer_norm(path, input, shape, weight, bias, float(eps))
 
 
@@ -125,7 +125,7 @@ def rms_norm(
         shape = normalized_shape_tuple(fn, normalized_shape)
         check_normalized_shape(fn, input, shape)
         check_param(fn, "weight", weight, input, shape, "normalized_shape")
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=True)
     eps = None if eps is None else float(eps)
     return _op.rms_norm(path, input, shape, weight, eps, offset, cast_x_hat)
 
@@ -173,7 +173,7 @@ def add_layer_norm(
     (True, True)
     """
     path = route(x, "add_layer_norm")
-    if path == EAGER:
+    if path == EAGER and eps is not None:  # (None is RMSNorm's default eps, not LayerNorm's)
         try:
             yh = _C.add_norm_fast(x, residual, normalized_shape, weight, bias, eps, True)
         except TypeError:
@@ -182,14 +182,14 @@ def add_layer_norm(
             return yh
     fn = "add_layer_norm"
     shape = normalized_shape
-    if not (rows_fit(x, shape, eps, weight, bias) and residual_fits(x, residual)):
+    if eps is None or not (rows_fit(x, shape, eps, weight, bias) and residual_fits(x, residual)):
         check_input(fn, x)
         check_residual(fn, x, residual)
         shape = normalized_shape_tuple(fn, normalized_shape)
         check_normalized_shape(fn, x, shape)
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
         check_param(fn, "bias", bias, x, shape, "normalized_shape")
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
     return _op.add_layer_norm(path, x, residual, shape, weight, bias, float(eps))
 
 
@@ -247,7 +247,7 @@ def add_rms_norm(
         shape = normalized_shape_tuple(fn, normalized_shape)
         check_normalized_shape(fn, x, shape)
         check_param(fn, "weight", weight, x, shape, "normalized_shape")
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=True)
     eps = None if eps is None else float(eps)
     return _op.add_rms_norm(path, x, residual, shape, weight, eps, offset, cast_x_hat)
 
@@ -290,10 +290,11 @@ def layer_norm2d(
         isinstance(input, torch.Tensor)
         and input.dim() >= 2
         and cpu_params_fit(input, input.shape[1:2], weight, bias)
+        and eps is not None
         and plain_eps(eps)
     ):
         check_input(fn, input)
         check_channels_input(fn, input)
         check_per_channel(fn, input, weight=weight, bias=bias)
-        check_eps(fn, eps)
+        check_eps(fn, eps, none_ok=False)
     return _op_2d.layer_norm2d(path, input, weight, bias, float(eps))
