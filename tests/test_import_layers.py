@@ -22,7 +22,7 @@ COMPILED = ("normlab._C",)  # the C++ extension: a module with no Python source,
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("normlab._C", "normlab._checks", "normlab._backend", "normlab._extras", "normlab._version")),
     ("ops shared", ("normlab.ops",)),  # extension, _register, _transforms, numerics, layouts, forward_mode
-    ("ops families", ("normlab.ops.layer_norm", "normlab.ops.batch_norm", "normlab.ops.group_norm")),
+    ("ops families", ("normlab.ops.layer_norm", "normlab.ops.batch_norm", "normlab.ops.group_norm", "normlab.ops.dyt")),
     ("functional", ("normlab.functional",)),
     ("nn", ("normlab.nn",)),
     ("tools", ("normlab.tools",)),

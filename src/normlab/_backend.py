@@ -39,7 +39,7 @@ COMPILE = 3
 
 # The ops every backend implements (the names backend_for and its error messages use)
 OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
-                 "group_norm", "instance_norm", "sync_batch_norm"})
+                 "group_norm", "instance_norm", "sync_batch_norm", "dyt"})
 
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the "cpu" kernels' dtypes
 # "cpu" joins when normlab.ops finds the C++ extension installed (install_cpu, at import)
@@ -129,9 +129,9 @@ def route(x, op: str) -> int:
     ``"ref"`` chosen, or ``torch.export``/``torch.jit.trace`` recording: REF. Otherwise the
     ``"cpu"`` kernels where they serve ``x`` (a CPU tensor of a float dtype; ``"auto"`` takes REF
     for any other tensor, an explicit ``"cpu"`` raises ``RuntimeError`` listing the backends that
-    can): TRANSFORM under a torch.func transform or forward-mode AD, COMPILE while torch.compile
-    traces, EAGER otherwise. ``x`` that is not a tensor: REF (whose argument checks say what is
-    wrong).
+    can, for a floating-point tensor on another device): TRANSFORM under a torch.func transform or forward-mode AD, COMPILE while torch.compile
+    traces, EAGER otherwise. ``x`` that is not a tensor, or not of a floating-point dtype: REF,
+    whose argument checks say what is wrong (as torch's own checks would).
     """
     choice = _state.choice or _global_choice or _ENV_CHOICE
     if choice != "auto":
@@ -144,7 +144,10 @@ def route(x, op: str) -> int:
     except AttributeError:  # not a tensor: the reference's argument checks say what is wrong
         return REF
     if not served:
-        if choice == "cpu" and isinstance(x, torch.Tensor) and not (_is_exporting() or _is_tracing()):
+        # an explicit "cpu" that cannot serve a floating-point tensor (another device) says so here;
+        # a tensor of another dtype goes on to the argument checks, which refuse it as torch does
+        if (choice == "cpu" and isinstance(x, torch.Tensor) and x.is_floating_point()
+                and not (_is_exporting() or _is_tracing())):
             _cannot_serve(choice, x, op)
         return REF
     if _fwad._current_level >= 0 or _functorch_active():

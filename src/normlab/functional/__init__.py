@@ -16,6 +16,7 @@ True
 """
 
 from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
+from .dyt import dyt
 from .group_norms import group_norm, instance_norm
 from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
 
@@ -30,4 +31,5 @@ __all__ = [
     "layer_norm2d",
     "batch_renorm",
     "ghost_batch_norm",
+    "dyt",
 ]

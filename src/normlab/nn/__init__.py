@@ -7,6 +7,7 @@ runs through ``normlab.functional``.
 
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .batch_renorm import BatchRenorm1d, BatchRenorm2d, BatchRenorm3d
+from .dyt import DyT
 from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
 from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
@@ -34,4 +35,5 @@ __all__ = [
     "GhostBatchNorm1d",
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
+    "DyT",
 ]

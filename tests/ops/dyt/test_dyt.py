@@ -1,0 +1,173 @@
+"""DyT against its definition in float64 (the paper's formula, ``tanh(alpha * x) * weight + bias``,
+through torch's own autograd): values, every gradient, the forward-mode derivative, transforms,
+the Module's state and what bad input is told -- on every backend."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+
+import normlab
+import normlab.functional as NF
+from tests.oracle import assert_within_rounding, rel_err, rounding_err
+
+BACKENDS = normlab.available_backends()[1:]  # "ref", and "cpu" where installed
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def unfused(x, alpha, w, b):
+    """The paper's module as torch runs it, in the input's dtype (each op rounded)."""
+    return torch.tanh(alpha * x) * w + b
+
+
+def assert_accurate(got, ref64, torch_same_dtype, what):
+    """Within 2x the rounding of the float64 result, or no worse than torch's own unfused ops in
+    that dtype (several roundings in a row: dx is a product of four factors); float64 to 1e-12."""
+    if got.dtype == torch.float64:
+        torch.testing.assert_close(got, ref64, rtol=1e-12, atol=1e-12, msg=what)
+        return
+    err = rel_err(got, ref64)
+    bound = max(2 * rounding_err(ref64, got.dtype), rel_err(torch_same_dtype, ref64))
+    assert err <= bound, f"{what}: relative error {err:.3e} > {bound:.3e}"
+
+
+def oracle(x, alpha, w, b):
+    """The definition, in float64."""
+    y = torch.tanh(alpha.double() * x.double())
+    if w is not None:
+        y = y * w.double()
+    if b is not None:
+        y = y + b.double()
+    return y
+
+
+def _args(shape, n_cols_shape, dtype, seed=0, affine=True, param_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    pd = param_dtype or dtype
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).to(dtype)
+    alpha = (torch.rand(1, generator=g, dtype=torch.float64) + 0.25).to(pd)
+    w = (torch.randn(n_cols_shape, generator=g, dtype=torch.float64)).to(pd) if affine else None
+    b = (torch.randn(n_cols_shape, generator=g, dtype=torch.float64)).to(pd) if affine else None
+    return x, alpha, w, b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,ns", [((4, 16), (16,)), ((2, 3, 40), (40,)), ((2, 5, 3, 4), (3, 4)), ((7,), (7,))])
+def test_forward_and_gradients_within_rounding_of_float64(backend, dtype, shape, ns):
+    x, alpha, w, b = _args(shape, ns, dtype)
+    leaves = [t.clone().requires_grad_() for t in (x, alpha, w, b)]
+    with normlab.use_backend(backend):
+        y = NF.dyt(leaves[0], ns, *leaves[1:])
+    refs = [t.detach().double().requires_grad_() for t in (x, alpha, w, b)]
+    y64 = oracle(*refs)
+    same = [t.detach().clone().requires_grad_() for t in (x, alpha, w, b)]
+    yt = unfused(*same)
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    assert_accurate(y, y64.detach(), yt.detach(), "y")
+    dy = torch.randn(shape, dtype=torch.float64).to(dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    grads64 = torch.autograd.grad(y64, refs, dy.double())
+    grads_t = torch.autograd.grad(yt, same, dy)
+    for name, g, g64, gt, t in zip(("dx", "dalpha", "dweight", "dbias"), grads, grads64, grads_t, leaves):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        assert_accurate(g, g64, gt, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_input_with_float32_parameters(backend):
+    x, alpha, w, b = _args((4, 8), (8,), torch.bfloat16, param_dtype=torch.float32)
+    with normlab.use_backend(backend):
+        y = NF.dyt(x, (8,), alpha, w, b)
+    assert y.dtype == torch.bfloat16
+    assert_within_rounding(y, oracle(x, alpha, w, b), what="y")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_and_gradgradcheck_float64(backend):
+    x, alpha, w, b = (t.requires_grad_() for t in _args((3, 5), (5,), torch.float64))
+    with normlab.use_backend(backend):
+        f = lambda x, a, w, b: NF.dyt(x, 5, a, w, b)  # noqa: E731
+        assert gradcheck(f, (x, alpha, w, b))
+        assert gradgradcheck(f, (x, alpha, w, b))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_affine_and_with_a_float_alpha(backend):
+    x, _, _, _ = _args((3, 6), (6,), torch.float64)
+    with normlab.use_backend(backend):
+        y = NF.dyt(x, (6,), 0.7)
+    torch.testing.assert_close(y, torch.tanh(0.7 * x), rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_mode_and_vmap_agree_with_the_definition(backend):
+    from torch.func import jvp, vmap
+
+    x, alpha, w, b = _args((3, 6), (6,), torch.float64)
+    tangents = tuple(torch.randn_like(t) for t in (x, alpha, w, b))
+    with normlab.use_backend(backend):
+        y, yt = jvp(lambda *a: NF.dyt(a[0], 6, *a[1:]), (x, alpha, w, b), tangents)
+        yv = vmap(lambda xi: NF.dyt(xi, 6, alpha, w, b))(x.reshape(3, 1, 6))
+    y64, yt64 = jvp(oracle, (x, alpha, w, b), tangents)
+    torch.testing.assert_close(y, y64, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(yt, yt64, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(yv.reshape(3, 6), y64, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_input(backend):
+    x = torch.randn(0, 4, requires_grad=True)
+    m = normlab.nn.DyT(4)
+    with normlab.use_backend(backend):
+        y = m(x)
+    assert y.shape == (0, 4)
+    y.sum().backward()
+    assert torch.equal(m.weight.grad, torch.zeros(4)) and torch.equal(m.alpha.grad, torch.zeros(1))
+
+
+def test_module_parameters_state_dict_and_reset():
+    m = normlab.nn.DyT((3, 4), alpha_init=0.8)
+    assert list(m.state_dict()) == ["alpha", "weight", "bias"]
+    assert m.alpha.shape == (1,) and m.weight.shape == (3, 4) and m.bias.shape == (3, 4)
+    assert m.alpha.item() == pytest.approx(0.8) and torch.equal(m.weight, torch.ones(3, 4))
+    assert normlab.nn.DyT(4, bias=False).bias is None
+    n = normlab.nn.DyT(4, elementwise_affine=False)
+    assert n.weight is None and n.bias is None and list(n.state_dict()) == ["alpha"]
+    with torch.no_grad():
+        m.alpha.fill_(3.0)
+    m.reset_parameters()
+    assert m.alpha.item() == pytest.approx(0.8)
+    assert normlab.nn.DyT(4, dtype=torch.bfloat16).alpha.dtype == torch.bfloat16
+    assert "alpha_init=0.8" in repr(m)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"normalized_shape": 4, "alpha_init": math.inf}, ValueError, "expected alpha_init to be finite"),
+    ({"normalized_shape": 4, "alpha_init": math.nan}, ValueError, "expected alpha_init to be finite"),
+    ({"normalized_shape": 4, "alpha_init": "0.5"}, TypeError, "expected alpha_init to be a float"),
+    ({"normalized_shape": ()}, RuntimeError, "at least one dim"),
+    ({"normalized_shape": 4, "dtype": torch.int32}, RuntimeError, "floating-point dtype"),
+])
+def test_module_refuses_bad_arguments(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        normlab.nn.DyT(**kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: NF.dyt(torch.randn(2, 4), (5,), 0.5), RuntimeError, r"expected input with shape \[\*, 5\]"),
+    (lambda: NF.dyt(torch.randn(2, 4), (4,), 0.5, torch.ones(3)), RuntimeError, r"weight of shape \[4\]"),
+    (lambda: NF.dyt(torch.randn(2, 4), (4,), torch.ones(2)), RuntimeError, r"alpha of shape \[1\]"),
+    (lambda: NF.dyt(torch.randn(2, 4), (4,), math.inf), ValueError, "alpha to be finite"),
+    (lambda: NF.dyt(torch.randn(2, 4), (4,), "a"), TypeError, "alpha to be a torch.Tensor"),
+    (lambda: NF.dyt(torch.randn(2, 4), (4,), torch.ones(1, dtype=torch.float64)), RuntimeError, "mixed dtypes"),
+    (lambda: NF.dyt(torch.ones(2, 4, dtype=torch.int64), (4,), 0.5), NotImplementedError, "floating-point input"),
+    (lambda: NF.dyt([1.0], (1,), 0.5), TypeError, "torch.Tensor"),
+])
+def test_bad_input_is_refused_before_any_work(backend, call, exc, match):
+    with normlab.use_backend(backend), pytest.raises(exc, match=match):
+        call()
