@@ -12,7 +12,10 @@
 //          unit of work a thread takes; tiles merge into their chunk and chunks into their sample
 //          in order (Chan in float64; backward: float64 sums).
 // Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
-// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms.
+// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 2 of a tile (from
+// L2) asks for the next tile's cache lines, a few at each row, so that pass 1 finds them in cache
+// (memory read beside the arithmetic, not before it); the output pass runs row by row, all the
+// channels of a row in order (x read and y written as sequential streams). Neither changes a bit.
 // Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
 // (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
 // (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
@@ -30,6 +33,7 @@
 #include "cpu/group_norm_kernels.h"
 #include "cpu/group_norm_sums.h"
 #include "numerics/chunks.h"
+#include "numerics/prefetch.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -81,14 +85,16 @@ template <int64_t L> View view_of(int64_t c) {
   const int64_t p = std::lcm(c, L);
   return p <= 64 * L ? View{p, p / c} : View{c, 1};
 }
-// out[k] = v[k % c] for k < ce.
+// out[k] = v[k % c] for k < ce (ce a multiple of c).
 template <class A> inline void tiled(const A* v, int64_t c, int64_t ce, A* out) {
-  for (int64_t k = 0; k < ce; ++k) out[k] = v[k % c];
+  for (int64_t k0 = 0; k0 < ce; k0 += c)
+    for (int64_t j = 0; j < c; ++j) out[k0 + j] = v[j];
 }
-// acc[j] = the sum of av[k] over k % c == j, k in order (ce values of av).
+// acc[j] = the sum of av[k] over k % c == j, k in order (ce values of av, ce a multiple of c).
 template <class A> inline void fold(const A* av, int64_t c, int64_t ce, A* acc) {
   for (int64_t j = 0; j < c; ++j) acc[j] = av[j];
-  for (int64_t k = c; k < ce; ++k) acc[k % c] += av[k];
+  for (int64_t k0 = c; k0 < ce; k0 += c)
+    for (int64_t j = 0; j < c; ++j) acc[j] += av[k0 + j];
 }
 
 struct Blocking {
@@ -115,7 +121,12 @@ bool balanced(int64_t items) {
 // added to the total in order -- float32 chains of at most kSumRows / RC + rows / kSumRows terms, a
 // fixed order for each (rows, NV).
 constexpr int64_t kSumRows = 32;
-template <class A, int NV, int M, class F> inline void col_sums_m(int64_t rows, const F& f, vec<A> (*o)[NV]) {
+// hook(r), where given, runs before row r's vectors (it adds nothing: cache hints).
+struct NoHook {
+  void operator()(int64_t) const {}
+};
+template <class A, int NV, int M, class F, class H = NoHook>
+inline void col_sums_m(int64_t rows, const F& f, vec<A> (*o)[NV], const H& hook = H{}) {
   constexpr int RC = NV > 2 ? 2 : 4;
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < NV; ++v) o[m][v] = vzero<A>();
@@ -127,18 +138,27 @@ template <class A, int NV, int M, class F> inline void col_sums_m(int64_t rows, 
         for (int v = 0; v < NV; ++v) a[m][k][v] = vzero<A>();
     int64_t r = r0;
     for (; r + RC <= r1; r += RC)
-      for (int k = 0; k < RC; ++k)
+#pragma GCC unroll 4
+      for (int k = 0; k < RC; ++k) {
+        hook(r + k);
+#pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) {
           vec<A> t[M];
           f(r + k, v, t);
           for (int m = 0; m < M; ++m) a[m][k][v] += t[m];
         }
-    for (int k = 0; r < r1; ++r, ++k)
+      }
+#pragma GCC unroll 4
+    for (int k = 0; k < RC - 1; ++k) {  // the last rows (fewer than RC): k a constant, a[] in registers
+      if (r + k >= r1) break;
+      hook(r + k);
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
         vec<A> t[M];
-        f(r, v, t);
+        f(r + k, v, t);
         for (int m = 0; m < M; ++m) a[m][k][v] += t[m];
       }
+    }
     for (int m = 0; m < M; ++m)
       for (int v = 0; v < NV; ++v) {
         if constexpr (RC == 4) o[m][v] += (a[m][0][v] + a[m][1][v]) + (a[m][2][v] + a[m][3][v]);
@@ -160,9 +180,10 @@ template <class A, int M, class F> inline void tail_sums(int64_t rows, const F& 
     for (int m = 0; m < M; ++m) sums[m] += a[m];
   }
 }
-template <class A, int NV, class F> inline void col_sums(int64_t rows, const F& f, vec<A>* out) {
+template <class A, int NV, class F, class H = NoHook>
+inline void col_sums(int64_t rows, const F& f, vec<A>* out, const H& hook = H{}) {
   vec<A> o[1][NV];
-  col_sums_m<A, NV, 1>(rows, [&](int64_t r, int v, vec<A>* t) { t[0] = f(r, v); }, o);
+  col_sums_m<A, NV, 1>(rows, [&](int64_t r, int v, vec<A>* t) { t[0] = f(r, v); }, o, hook);
   for (int v = 0; v < NV; ++v) out[v] = o[0][v];
 }
 template <class A, int NV, class F> inline void col_sums3(int64_t rows, const F& f, vec<A> (*o)[NV]) {
@@ -217,7 +238,7 @@ struct Moments {
 // would (a term of the offset's square: no cancellation). acc, ctc: (C,) scratch; gs: (G,), tm:
 // (2G,) scratch.
 template <class S>
-void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, int64_t g, const acc_t<S>* sh,
+void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t tile, int64_t c, int64_t g, const acc_t<S>* sh,
                    acc_t<S>* acc, acc_t<S>* ctc, acc_t<S>* gs, double* tm, Moments& out) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
@@ -234,6 +255,14 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
+    // the next tile's lines asked for during pass 2 (from L2), a few at each row of each block
+    const int64_t next_rows = std::max<int64_t>(0, std::min(tile, r_end - t0 - tile));
+    const char* pf = reinterpret_cast<const char*>(xt + tile * c);
+    const char* pf_end = pf + next_rows * c * int64_t(sizeof(S));
+    const int64_t n_blocks = ce / (4 * L) + (ce % (4 * L) >= L ? 1 : 0);
+    const int64_t lines = (pf_end - pf + kCacheLineBytes - 1) / kCacheLineBytes;
+    const int64_t pf_step = vr * n_blocks > 0 ? (lines + vr * n_blocks - 1) / (vr * n_blocks) * kCacheLineBytes : 0;
+    if (pf_step == 0 && pf < pf_end) prefetch_read(pf, pf_end - pf), pf = pf_end;
     channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
@@ -269,7 +298,9 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t tile, int64_t c, 
                             const vec<A> e = vload(xt + r * ce + j0 + v * L) - vm[v];
                             return e * e;
                           },
-                          o);
+                          o, [&](int64_t) {
+                            if (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
+                          });
           for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
         },
         [&](int64_t j) {
@@ -319,31 +350,25 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
     tiled(bb, c, ce, vbuf.data() + 2 * ce);
     chv = vbuf.data(), av = vbuf.data() + ce, bv = vbuf.data() + 2 * ce;
   }
+  // row by row, each (virtual) row's channels in order: x read and y written as one sequential
+  // stream (a channel block down the rows would read 2-3 lines of every row apart, and leave a
+  // streamed line half-written between blocks)
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
     S* yt = y + t0 * c;
-    channel_blocks<L>(
-        ce,
-        [&]<int NV>(int64_t j0) {
-          vec<A> vm[NV], va[NV], vb[NV];
-          for (int v = 0; v < NV; ++v) {
-            vm[v] = vload(chv + j0 + v * L);
-            va[v] = vload(av + j0 + v * L);
-            vb[v] = vload(bv + j0 + v * L);
-          }
-          for (int64_t r = 0; r < vr; ++r)
-            for (int v = 0; v < NV; ++v) {
-              const int64_t o = r * ce + j0 + v * L;
-              const vec<A> r = (vload(xt + o) - vm[v]) * va[v] + vb[v];
-              if constexpr (Stream) vstream(yt + o, r);
-              else vstore(yt + o, r);
-            }
-        },
-        [&](int64_t j) {
-          for (int64_t r = 0; r < vr; ++r)
-            yt[r * ce + j] = from_acc<S>((to_acc(xt[r * ce + j]) - chv[j]) * av[j] + bv[j]);
-        });
+    for (int64_t r = 0; r < vr; ++r) {
+      const S* xr = xt + r * ce;
+      S* yr = yt + r * ce;
+      over_channels<L>(
+          ce,
+          [&](int64_t j) {
+            const vec<A> v = (vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j);
+            if constexpr (Stream) vstream(yr + j, v);
+            else vstore(yr + j, v);
+          },
+          [&](int64_t j) { yr[j] = from_acc<S>((to_acc(xr[j]) - chv[j]) * av[j] + bv[j]); });
+    }
     for (int64_t o = rr * c; o < rows * c; ++o) {
       const int64_t j = o % c;
       yt[o] = from_acc<S>((to_acc(xt[o]) - ch[j]) * a[j] + bb[j]);
@@ -425,7 +450,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         spread(gsh, g, cg, sh);
         mo.reset();
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), bk.tile, c, g, sh, acc, ch, grs, dbuf.data() + 4 * g,
+          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), ns, bk.tile, c, g, sh, acc, ch, grs, dbuf.data() + 4 * g,
                         part);
           mo.merge(part);
         }
@@ -451,7 +476,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       double* pu = part.data() + u * (2 * g + 1);
       Moments mu{g, pu + 1, pu + 1 + g};
       spread(gsh_all + i * g, g, cg, sh);
-      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), bk.tile, c, g, sh, acc, tct, gs, tm.data(), mu);
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), ns, bk.tile, c, g, sh, acc, tct, gs, tm.data(), mu);
       pu[0] = mu.n;
     }
   });
