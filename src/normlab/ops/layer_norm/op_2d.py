@@ -1,8 +1,8 @@
 """LayerNorm2d on the ``"cpu"`` backend: the entry point on the C++ op ``torch.ops.normlab.layer_norm2d``.
 
-The op (registered in ``csrc/layer_norm2d.cpp``; its autograd, with a differentiable backward
-under ``create_graph=True``, is C++ too) reads a contiguous (NCHW) or channels-last input
-without a copy and writes the output in the input's layout.
+The op (registered in ``csrc/layer_norm.cpp``, with the layer_norm family; its autograd, with a
+differentiable backward under ``create_graph=True``, is C++ too) reads a contiguous (NCHW) or
+channels-last input without a copy and writes the output in the input's layout.
 
 :func:`layer_norm2d` picks the form that runs a call: under torch.func transforms and
 forward-mode AD (which refuse a C++ autograd function) LayerNorm's row path on
