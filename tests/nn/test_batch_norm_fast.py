@@ -107,9 +107,9 @@ def test_gradients_in_the_parameters_dtypes(training):
     # the op's gradients (the Autograd kernel's node, float64 sums rounded by .to())
     xr, wr, br = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     if training:
-        yr, _ = torch.ops.normlab.batch_norm_train_fwd(xr, wr, br, 1e-5)
+        yr, _ = torch.ops.normlab.batch_norm_fwd(xr, wr, br, 1e-5)
     else:
-        yr = torch.ops.normlab.batch_norm_eval_fwd(xr, rm, rv, wr, br, 1e-5)
+        yr = torch.ops.normlab.batch_norm_eval_fwd(xr, wr, br, rm, rv, 1e-5)
     yr.backward(dy)
     assert torch.equal(y, yr) and torch.equal(x.grad, xr.grad)
     assert torch.equal(w.grad, wr.grad) and torch.equal(b.grad, br.grad)

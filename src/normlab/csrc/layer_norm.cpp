@@ -1,32 +1,117 @@
-// The layer_norm family's op schemas (LayerNorm, RMSNorm, their fused residual adds): the ops
-// torch.compile and torch.export record, with their CPU (cpu/layer_norm.cpp), Meta
-// (meta/layer_norm.cpp) and Autograd (autograd/layer_norm.cpp) kernels.
+// The layer_norm family's op schemas (LayerNorm, RMSNorm, their fused residual adds, LayerNorm2d)
+// and its typed C++ API (layer_norm.h): each op through a cached dispatcher handle. Kernels:
+// cpu/layer_norm.cpp (CPU), meta/layer_norm.cpp (Meta), autograd/layer_norm.cpp (Autograd).
 //
-// x is normalised over its trailing `normalized_shape` dims, as rows of n_cols values; the
+// Rows: x is normalised over its trailing `normalized_shape` dims, as rows of n_cols values; the
 // statistics are (n_rows,) in the accumulation dtype (float32, float64 for float64). A weight
 // or bias holds n_cols values, or G * n_cols (torch.func.vmap over stacked weights: G grouped
 // weights, row i taking weight row i / (n_rows / G)); its gradient has its shape.
+//
+// LayerNorm2d: over the channel dim 1 of an (N, C, *) tensor at every pixel
+// (docs/derivations/layer_norm.md), for both memory layouts (contiguous planes and channels_last
+// rows: layer_norm2d_layout.h); statistics (N * prod(spatial),) per pixel.
 #include <torch/library.h>
+
+#include "args.h"
+#include "layer_norm.h"
 
 TORCH_LIBRARY_FRAGMENT(normlab, m) {
   // forward with statistics (differentiable: the Autograd kernel saves them for the backward)
-  m.def("layer_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps)"
+  m.def("layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, int[] normalized_shape, float eps)"
         " -> (Tensor y, Tensor mean, Tensor rstd)");
-  m.def("rms_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, float eps, float offset,"
-        " bool cast_x_hat) -> (Tensor y, Tensor rstd)");
-  m.def("add_layer_norm_fwd(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight,"
-        " Tensor? bias, float eps) -> (Tensor y, Tensor h, Tensor mean, Tensor rstd)");
-  m.def("add_rms_norm_fwd(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, float eps,"
-        " float offset, bool cast_x_hat) -> (Tensor y, Tensor h, Tensor rstd)");
+  m.def("rms_norm_fwd(Tensor x, Tensor? weight, int[] normalized_shape, float offset, bool cast_x_hat,"
+        " float eps) -> (Tensor y, Tensor rstd)");
+  m.def("add_layer_norm_fwd(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, int[] normalized_shape,"
+        " float eps) -> (Tensor y, Tensor h, Tensor mean, Tensor rstd)");
+  m.def("add_rms_norm_fwd(Tensor x, Tensor residual, Tensor? weight, int[] normalized_shape, float offset,"
+        " bool cast_x_hat, float eps) -> (Tensor y, Tensor h, Tensor rstd)");
   // backward: dx (plus dh), dw in the weight's dtype (the accumulation dtype without a weight)
   // and db in db_dtype (the bias' dtype; None: the accumulation dtype); (0,) unless need_wb /
   // need_dw
-  m.def("layer_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean,"
-        " Tensor rstd, Tensor? dh, bool need_wb, ScalarType? db_dtype=None) -> (Tensor dx, Tensor dw, Tensor db)");
-  m.def("rms_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor rstd,"
-        " Tensor? dh, bool need_dw, float offset, bool cast_x_hat) -> (Tensor dx, Tensor dw)");
+  m.def("layer_norm_bwd(Tensor dy, Tensor? dh, Tensor x, Tensor? weight, Tensor mean, Tensor rstd,"
+        " int[] normalized_shape, bool need_wb, ScalarType? db_dtype=None) -> (Tensor dx, Tensor dw, Tensor db)");
+  m.def("rms_norm_bwd(Tensor dy, Tensor? dh, Tensor x, Tensor? weight, Tensor rstd, int[] normalized_shape,"
+        " float offset, bool cast_x_hat, bool need_dw) -> (Tensor dx, Tensor dw)");
   // inference: the output alone (h undefined without a residual), no statistics allocated;
   // not differentiable (the fast eager entry calls it when autograd records nothing)
-  m.def("row_norm_infer(Tensor x, Tensor? residual, int[] normalized_shape, Tensor? weight,"
-        " Tensor? bias, float eps, bool center, float offset, bool cast_x_hat) -> (Tensor y, Tensor h)");
+  m.def("row_norm_infer(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, int[] normalized_shape,"
+        " bool center, float offset, bool cast_x_hat, float eps) -> (Tensor y, Tensor h)");
+  // LayerNorm2d: y (differentiable; without autograd its CPU kernel computes no statistics),
+  // (y, mean, rstd), and (dx, dw, db): dx in x's layout, dw and db (C,) in the accumulation
+  // dtype, (0,) unless need_wb
+  m.def("layer_norm2d(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor y");
+  m.def("layer_norm2d_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor y, Tensor mean, Tensor rstd)");
+  m.def("layer_norm2d_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool need_wb)"
+        " -> (Tensor dx, Tensor dw, Tensor db)");
 }
+
+namespace normlab::layer_norm {
+
+using at::Tensor;
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                  at::IntArrayRef normalized_shape, double eps) {
+  static const auto op = op_handle<decltype(layer_norm_fwd)>("normlab::layer_norm_fwd");
+  return op.call(x, weight, bias, normalized_shape, eps);
+}
+
+std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, const OptTensor& weight, at::IntArrayRef normalized_shape,
+                                        double offset, bool cast_x_hat, double eps) {
+  static const auto op = op_handle<decltype(rms_norm_fwd)>("normlab::rms_norm_fwd");
+  return op.call(x, weight, normalized_shape, offset, cast_x_hat, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd(const Tensor& x, const Tensor& residual,
+                                                              const OptTensor& weight, const OptTensor& bias,
+                                                              at::IntArrayRef normalized_shape, double eps) {
+  static const auto op = op_handle<decltype(add_layer_norm_fwd)>("normlab::add_layer_norm_fwd");
+  return op.call(x, residual, weight, bias, normalized_shape, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd(const Tensor& x, const Tensor& residual, const OptTensor& weight,
+                                                    at::IntArrayRef normalized_shape, double offset, bool cast_x_hat,
+                                                    double eps) {
+  static const auto op = op_handle<decltype(add_rms_norm_fwd)>("normlab::add_rms_norm_fwd");
+  return op.call(x, residual, weight, normalized_shape, offset, cast_x_hat, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor& dy, const OptTensor& dh, const Tensor& x,
+                                                  const OptTensor& weight, const Tensor& mean, const Tensor& rstd,
+                                                  at::IntArrayRef normalized_shape, bool need_wb,
+                                                  std::optional<at::ScalarType> db_dtype) {
+  static const auto op = op_handle<decltype(layer_norm_bwd)>("normlab::layer_norm_bwd");
+  return op.call(dy, dh, x, weight, mean, rstd, normalized_shape, need_wb, db_dtype);
+}
+
+std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const OptTensor& dh, const Tensor& x,
+                                        const OptTensor& weight, const Tensor& rstd, at::IntArrayRef normalized_shape,
+                                        double offset, bool cast_x_hat, bool need_dw) {
+  static const auto op = op_handle<decltype(rms_norm_bwd)>("normlab::rms_norm_bwd");
+  return op.call(dy, dh, x, weight, rstd, normalized_shape, offset, cast_x_hat, need_dw);
+}
+
+std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+                                          const OptTensor& bias, at::IntArrayRef normalized_shape, bool center,
+                                          double offset, bool cast_x_hat, double eps) {
+  static const auto op = op_handle<decltype(row_norm_infer)>("normlab::row_norm_infer");
+  return op.call(x, residual, weight, bias, normalized_shape, center, offset, cast_x_hat, eps);
+}
+
+Tensor layer_norm2d(const Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
+  static const auto op = op_handle<decltype(layer_norm2d)>("normlab::layer_norm2d");
+  return op.call(x, weight, bias, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm2d_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                    double eps) {
+  static const auto op = op_handle<decltype(layer_norm2d_fwd)>("normlab::layer_norm2d_fwd");
+  return op.call(x, weight, bias, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm2d_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
+                                                    const Tensor& mean, const Tensor& rstd, bool need_wb) {
+  static const auto op = op_handle<decltype(layer_norm2d_bwd)>("normlab::layer_norm2d_bwd");
+  return op.call(dy, x, weight, mean, rstd, need_wb);
+}
+
+}  // namespace normlab::layer_norm

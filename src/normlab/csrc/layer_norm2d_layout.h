@@ -7,7 +7,7 @@
 
 #include <ATen/ATen.h>
 
-namespace normlab::ln2d {
+namespace normlab::layer_norm {
 
 enum class Layout { kNchw, kRows };
 
@@ -71,6 +71,4 @@ inline c10::SymInt sym_pixels(const at::Tensor& x) {
   return p;
 }
 
-inline at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
-
-}  // namespace normlab::ln2d
+}  // namespace normlab::layer_norm

@@ -126,20 +126,20 @@ def test_backward_op_gives_parameter_grads_in_their_dtypes(dtype, rows, b_dtype)
     w = torch.randn(n, generator=g).to(dtype)
     db_dtype = {"same": dtype, "float32": torch.float32, None: None}[b_dtype]
     ops = torch.ops.normlab
-    _, mean, rstd = ops.layer_norm_fwd(x, (n,), w, None, 1e-5)
-    dx, dw, db = ops.layer_norm_bwd(dy, x, (n,), w, mean, rstd, None, True, db_dtype)
-    dx32, dw32, db32 = ops.layer_norm_bwd(dy, x, (n,), w.float(), mean, rstd, None, True, None)
+    _, mean, rstd = ops.layer_norm_fwd(x, w, None, (n,), 1e-5)
+    dx, dw, db = ops.layer_norm_bwd(dy, None, x, w, mean, rstd, (n,), True, db_dtype)
+    dx32, dw32, db32 = ops.layer_norm_bwd(dy, None, x, w.float(), mean, rstd, (n,), True, None)
     assert (dw.dtype, db.dtype) == (dtype, db_dtype or torch.float32)
     assert (dw32.dtype, db32.dtype) == (torch.float32, torch.float32)
     assert torch.equal(dx, dx32)
     assert torch.equal(dw, dw32.to(dtype)) and torch.equal(db, db32.to(db.dtype))
-    _, rs = ops.rms_norm_fwd(x, (n,), w, 1e-5, 0.0, False)
-    dx_r, dw_r = ops.rms_norm_bwd(dy, x, (n,), w, rs, None, True, 0.0, False)
-    dx_r32, dw_r32 = ops.rms_norm_bwd(dy, x, (n,), w.float(), rs, None, True, 0.0, False)
+    _, rs = ops.rms_norm_fwd(x, w, (n,), 0.0, False, 1e-5)
+    dx_r, dw_r = ops.rms_norm_bwd(dy, None, x, w, rs, (n,), 0.0, False, True)
+    dx_r32, dw_r32 = ops.rms_norm_bwd(dy, None, x, w.float(), rs, (n,), 0.0, False, True)
     assert torch.equal(dx_r, dx_r32)
     assert dw_r.dtype == dtype and torch.equal(dw_r, dw_r32.to(dtype))
     meta = [t.to("meta") for t in (dy, x, w, mean, rstd)]
-    _, mdw, mdb = ops.layer_norm_bwd(meta[0], meta[1], (n,), meta[2], meta[3], meta[4], None, True, db_dtype)
+    _, mdw, mdb = ops.layer_norm_bwd(meta[0], None, meta[1], meta[2], meta[3], meta[4], (n,), True, db_dtype)
     assert (mdw.dtype, mdw.shape, mdb.dtype, mdb.shape) == (dw.dtype, dw.shape, db.dtype, db.shape)
 
 

@@ -1,176 +1,95 @@
-// The group_norm family's autograd: one hand-built node (GroupNormBackward) for every differentiable
-// op, the Autograd kernels that attach it, and the fast eager entry points (group_norm.h): those of
-// normlab.functional (group_norm_fast / instance_norm_fast: the arguments checked here, the node
-// attached here) and those of op.py (the registered ops through cached dispatcher handles).
+// The group_norm family's Autograd kernels and fast eager entries (group_norm.h).
 //
-// Forward: redispatched below autograd to the forward op (CPU / Meta kernels); only when autograd
-// records the call (grad mode on and an input that requires grad) -- otherwise the op computes the
-// output alone, with no statistics allocated. Backward: the backward op; under create_graph=True
-// the reference backward in differentiable ATen ops (reference.py's formula, statistics recomputed
-// from x), so double backward works. torch.func transforms take the Python Function of op.py
-// (its vmap and jvp rules), which calls the same forward/backward ops.
+// One node family (autograd/node.h, GroupNorm) for every differentiable op: GroupNorm,
+// InstanceNorm (GroupNorm with G = C) and InstanceNorm with fixed statistics (`fixed`: a
+// per-channel linear map); saved x, the weight, and mean, rstd. Forward: redispatched below
+// autograd to the forward op (CPU / Meta kernels); only when autograd records the call --
+// otherwise the op computes the output alone, with no statistics allocated. Backward: the
+// backward op; under create_graph=True the reference backward in differentiable ATen ops
+// (reference.py's formula, statistics recomputed from x), so double backward works. torch.func
+// transforms take the Python Function of op.py (its vmap and jvp rules), which calls the same
+// forward/backward ops.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
-#include "autograd/row_stats_node.h"
+#include "args.h"
+#include "autograd/node.h"
 #include "cpu/group_norm_kernels.h"
+#include "group_norm.h"
 
-#include <cmath>
-
-
-namespace normlab {
-
+namespace normlab::group_norm {
 namespace {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
+using autograd::Grad;
+using autograd::Grads;
+using autograd::Needs;
+using autograd::Saved;
 using torch::autograd::variable_list;
 
-// The ops, as cached typed dispatcher handles.
-const auto& op_group_norm() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::group_norm", "")
-                       .typed<Tensor(const Tensor&, int64_t, const OptTensor&, const OptTensor&, double)>();
-  return op;
-}
-const auto& op_fwd() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::group_norm_fwd", "")
-                       .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const OptTensor&,
-                                                                         const OptTensor&, int64_t, double)>();
-  return op;
-}
-const auto& op_bwd() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::group_norm_bwd", "")
-                       .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&,
-                                                                 const Tensor&, const Tensor&, int64_t, bool)>();
-  return op;
-}
-const auto& op_eval_fwd() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::instance_norm_eval_fwd", "")
-                       .typed<Tensor(const Tensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&)>();
-  return op;
-}
-const auto& op_eval_bwd() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::instance_norm_eval_bwd", "")
-                       .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&,
-                                                                 const Tensor&, const Tensor&, bool)>();
-  return op;
-}
-const auto& op_update() {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("normlab::instance_norm_update_stats", "")
-                       .typed<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, int64_t)>();
-  return op;
-}
+struct GroupNorm {
+  static constexpr bool kResidual = false;
+  struct State {
+    int64_t g = 1;
+    double eps = 0;
+    bool fixed = false;
+  };
+  static std::string name(const State& s) { return s.fixed ? "InstanceNormEvalBackward" : "GroupNormBackward"; }
 
-bool records(const Tensor& x, const OptTensor& w, const OptTensor& b) {
-  if (!at::GradMode::is_enabled()) return false;
-  return x.requires_grad() || (w.has_value() && w->defined() && w->requires_grad()) ||
-         (b.has_value() && b->defined() && b->requires_grad());
-}
+  // The backward op (saved: s0 mean, s1 rstd).
+  static Grads backward(const State& s, const Grad& g, const Saved& v, Needs need) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const OptTensor w = v.w.defined() ? OptTensor(v.w) : std::nullopt;
+    auto [dx, dw, db] = s.fixed ? instance_norm_eval_bwd(g.dy, v.x, w, v.s0, v.s1, need.dx)
+                                : group_norm_bwd(g.dy, v.x, w, v.s0, v.s1, s.g, need.dx);
+    return {need.dx ? dx : Tensor(), need.dw ? dw : Tensor(), need.db ? db : Tensor()};
+  }
 
-OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
-at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
-
-// The backward node of GroupNorm (and of InstanceNorm, which is GroupNorm with G = C, and of
-// InstanceNorm with fixed statistics: `fixed_`): the grad of y in, the grads of (x, weight, bias)
-// out, one per edge (an absent parameter has an empty edge). Built by hand as torch's generated
-// autograd code builds its nodes: the saved values are fields, not the IValue dict and variable
-// bookkeeping of torch::autograd::Function (several microseconds a call).
-struct GroupNormBackward : public RowStatsNode {  // saves x, w, mean, rstd
-  int64_t g_ = 1;
-  double eps_ = 0;
-  bool fixed_ = false, has_w_ = false, has_b_ = false;
-  at::ScalarType b_dtype_ = at::kFloat;
-
-  std::string name() const override { return fixed_ ? "InstanceNormEvalBackward" : "GroupNormBackward"; }
-
-  variable_list apply(variable_list&& grads_out) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    variable_list out(3);
-    const Tensor& dy = grads_out[0];
-    if (!dy.defined()) return out;
-    const bool need_dx = should_compute_output(0);
-    const bool need_dw = has_w_ && should_compute_output(1);
-    const bool need_db = has_b_ && should_compute_output(2);
-    if (!(need_dx || need_dw || need_db)) return out;
-    const Tensor x = x_.unpack(getptr()), w = has_w_ ? w_.unpack() : Tensor();
-    const Tensor mean = mean_.unpack(), rstd = rstd_.unpack();
-    Tensor dx, dw, db;
-    if (at::GradMode::is_enabled()) {  // create_graph=True: the differentiable reference backward
-      const at::ScalarType acc = acc_dtype(x.scalar_type());
-      const int64_t n = x.size(0), c = x.size(1), g = g_;
-      const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
-      const std::vector<int64_t> grouped{n, g, c / g, s};
-      const Tensor xa = x.to(acc).reshape(grouped), dya = dy.to(acc).reshape(grouped);
-      Tensor m, r;
-      if (fixed_) {
-        m = mean.reshape({1, g, 1, 1});
-        r = rstd.reshape({1, g, 1, 1});
-      } else {  // the statistics as functions of x (reference.py: group_norm_stats)
-        const Tensor shift = xa.narrow(2, 0, 1).narrow(3, 0, 1);
-        const Tensor d = xa - shift;
-        const Tensor md = d.mean({2, 3}, true);
-        const Tensor xc = d - md;
-        r = ((xc * xc).mean({2, 3}, true) + eps_).rsqrt();
-        m = shift + md;
-      }
-      const Tensor x_hat = (xa - m) * r;
-      if (need_dx) {
-        const Tensor gg = w.defined() ? dya * w.to(acc).reshape({g, c / g, 1}) : dya;
-        if (fixed_) {
-          dx = r * gg;  // term 1 only
-        } else {
-          const Tensor term2 = gg.mean({2, 3}, true);
-          const Tensor term3 = x_hat * (gg * x_hat).mean({2, 3}, true);
-          dx = r * (gg - term2 - term3);
-        }
-        dx = dx.to(x.scalar_type()).reshape(x.sizes());
-      }
-      if (need_dw) dw = (dya * x_hat).sum({0, 3}).reshape({c});
-      if (need_db) db = dya.sum({0, 3}).reshape({c});
-    } else {
-      at::AutoDispatchBelowADInplaceOrView guard;
-      auto [dx0, dw0, db0] = fixed_ ? op_eval_bwd().call(dy, x, opt(w), mean, rstd, need_dx)
-                                    : op_bwd().call(dy, x, opt(w), mean, rstd, g_, need_dx);
-      if (need_dx) dx = dx0;
-      if (need_dw) dw = dw0;
-      if (need_db) db = db0;
+  // The differentiable reference backward (reference.py), the statistics recomputed from x
+  // (fixed: the saved ones, constants).
+  static Grads reference(const State& st, const Grad& gr, const Saved& v, Needs need) {
+    const Tensor &x = v.x, &w = v.w;
+    const at::ScalarType acc = acc_dtype(x.scalar_type());
+    const int64_t n = x.size(0), c = x.size(1), g = st.g;
+    const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
+    const std::vector<int64_t> grouped{n, g, c / g, s};
+    const Tensor xa = x.to(acc).reshape(grouped), dya = gr.dy.to(acc).reshape(grouped);
+    Tensor m, r;
+    if (st.fixed) {
+      m = v.s0.reshape({1, g, 1, 1});
+      r = v.s1.reshape({1, g, 1, 1});
+    } else {  // the statistics as functions of x (reference.py: group_norm_stats)
+      const Tensor shift = xa.narrow(2, 0, 1).narrow(3, 0, 1);
+      const Tensor d = xa - shift;
+      const Tensor md = d.mean({2, 3}, true);
+      const Tensor xc = d - md;
+      r = ((xc * xc).mean({2, 3}, true) + st.eps).rsqrt();
+      m = shift + md;
     }
-    if (dw.defined() && dw.scalar_type() != w.scalar_type()) dw = dw.to(w.scalar_type());
-    if (db.defined() && db.scalar_type() != b_dtype_) db = db.to(b_dtype_);
-    out[0] = dx;
-    out[1] = dw;
-    out[2] = db;
+    const Tensor x_hat = (xa - m) * r;
+    Grads out;
+    if (need.dx) {
+      const Tensor gg = w.defined() ? dya * w.to(acc).reshape({g, c / g, 1}) : dya;
+      Tensor dx;
+      if (st.fixed) {
+        dx = r * gg;  // term 1 only
+      } else {
+        const Tensor term2 = gg.mean({2, 3}, true);
+        const Tensor term3 = x_hat * (gg * x_hat).mean({2, 3}, true);
+        dx = r * (gg - term2 - term3);
+      }
+      out.dx = dx.to(x.scalar_type()).reshape(x.sizes());
+    }
+    if (need.dw) out.dw = (dya * x_hat).sum({0, 3}).reshape({c});
+    if (need.db) out.db = dya.sum({0, 3}).reshape({c});
     return out;
   }
 };
 
-// A GroupNormBackward node on y, saving x, w and the statistics (mean, rstd).
 void attach(const Tensor& y, const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
             const Tensor& rstd, int64_t g, double eps, bool fixed) {
-  auto node = c10::make_intrusive<GroupNormBackward>();
-  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
-  node->g_ = g;
-  node->eps_ = eps;
-  node->fixed_ = fixed;
-  node->has_w_ = w.has_value() && w->defined();
-  node->has_b_ = b.has_value() && b->defined();
-  if (node->has_b_) node->b_dtype_ = b->scalar_type();
-  torch::autograd::set_history(y, node);
-  node->x_ = torch::autograd::SavedVariable(x, false);
-  if (node->has_w_) node->w_ = torch::autograd::SavedVariable(*w, false);
-  node->mean_ = torch::autograd::SavedVariable(mean, false);
-  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+  autograd::attach<GroupNorm>({g, eps, fixed}, y, Tensor(), {x, std::nullopt, w, b}, x, mean, rstd);
 }
 
 // GroupNorm recorded by autograd: the forward op below autograd, then the node on y; the
@@ -180,105 +99,71 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_recorded(const Tensor& x, 
   Tensor y, mean, var, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    std::tie(y, mean, var, rstd) = op_fwd().call(x, w, b, g, eps);
+    std::tie(y, mean, var, rstd) = group_norm_fwd(x, w, b, g, eps);
   }
   attach(y, x, w, b, mean, rstd, g, eps, false);
   return {y, mean, var, rstd};
 }
 
-Tensor group_norm_autograd(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b, double eps) {
-  if (records(x, w, b)) return std::get<0>(group_norm_recorded(x, w, b, g, eps));
+// GroupNorm's output: recorded when autograd needs it, else the output-only op.
+Tensor group_norm_ad(const Tensor& x, const OptTensor& w, const OptTensor& b, int64_t g, double eps) {
+  if (autograd::requires_grad(x, w, b)) return std::get<0>(group_norm_recorded(x, w, b, g, eps));
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op_group_norm().call(x, g, w, b, eps);
+  return group_norm(x, w, b, g, eps);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd_autograd(const Tensor& x, const OptTensor& w,
-                                                                   const OptTensor& b, int64_t g, double eps) {
-  if (records(x, w, b)) return group_norm_recorded(x, w, b, g, eps);
+std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd_ad(const Tensor& x, const OptTensor& w, const OptTensor& b,
+                                                             int64_t g, double eps) {
+  if (autograd::requires_grad(x, w, b)) return group_norm_recorded(x, w, b, g, eps);
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op_fwd().call(x, w, b, g, eps);
+  return group_norm_fwd(x, w, b, g, eps);
 }
 
-Tensor instance_norm_eval_fwd_autograd(const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
-                                       const Tensor& rstd) {
+Tensor instance_norm_eval_fwd_ad(const Tensor& x, const OptTensor& w, const OptTensor& b, const Tensor& mean,
+                                 const Tensor& rstd) {
   Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    y = op_eval_fwd().call(x, w, b, mean, rstd);
+    y = instance_norm_eval_fwd(x, w, b, mean, rstd);
   }
-  if (records(x, w, b)) attach(y, x, w, b, mean, rstd, x.size(1), 0.0, true);
+  if (autograd::requires_grad(x, w, b)) attach(y, x, w, b, mean, rstd, x.size(1), 0.0, true);
   return y;
 }
 
 // The backward ops are not differentiable (the node's double backward uses ATen ops instead).
-std::tuple<Tensor, Tensor, Tensor> group_norm_bwd_autograd(const Tensor& dy, const Tensor& x, const OptTensor& w,
-                                                           const Tensor& mean, const Tensor& rstd, int64_t g,
-                                                           bool need_dx) {
+std::tuple<Tensor, Tensor, Tensor> group_norm_bwd_ad(const Tensor& dy, const Tensor& x, const OptTensor& w,
+                                                     const Tensor& mean, const Tensor& rstd, int64_t g, bool need_dx) {
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op_bwd().call(dy, x, w, mean, rstd, g, need_dx);
+  return group_norm_bwd(dy, x, w, mean, rstd, g, need_dx);
 }
 
-std::tuple<Tensor, Tensor, Tensor> instance_norm_eval_bwd_autograd(const Tensor& dy, const Tensor& x,
-                                                                   const OptTensor& w, const Tensor& mean,
-                                                                   const Tensor& rstd, bool need_dx) {
+std::tuple<Tensor, Tensor, Tensor> instance_norm_eval_bwd_ad(const Tensor& dy, const Tensor& x, const OptTensor& w,
+                                                             const Tensor& mean, const Tensor& rstd, bool need_dx) {
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op_eval_bwd().call(dy, x, w, mean, rstd, need_dx);
+  return instance_norm_eval_bwd(dy, x, w, mean, rstd, need_dx);
 }
 
 // The running statistics change in place: their version counters move once, as for any in-place
 // torch op (inference tensors have none).
-void instance_norm_update_stats_autograd(const Tensor& rm, const Tensor& rv, const Tensor& mean, const Tensor& var,
-                                         double momentum, int64_t n_spatial) {
+void instance_norm_update_stats_ad(const Tensor& rm, const Tensor& rv, const Tensor& mean, const Tensor& var,
+                                   double momentum, int64_t n_spatial) {
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op_update().call(rm, rv, mean, var, momentum, n_spatial);
+    instance_norm_update_stats(rm, rv, mean, var, momentum, n_spatial);
   }
   for (const Tensor* t : {&rm, &rv})
     if (!t->is_inference()) torch::autograd::impl::bump_version(*t);
 }
 
-// Whether t is a strided CPU tensor.
-bool cpu_strided(const Tensor& t) { return t.device().is_cpu() && t.layout() == at::kStrided; }
-
 // Whether x is a strided CPU tensor of a served dtype with at least `min_dim` dims and each
 // parameter None or a strided CPU tensor of shape (C,) in x's dtype (or float32 beside half
 // precision): what normlab._checks.cpu_params_fit accepts.
 bool fits_fast(const Tensor& x, int64_t min_dim, std::initializer_list<const OptTensor*> params) {
-  if (!x.defined() || !cpu_strided(x) || x.dim() < min_dim) return false;
-  const auto st = x.scalar_type();
-  const bool half = st == at::kBFloat16 || st == at::kHalf;
-  if (!(half || st == at::kFloat || st == at::kDouble)) return false;
+  if (!input_fits(x, min_dim)) return false;
   const int64_t c = x.size(1);
-  for (const OptTensor* p : params) {
-    if (!p->has_value() || !(*p)->defined()) continue;
-    const Tensor& t = **p;
-    if (!cpu_strided(t) || t.dim() != 1 || t.size(0) != c) return false;
-    if (!(t.scalar_type() == st || (half && t.scalar_type() == at::kFloat))) return false;
-  }
+  for (const OptTensor* p : params)
+    if (!param_fits(*p, c, x.scalar_type())) return false;
   return true;
-}
-
-bool plain_eps(double eps) { return std::isfinite(eps) && eps >= 0; }
-
-// GroupNorm without the dispatcher's Autograd step: the node attached here when autograd records.
-Tensor group_norm_direct(const Tensor& x, int64_t num_groups, const OptTensor& w, const OptTensor& b, double eps) {
-  if (records(x, w, b)) return std::get<0>(group_norm_recorded(x, w, b, num_groups, eps));
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return op_group_norm().call(x, num_groups, w, b, eps);
-}
-
-}  // namespace
-
-Tensor group_norm_entry(const Tensor& x, int64_t num_groups, const OptTensor& w, const OptTensor& b, double eps) {
-  return op_group_norm().call(x, num_groups, w, b, eps);
-}
-
-std::optional<Tensor> group_norm_fast(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b,
-                                      double eps) {
-  if (!plain_eps(eps) || g <= 0 || !fits_fast(x, 2, {&w, &b})) return std::nullopt;
-  const int64_t c = x.size(1), numel = x.numel();
-  if (c % g != 0 || numel == 0 || numel == g) return std::nullopt;  // not divisible, empty, one value a group
-  return group_norm_direct(x, g, w, b, eps);
 }
 
 // x_in.contiguous() for a channels_last x_in of at least 16 channels by the kernels' blocked transpose
@@ -289,7 +174,7 @@ struct ToContiguous : public torch::autograd::Function<ToContiguous> {
   static Tensor forward(torch::autograd::AutogradContext*, const Tensor& x) {
     Tensor out = at::empty(x.sizes(), x.options());
     const int64_t n = x.size(0), c = x.size(1);
-    group_norm::nhwc_to_nchw(x.data_ptr(), out.data_ptr(), n, c, x.numel() / (n * c), int64_t(x.element_size()));
+    nhwc_to_nchw(x.data_ptr(), out.data_ptr(), n, c, x.numel() / (n * c), int64_t(x.element_size()));
     return out;
   }
   static variable_list backward(torch::autograd::AutogradContext*, variable_list g) { return {g[0]}; }
@@ -302,33 +187,39 @@ Tensor contiguous_input(const Tensor& x) {
   return ToContiguous::apply(x);
 }
 
+}  // namespace
+
+// ---- the eager entries ----
+
+std::optional<Tensor> group_norm_fast(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b,
+                                      double eps) {
+  if (!plain_eps(eps) || g <= 0 || !fits_fast(x, 2, {&w, &b})) return std::nullopt;
+  const int64_t c = x.size(1), numel = x.numel();
+  if (c % g != 0 || numel == 0 || numel == g) return std::nullopt;  // not divisible, empty, one value a group
+  return group_norm_ad(x, w, b, g, eps);  // the Autograd kernel's work, without the dispatcher
+}
+
 Tensor instance_norm_entry(const Tensor& x_in, const OptTensor& rm, const OptTensor& rv, const OptTensor& w,
                            const OptTensor& b, bool use_input_stats, double momentum, double eps) {
   const Tensor x = contiguous_input(x_in);  // torch's instance_norm output is contiguous
   const int64_t n = x.size(0), c = x.size(1);
-  const bool running = rm.has_value() && rm->defined();
+  const bool running = given(rm);
   if (use_input_stats) {
-    if (!running) return group_norm_direct(x, c, w, b, eps);
-    Tensor y, mean, var, rstd;
-    if (records(x, w, b)) {
-      std::tie(y, mean, var, rstd) = group_norm_recorded(x, w, b, c, eps);
-    } else {
-      at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(y, mean, var, rstd) = op_fwd().call(x, w, b, c, eps);
-    }
-    if (x.numel() > 0) instance_norm_update_stats_autograd(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
+    if (!running) return group_norm_ad(x, w, b, c, eps);
+    auto [y, mean, var, rstd] = group_norm_fwd_ad(x, w, b, c, eps);
+    if (x.numel() > 0) instance_norm_update_stats_ad(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
     return y;
   }
   TORCH_CHECK(running, "instance_norm: expected running_mean and running_var when use_input_stats=False, got None");
   const at::ScalarType acc = acc_dtype(x.scalar_type());
-  const bool rec = records(x, w, b);
+  const bool rec = autograd::requires_grad(x, w, b);
   Tensor mean, rstd;
   {
     at::NoGradGuard no_grad;  // constants of the map; a copy, safe from later updates of the buffers
     mean = rm->to(acc, /*non_blocking=*/false, /*copy=*/rec);
     rstd = (rv->to(acc) + eps).rsqrt();
   }
-  return instance_norm_eval_fwd_autograd(x, w, b, mean, rstd);
+  return instance_norm_eval_fwd_ad(x, w, b, mean, rstd);
 }
 
 std::optional<Tensor> instance_norm_fast(const Tensor& x, const OptTensor& rm, const OptTensor& rv,
@@ -336,20 +227,21 @@ std::optional<Tensor> instance_norm_fast(const Tensor& x, const OptTensor& rm, c
                                          double momentum, double eps) {
   if (!plain_eps(eps) || !(momentum >= 0 && momentum <= 1)) return std::nullopt;
   if (!fits_fast(x, use_input_stats ? 3 : 2, {&rm, &rv, &w, &b})) return std::nullopt;
-  const bool has_rm = rm.has_value() && rm->defined(), has_rv = rv.has_value() && rv->defined();
+  const bool has_rm = given(rm), has_rv = given(rv);
   if (has_rm != has_rv || !(has_rm || use_input_stats)) return std::nullopt;
   const int64_t numel = x.numel();
   if (numel == 0 || (use_input_stats && numel == x.size(0) * x.size(1))) return std::nullopt;  // empty; S == 1
   return instance_norm_entry(x, rm, rv, w, b, use_input_stats, momentum, eps);
 }
 
-TORCH_LIBRARY_IMPL(normlab, Autograd, m) {
-  m.impl("group_norm", &group_norm_autograd);
-  m.impl("group_norm_fwd", &group_norm_fwd_autograd);
-  m.impl("group_norm_bwd", &group_norm_bwd_autograd);
-  m.impl("instance_norm_eval_fwd", &instance_norm_eval_fwd_autograd);
-  m.impl("instance_norm_eval_bwd", &instance_norm_eval_bwd_autograd);
-  m.impl("instance_norm_update_stats", &instance_norm_update_stats_autograd);
-}
+}  // namespace normlab::group_norm
 
-}  // namespace normlab
+TORCH_LIBRARY_IMPL(normlab, Autograd, m) {
+  using namespace normlab::group_norm;
+  m.impl("group_norm", &group_norm_ad);
+  m.impl("group_norm_fwd", &group_norm_fwd_ad);
+  m.impl("group_norm_bwd", &group_norm_bwd_ad);
+  m.impl("instance_norm_eval_fwd", &instance_norm_eval_fwd_ad);
+  m.impl("instance_norm_eval_bwd", &instance_norm_eval_bwd_ad);
+  m.impl("instance_norm_update_stats", &instance_norm_update_stats_ad);
+}

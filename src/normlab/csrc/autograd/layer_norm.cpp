@@ -1,57 +1,106 @@
-// Autograd of the layer_norm family's forward ops, and the fast eager entry (layer_norm.h).
+// The layer_norm family's Autograd kernels and fast eager entries (layer_norm.h).
 //
-// RowNormBackward: one hand-built autograd node for LayerNorm / RMSNorm and their fused adds. The
-// forward runs the forward op below autograd (the CPU or Meta kernel) and attaches the node; its
-// backward calls the backward op, or, when the backward is itself differentiated
-// (create_graph=True: grad mode on inside it), the reference backward
-// (ops/layer_norm/reference.py) in differentiable ATen ops with the statistics recomputed from
-// x, so that double backward works. Saved: x (h for the fused add), the weight, and the
-// (n_rows,) statistics -- never y or x_hat.
+// Two node families (autograd/node.h): RowNorm for LayerNorm / RMSNorm and their fused adds
+// (saved: x -- h for the fused add --, the weight, the (n_rows,) mean and rstd), LayerNorm2d
+// (saved: x, the weight, the per-pixel mean and rstd). The forward runs the forward op below
+// autograd and attaches the node when autograd records; otherwise the output-only op runs (no
+// statistics that nobody reads). Double backward: the reference backward
+// (ops/layer_norm/reference.py) in differentiable ATen ops, the statistics recomputed from x.
+//
+// torch.func transforms refuse C++ autograd nodes of this kind: under them Python takes the
+// transform Functions of ops/layer_norm/op.py and op_2d.py instead.
 #include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
-#include "autograd/row_stats_node.h"
-
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <cfloat>
-#include <cmath>
 
-namespace normlab {
+#include "args.h"
+#include "autograd/node.h"
+#include "layer_norm.h"
+
+namespace normlab::layer_norm {
 namespace {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
+using autograd::Grad;
+using autograd::Grads;
+using autograd::Needs;
+using autograd::Saved;
 
-at::ScalarType acc_of(at::ScalarType s) { return s == at::kDouble ? at::kDouble : at::kFloat; }
+// ---- LayerNorm / RMSNorm (rows) ----
 
-// The typed handles of the registered ops (looked up once).
-#define NORMLAB_OP(name, ...)                                                                        \
-  static const auto& name##_op() {                                                                   \
-    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("normlab::" #name, "").typed<__VA_ARGS__>(); \
-    return op;                                                                                       \
+struct RowNorm {
+  static constexpr bool kResidual = true;
+  struct State {
+    std::vector<int64_t> shape, b_shape;
+    std::optional<at::ScalarType> b_dtype;  // the bias' (none: no bias)
+    double eps = 0, offset = 0;
+    bool center = true, cast_x_hat = false;
+  };
+  static std::string name(const State&) { return "RowNormBackward"; }
+
+  // The backward op (saved: s0 mean, s1 rstd).
+  static Grads backward(const State& s, const Grad& g, const Saved& v, Needs need) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const OptTensor w = v.w.defined() ? OptTensor(v.w) : std::nullopt;
+    const OptTensor dh = g.dh.defined() ? OptTensor(g.dh) : std::nullopt;
+    Grads r;
+    if (s.center) {
+      std::tie(r.dx, r.dw, r.db) = layer_norm_bwd(g.dy, dh, v.x, w, v.s0, v.s1, s.shape, need.dw || need.db,
+                                                  s.b_dtype);
+    } else {
+      std::tie(r.dx, r.dw) = rms_norm_bwd(g.dy, dh, v.x, w, v.s1, s.shape, s.offset, s.cast_x_hat, need.dw);
+    }
+    if (need.db && r.db.sizes() != at::IntArrayRef(s.b_shape)) r.db = r.db.reshape(s.b_shape);
+    return r;
   }
-NORMLAB_OP(layer_norm_fwd, std::tuple<Tensor, Tensor, Tensor>(const Tensor&, at::IntArrayRef, const OptTensor&,
-                                                               const OptTensor&, double))
-NORMLAB_OP(rms_norm_fwd, std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, const OptTensor&, double, double, bool))
-NORMLAB_OP(add_layer_norm_fwd, std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef,
-                                                                           const OptTensor&, const OptTensor&, double))
-NORMLAB_OP(add_rms_norm_fwd, std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef,
-                                                                 const OptTensor&, double, double, bool))
-NORMLAB_OP(layer_norm_bwd, std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef,
-                                                               const OptTensor&, const Tensor&, const Tensor&,
-                                                               const OptTensor&, bool, std::optional<at::ScalarType>))
-NORMLAB_OP(rms_norm_bwd, std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, at::IntArrayRef, const OptTensor&,
-                                                     const Tensor&, const OptTensor&, bool, double, bool))
-NORMLAB_OP(row_norm_infer, std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, at::IntArrayRef,
-                                                       const OptTensor&, const OptTensor&, double, bool, double, bool))
-#undef NORMLAB_OP
+
+  // reference.py's layer_norm_backward_ref / rms_norm_backward_ref in differentiable ATen ops, the
+  // statistics recomputed from x as functions of it. Grouped weights (G * n_cols values): the
+  // rows as (G, rows per weight, n_cols).
+  static Grads reference(const State& s, const Grad& g, const Saved& v, Needs need) {
+    int64_t n_cols = 1;
+    for (int64_t d : s.shape) n_cols *= d;
+    const Tensor &x = v.x, &w = v.w;
+    const auto acc = acc_dtype(x.scalar_type());
+    const bool grouped = w.defined() && w.numel() != n_cols;
+    std::vector<int64_t> rows = {-1, n_cols};
+    if (grouped) rows = {w.numel() / n_cols, -1, n_cols};
+    Tensor xa = x.reshape(rows).to(acc), dya = g.dy.reshape(rows).to(acc);  // (n_rows, n_cols) or (G, R, n_cols)
+    Tensor rstd, x_hat;
+    if (s.center) {  // shifted two passes (ops/numerics.shifted_mean_var)
+      Tensor shift = xa.narrow(-1, 0, 1), d = xa - shift, md = d.mean(-1, true), xc = d - md;
+      rstd = at::rsqrt((xc * xc).mean(-1, true) + s.eps);  // (.., 1)
+      x_hat = (xa - (shift + md)) * rstd;
+    } else {
+      rstd = at::rsqrt((xa * xa).mean(-1, true) + s.eps);
+      x_hat = xa * rstd;
+    }
+    Tensor wa;
+    if (w.defined()) {
+      wa = w.reshape(grouped ? std::vector<int64_t>{w.numel() / n_cols, 1, n_cols} : std::vector<int64_t>{n_cols})
+               .to(acc);
+      if (s.offset != 0.0) wa = wa + s.offset;
+    }
+    Grads r;
+    if (need.dx) {
+      Tensor gw = wa.defined() ? dya * wa : dya;       // term 1
+      Tensor t = s.center ? gw - gw.mean(-1, true) : gw;  // term 2 (LayerNorm)
+      t = t - x_hat * (gw * x_hat).mean(-1, true);     // term 3
+      r.dx = (rstd * t).to(x.scalar_type()).reshape(x.sizes());
+      if (g.dh.defined()) r.dx = r.dx + g.dh;
+    }
+    if (need.dw) {
+      Tensor seen = s.cast_x_hat ? x_hat.to(x.scalar_type()).to(acc) : x_hat;  // what the weight multiplied
+      r.dw = (dya * seen).sum(-2).reshape(w.sizes());
+    }
+    if (need.db) {
+      r.db = dya.sum(-2);
+      if (r.db.sizes() != at::IntArrayRef(s.b_shape)) r.db = r.db.reshape(s.b_shape);
+    }
+    return r;
+  }
+};
 
 // (y, h, mean, rstd) of the forward op that fits (center, residual); h / mean undefined where
 // the op has none.
@@ -59,118 +108,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_op(const Tensor& x, const Opt
                                                       const OptTensor& w, const OptTensor& b, double eps,
                                                       bool center, double offset, bool cast_x_hat) {
   if (center && !res.has_value()) {
-    auto [y, mean, rstd] = layer_norm_fwd_op().call(x, shape, w, b, eps);
+    auto [y, mean, rstd] = layer_norm_fwd(x, w, b, shape, eps);
     return {y, Tensor(), mean, rstd};
   }
-  if (center) return add_layer_norm_fwd_op().call(x, *res, shape, w, b, eps);
+  if (center) return add_layer_norm_fwd(x, *res, w, b, shape, eps);
   if (!res.has_value()) {
-    auto [y, rstd] = rms_norm_fwd_op().call(x, shape, w, eps, offset, cast_x_hat);
+    auto [y, rstd] = rms_norm_fwd(x, w, shape, offset, cast_x_hat, eps);
     return {y, Tensor(), Tensor(), rstd};
   }
-  auto [y, h, rstd] = add_rms_norm_fwd_op().call(x, *res, shape, w, eps, offset, cast_x_hat);
+  auto [y, h, rstd] = add_rms_norm_fwd(x, *res, w, shape, offset, cast_x_hat, eps);
   return {y, h, Tensor(), rstd};
 }
 
-// The reference backward in differentiable ATen ops (reference.py: layer_norm_backward_ref,
-// rms_norm_backward_ref), the statistics recomputed from x as functions of it. Grouped weights
-// (G * n_cols values): the rows as (G, rows per weight, n_cols).
-std::tuple<Tensor, Tensor, Tensor> reference_grads(const Tensor& dy, const Tensor& x, const Tensor& w, int64_t n_cols,
-                                                   double eps, bool center, double offset, bool cast_x_hat,
-                                                   bool need_dx, bool need_dw, bool need_db) {
-  const auto acc = acc_of(x.scalar_type());
-  const bool grouped = w.defined() && w.numel() != n_cols;
-  std::vector<int64_t> rows = {-1, n_cols};
-  if (grouped) rows = {w.numel() / n_cols, -1, n_cols};
-  Tensor xa = x.reshape(rows).to(acc), dya = dy.reshape(rows).to(acc);  // (n_rows, n_cols) or (G, R, n_cols)
-  Tensor rstd, x_hat;
-  if (center) {  // shifted two passes (ops/numerics.shifted_mean_var)
-    Tensor shift = xa.narrow(-1, 0, 1), d = xa - shift, md = d.mean(-1, true), xc = d - md;
-    rstd = at::rsqrt((xc * xc).mean(-1, true) + eps);  // (.., 1)
-    x_hat = (xa - (shift + md)) * rstd;
-  } else {
-    rstd = at::rsqrt((xa * xa).mean(-1, true) + eps);
-    x_hat = xa * rstd;
-  }
-  Tensor wa;
-  if (w.defined()) {
-    wa = w.reshape(grouped ? std::vector<int64_t>{w.numel() / n_cols, 1, n_cols} : std::vector<int64_t>{n_cols}).to(acc);
-    if (offset != 0.0) wa = wa + offset;
-  }
-  Tensor dx, dw, db;
-  if (need_dx) {
-    Tensor g = wa.defined() ? dya * wa : dya;  // term 1
-    Tensor t = center ? g - g.mean(-1, true) : g;  // term 2 (LayerNorm)
-    t = t - x_hat * (g * x_hat).mean(-1, true);  // term 3
-    dx = (rstd * t).to(x.scalar_type()).reshape(x.sizes());
-  }
-  if (need_dw && w.defined()) {
-    Tensor seen = cast_x_hat ? x_hat.to(x.scalar_type()).to(acc) : x_hat;  // what the weight multiplied
-    dw = (dya * seen).sum(-2).reshape(w.sizes());
-  }
-  if (need_db) db = dya.sum(-2);
-  return {dx, dw, db};
-}
-
-// The backward node of every row-norm forward: the grads of y (and of h for the fused add) in,
-// the grads of (x, residual, weight, bias) out, one per edge (an absent input has an empty
-// edge). Built by hand, as torch's generated autograd code builds its nodes: the saved values
-// are fields, not the IValue dict and variable bookkeeping of torch::autograd::Function, which
-// cost several microseconds a call -- most of a small LayerNorm's time.
-struct RowNormBackward : public RowStatsNode {  // saves x (h for the fused add), w, mean, rstd
-  std::vector<int64_t> shape_, b_shape_;
-  double eps_ = 0, offset_ = 0;
-  bool center_ = true, cast_x_hat_ = false, has_res_ = false, has_w_ = false, has_b_ = false;
-  at::ScalarType b_dtype_ = at::kFloat;
-
-  std::string name() const override { return "RowNormBackward"; }
-
-  variable_list apply(variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor dy = grads[0], dh = has_res_ ? grads[1] : Tensor();
-    const bool need_x = should_compute_output(0) || (has_res_ && should_compute_output(1));
-    const bool need_w = has_w_ && should_compute_output(2);
-    const bool need_b = center_ && has_b_ && should_compute_output(3);
-    variable_list out(4);
-    if (!dy.defined()) {  // only h reached the loss
-      if (should_compute_output(0)) out[0] = dh;
-      if (has_res_ && should_compute_output(1)) out[1] = dh;
-      return out;
-    }
-    const Tensor x = x_.unpack(getptr()), w = has_w_ ? w_.unpack() : Tensor();
-    Tensor dx, dw, db;
-    if (at::GradMode::is_enabled()) {  // create_graph=True: a backward that is itself differentiable
-      int64_t n_cols = 1;
-      for (int64_t s : shape_) n_cols *= s;
-      std::tie(dx, dw, db) = reference_grads(dy, x, w, n_cols, eps_, center_, offset_, cast_x_hat_, need_x,
-                                             need_w, need_b);
-      if (dh.defined() && dx.defined()) dx = dx + dh;
-    } else {
-      at::AutoDispatchBelowADInplaceOrView guard;
-      const OptTensor wo = has_w_ ? OptTensor(w) : std::nullopt, dho = dh.defined() ? OptTensor(dh) : std::nullopt;
-      if (center_) {
-        const std::optional<at::ScalarType> db_dt = has_b_ ? std::optional<at::ScalarType>(b_dtype_) : std::nullopt;
-        std::tie(dx, dw, db) = layer_norm_bwd_op().call(dy, x, shape_, wo, mean_.unpack(), rstd_.unpack(), dho,
-                                                        need_w || need_b, db_dt);
-      } else {
-        std::tie(dx, dw) = rms_norm_bwd_op().call(dy, x, shape_, wo, rstd_.unpack(), dho, need_w, offset_,
-                                                  cast_x_hat_);
-      }
-    }
-    if (should_compute_output(0)) out[0] = dx;
-    if (has_res_ && should_compute_output(1)) out[1] = dx;  // h = x + residual: both get h's whole gradient
-    // the ops give dw / db in the parameters' dtypes; the differentiable path, in the accumulation one
-    if (need_w) out[2] = dw.scalar_type() == w.scalar_type() ? dw : dw.to(w.scalar_type());
-    if (need_b) {
-      if (db.sizes() != at::IntArrayRef(b_shape_)) db = db.reshape(b_shape_);
-      out[3] = db.scalar_type() == b_dtype_ ? db : db.to(b_dtype_);
-    }
-    return out;
-  }
-};
-
-// The forward with autograd: the forward op below autograd, then, when grad mode is on and an
-// input requires grad, a RowNormBackward node on y (and h); the statistics are outputs without
-// a gradient. Returns (y, h, mean, rstd), h / mean undefined where the op has none.
+// The forward, recorded: the forward op below autograd, then a RowNorm node on y (and h); the
+// statistics are outputs without a gradient. (y, h, mean, rstd), h / mean undefined where the
+// op has none.
 std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm_recorded(const Tensor& x, const OptTensor& res,
                                                              at::IntArrayRef shape, const OptTensor& w,
                                                              const OptTensor& b, double eps, bool center,
@@ -180,103 +132,147 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm_recorded(const Tensor& x, co
     at::AutoDispatchBelowADInplaceOrView guard;
     std::tie(y, h, mean, rstd) = forward_op(x, res, shape, w, b, eps, center, offset, cast_x_hat);
   }
-  if (!torch::autograd::compute_requires_grad(x, res, w, b)) return {y, h, mean, rstd};
-  auto node = c10::make_intrusive<RowNormBackward>();
-  node->set_next_edges(torch::autograd::collect_next_edges(x, res, w, b));
-  const bool has_res = res.has_value() && res->defined();
-  node->has_res_ = has_res;
-  node->has_w_ = w.has_value() && w->defined();
-  node->has_b_ = b.has_value() && b->defined();
-  node->center_ = center;
-  node->cast_x_hat_ = cast_x_hat;
-  node->eps_ = eps;
-  node->offset_ = offset;
-  node->shape_ = shape.vec();
-  if (node->has_b_) {
-    node->b_dtype_ = b->scalar_type();
-    node->b_shape_ = b->sizes().vec();
+  if (!autograd::requires_grad(x, res, w, b)) return {y, h, mean, rstd};
+  RowNorm::State s;
+  s.shape = shape.vec();
+  if (given(b)) {
+    s.b_shape = b->sizes().vec();
+    s.b_dtype = b->scalar_type();
   }
-  torch::autograd::set_history(y, node);
-  if (has_res) torch::autograd::set_history(h, node);
-  node->x_ = torch::autograd::SavedVariable(has_res ? h : x, /*is_output=*/has_res);
-  if (node->has_w_) node->w_ = torch::autograd::SavedVariable(*w, false);
-  if (center) node->mean_ = torch::autograd::SavedVariable(mean, false);
-  node->rstd_ = torch::autograd::SavedVariable(rstd, false);
+  s.eps = eps;
+  s.offset = offset;
+  s.center = center;
+  s.cast_x_hat = cast_x_hat;
+  const bool has_res = given(res);
+  autograd::attach<RowNorm>(std::move(s), y, has_res ? h : Tensor(), {x, res, w, b}, has_res ? h : x, mean, rstd);
   return {y, h, mean, rstd};
 }
 
-// ---- the Autograd kernels of the forward ops ----
+// ---- the Autograd kernels of the row forward ops ----
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_ad(const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
-                                                     const OptTensor& b, double eps) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_ad(const Tensor& x, const OptTensor& w, const OptTensor& b,
+                                                     at::IntArrayRef shape, double eps) {
   auto [y, h, mean, rstd] = row_norm_recorded(x, std::nullopt, shape, w, b, eps, true, 0.0, false);
   return {y, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor> rms_norm_fwd_ad(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, double eps,
-                                           double offset, bool cast_x_hat) {
+std::tuple<Tensor, Tensor> rms_norm_fwd_ad(const Tensor& x, const OptTensor& w, at::IntArrayRef shape, double offset,
+                                           bool cast_x_hat, double eps) {
   auto [y, h, mean, rstd] = row_norm_recorded(x, std::nullopt, shape, w, std::nullopt, eps, false, offset, cast_x_hat);
   return {y, rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd_ad(const Tensor& x, const Tensor& res,
-                                                                 at::IntArrayRef shape, const OptTensor& w,
-                                                                 const OptTensor& b, double eps) {
+                                                                 const OptTensor& w, const OptTensor& b,
+                                                                 at::IntArrayRef shape, double eps) {
   return row_norm_recorded(x, OptTensor(res), shape, w, b, eps, true, 0.0, false);
 }
 
-std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd_ad(const Tensor& x, const Tensor& res, at::IntArrayRef shape,
-                                                       const OptTensor& w, double eps, double offset,
-                                                       bool cast_x_hat) {
-  auto [y, h, mean, rstd] = row_norm_recorded(x, OptTensor(res), shape, w, std::nullopt, eps, false, offset, cast_x_hat);
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd_ad(const Tensor& x, const Tensor& res, const OptTensor& w,
+                                                       at::IntArrayRef shape, double offset, bool cast_x_hat,
+                                                       double eps) {
+  auto [y, h, mean, rstd] =
+      row_norm_recorded(x, OptTensor(res), shape, w, std::nullopt, eps, false, offset, cast_x_hat);
   return {y, h, rstd};
 }
-
-bool wants_grad(const OptTensor& t) { return t.has_value() && t->defined() && t->requires_grad(); }
-
-}  // namespace
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm(const Tensor& x, at::IntArrayRef shape, const OptTensor& res,
-                                                    const OptTensor& w, const OptTensor& b, std::optional<double> eps_,
-                                                    bool center, double offset, bool cast_x_hat, bool stats) {
-  const double eps = eps_.has_value() ? *eps_ : (x.scalar_type() == at::kDouble ? DBL_EPSILON : double(FLT_EPSILON));
-  const OptTensor bias = center ? b : std::nullopt;
-  const bool record = at::GradMode::is_enabled() &&
-                      (x.requires_grad() || wants_grad(res) || wants_grad(w) || wants_grad(bias));
-  if (record) return row_norm_recorded(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
-  at::AutoDispatchBelowADInplaceOrView guard;  // nothing to record: straight to the kernel
-  if (stats) return forward_op(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
-  auto [y, h] = row_norm_infer_op().call(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
-  return {y, h, Tensor(), Tensor()};
-}
-
-namespace {
 
 // Whether (x, normalized_shape, w, b) are arguments normlab.functional's checks accept without a
 // word, and the kernels serve: x a strided CPU tensor of a served dtype whose trailing dims are
 // normalized_shape (no empty row), each parameter None or a strided CPU tensor of exactly
 // normalized_shape in x's dtype (or float32 beside half precision, where `half_params`).
 bool fits_fast(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b, bool half_params) {
-  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided) return false;
-  const auto st = x.scalar_type();
-  const bool half = st == at::kBFloat16 || st == at::kHalf;
-  if (!(half || st == at::kFloat || st == at::kDouble)) return false;
+  if (!input_fits(x, 0)) return false;
   const int64_t k = int64_t(shape.size()), d = x.dim();
   if (k == 0 || k > d) return false;
   for (int64_t i = 0; i < k; ++i)
     if (shape[i] <= 0 || x.size(d - k + i) != shape[i]) return false;
-  for (const OptTensor* p : {&w, &b}) {
-    if (!p->has_value() || !(*p)->defined()) continue;
-    const Tensor& t = **p;
-    if (!t.device().is_cpu() || t.layout() != at::kStrided || t.sizes() != shape) return false;
-    if (!(t.scalar_type() == st || (half && half_params && t.scalar_type() == at::kFloat))) return false;
-  }
-  return true;
+  const auto st = x.scalar_type();
+  return param_fits(w, shape, st, half_params) && param_fits(b, shape, st, half_params);
 }
 
-bool plain_eps(double eps) { return std::isfinite(eps) && eps >= 0; }
+// ---- LayerNorm2d ----
+
+struct LayerNorm2d {
+  static constexpr bool kResidual = false;
+  struct State {
+    double eps = 0;
+  };
+  static std::string name(const State&) { return "LayerNorm2dBackward"; }
+
+  // The backward op (saved: s0 mean, s1 rstd).
+  static Grads backward(const State&, const Grad& g, const Saved& v, Needs need) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    Grads r;
+    std::tie(r.dx, r.dw, r.db) = layer_norm2d_bwd(g.dy, v.x, v.w.defined() ? OptTensor(v.w) : std::nullopt, v.s0,
+                                                  v.s1, need.dw || need.db);
+    return r;
+  }
+
+  // LayerNorm2d's gradients in differentiable ATen ops, on the pixels as rows (N * S, C): the
+  // statistics recomputed from x by the shifted two passes, then the three terms of dx.
+  static Grads reference(const State& s, const Grad& g, const Saved& v, Needs need) {
+    const Tensor &x = v.x, &w = v.w;
+    if (x.numel() == 0) return backward(s, g, v, need);
+    const int64_t c = x.size(1);
+    const auto acc = acc_dtype(x.scalar_type());
+    const Tensor xr = x.movedim(1, -1);               // (N, *, C)
+    const Tensor rows = xr.reshape({-1, c}).to(acc);  // (N * S, C)
+    const Tensor dya = g.dy.movedim(1, -1).reshape({-1, c}).to(acc);
+    const Tensor shift = rows.narrow(1, 0, 1);  // (N * S, 1)
+    const Tensor d = rows - shift;
+    const Tensor mean_d = d.mean(-1, true);
+    const Tensor xc = d - mean_d;
+    const Tensor var = (xc * xc).mean(-1, true);  // biased
+    const Tensor mean = shift + mean_d;
+    const Tensor rstd = at::rsqrt(var + s.eps);
+    const Tensor x_hat = (rows - mean) * rstd;
+    Grads r;
+    if (need.dx) {
+      const Tensor gw = w.defined() ? dya * w.to(acc) : dya;
+      const Tensor term1 = gw;
+      const Tensor term2 = gw.mean(-1, true);
+      const Tensor term3 = x_hat * (gw * x_hat).mean(-1, true);
+      r.dx = (rstd * (term1 - term2 - term3)).to(x.scalar_type()).reshape(xr.sizes()).movedim(-1, 1);
+    }
+    if (need.dw) r.dw = (dya * x_hat).sum(0);
+    if (need.db) r.db = dya.sum(0);
+    return r;
+  }
+};
+
+// The forward, recorded: layer_norm2d_fwd below autograd, then a LayerNorm2d node on y.
+Tensor layer_norm2d_recorded(const Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
+  Tensor y, mean, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(y, mean, rstd) = layer_norm2d_fwd(x, w, b, eps);
+  }
+  autograd::attach<LayerNorm2d>({eps}, y, Tensor(), {x, std::nullopt, w, b}, x, mean, rstd);
+  return y;
+}
+
+Tensor layer_norm2d_ad(const Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
+  if (autograd::requires_grad(x, w, b)) return layer_norm2d_recorded(x, w, b, eps);
+  at::AutoDispatchBelowADInplaceOrView guard;  // nothing records: the output alone
+  return layer_norm2d(x, w, b, eps);
+}
 
 }  // namespace
+
+// ---- the eager entries ----
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm(const Tensor& x, at::IntArrayRef shape, const OptTensor& res,
+                                                    const OptTensor& w, const OptTensor& b, std::optional<double> eps_,
+                                                    bool center, double offset, bool cast_x_hat, bool stats) {
+  const double eps = eps_.has_value() ? *eps_ : (x.scalar_type() == at::kDouble ? DBL_EPSILON : double(FLT_EPSILON));
+  const OptTensor bias = center ? b : std::nullopt;
+  if (autograd::requires_grad(x, res, w, bias))
+    return row_norm_recorded(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
+  at::AutoDispatchBelowADInplaceOrView guard;  // nothing to record: straight to the kernel
+  if (stats) return forward_op(x, res, shape, w, bias, eps, center, offset, cast_x_hat);
+  auto [y, h] = row_norm_infer(x, res, w, bias, shape, center, offset, cast_x_hat, eps);
+  return {y, h, Tensor(), Tensor()};
+}
 
 std::optional<Tensor> layer_norm_fast(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b,
                                       double eps) {
@@ -295,20 +291,31 @@ std::optional<std::tuple<Tensor, Tensor>> add_norm_fast(const Tensor& x, const T
                                                         std::optional<double> eps, bool center) {
   if (eps.has_value() && !plain_eps(*eps)) return std::nullopt;
   if (!fits_fast(x, shape, w, center ? b : std::nullopt, center)) return std::nullopt;
-  if (!residual.defined() || !residual.device().is_cpu() || residual.layout() != at::kStrided ||
-      residual.scalar_type() != x.scalar_type() || residual.sizes() != x.sizes())
+  if (!residual.defined() || !cpu_strided(residual) || residual.scalar_type() != x.scalar_type() ||
+      residual.sizes() != x.sizes())
     return std::nullopt;
   auto [y, h, mean, rstd] = row_norm(x, shape, OptTensor(residual), w, center ? b : std::nullopt, eps, center, 0.0,
                                      false, false);
   return std::make_tuple(y, h);
 }
 
-}  // namespace normlab
+std::optional<Tensor> layer_norm2d_fast(const Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
+  if (!plain_eps(eps) || !input_fits(x, 2)) return std::nullopt;
+  const int64_t c = x.size(1);
+  const auto st = x.scalar_type();
+  if (!param_fits(w, c, st) || !param_fits(b, c, st)) return std::nullopt;
+  if (autograd::requires_grad(x, w, b)) return layer_norm2d_recorded(x, w, b, eps);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return layer_norm2d(x, w, b, eps);
+}
+
+}  // namespace normlab::layer_norm
 
 TORCH_LIBRARY_IMPL(normlab, Autograd, m) {
-  using namespace normlab;
+  using namespace normlab::layer_norm;
   m.impl("layer_norm_fwd", &layer_norm_fwd_ad);
   m.impl("rms_norm_fwd", &rms_norm_fwd_ad);
   m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_ad);
   m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_ad);
+  m.impl("layer_norm2d", &layer_norm2d_ad);
 }

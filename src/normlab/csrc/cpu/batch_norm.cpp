@@ -1,33 +1,26 @@
-// BatchNorm's CPU kernels of the ops (schemas in csrc/batch_norm.cpp): tensors in, checks,
-// outputs allocated in torch's memory format, the raw-pointer kernels of batch_norm_kernels.cpp.
-#include "cpu/huge_pages.h"
+// The batch_norm family's CPU kernels (schemas: csrc/batch_norm.cpp): tensors in, checks,
+// outputs allocated in torch's memory format, the torch-free kernels of batch_norm_kernels.cpp;
+// and the kernels' geometry constants for tests (batch_norm.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "cpu/batch_norm.h"
-#include "cpu/batch_norm_kernels.h"
-
-#include <sys/mman.h>
-
-#include <cstdlib>
-#include <fstream>
-#include <string>
+#include <limits>
 #include <vector>
 
-namespace normlab::bn {
+#include "args.h"
+#include "batch_norm.h"
+#include "cpu/batch_norm.h"
+#include "cpu/batch_norm_kernels.h"
+#include "cpu/huge_pages.h"
+
+namespace normlab::batch_norm {
+
+using namespace normlab::bn;  // the kernels
 
 namespace {
 
-Dt dtype_of(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return Dt::f32;
-    case at::kDouble: return Dt::f64;
-    case at::kBFloat16: return Dt::bf16;
-    case at::kHalf: return Dt::f16;
-    default:
-      TORCH_CHECK(false, "normlab batch_norm: expected ", what, " of dtype float32, float64, bfloat16 or float16, got ",
-                  t.scalar_type());
-  }
+Dtype dtype_of(const at::Tensor& t, const char* what) {
+  return kernel_dtype(t.scalar_type(), "normlab batch_norm", what);
 }
 
 void check_chan(const std::optional<at::Tensor>& t, int64_t c, const char* what) {
@@ -63,15 +56,13 @@ View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
 
 at::MemoryFormat memory_format(const at::Tensor& x) { return x.suggest_memory_format(); }
 
-at::Tensor canonical(const at::Tensor& x) { return x.contiguous(x.suggest_memory_format()); }
-
 at::Tensor empty_output(const at::Tensor& x, at::MemoryFormat fmt) {
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(fmt));
   advise_huge_pages(out.data_ptr(), int64_t(out.nbytes()));  // cpu/huge_pages.h
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> train_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+std::tuple<at::Tensor, at::Tensor> batch_norm_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
                                                  const std::optional<at::Tensor>& b, double eps) {
   check_input(x_in);
   const int64_t c = x_in.size(1);
@@ -89,8 +80,9 @@ std::tuple<at::Tensor, at::Tensor> train_fwd_cpu(const at::Tensor& x_in, const s
   return {y, stats};
 }
 
-at::Tensor eval_fwd_cpu(const at::Tensor& x_in, const at::Tensor& rm, const at::Tensor& rv,
-                        const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b, double eps) {
+at::Tensor batch_norm_eval_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+                                   const std::optional<at::Tensor>& b, const at::Tensor& rm,
+                                   const at::Tensor& rv, double eps) {
   check_input(x_in);
   const int64_t c = x_in.size(1);
   check_chan(rm, c, "running_mean");
@@ -108,7 +100,7 @@ at::Tensor eval_fwd_cpu(const at::Tensor& x_in, const at::Tensor& rm, const at::
   return y;
 }
 
-at::Tensor stats_cpu(const at::Tensor& x_in) {
+at::Tensor batch_norm_stats_cpu(const at::Tensor& x_in) {
   check_input(x_in);
   const int64_t c = x_in.size(1);
   const at::MemoryFormat fmt = memory_format(x_in);
@@ -122,7 +114,7 @@ at::Tensor stats_cpu(const at::Tensor& x_in) {
   return stats;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy_in, const at::Tensor& x_in,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_bwd_cpu(const at::Tensor& dy_in, const at::Tensor& x_in,
                                                        const std::optional<at::Tensor>& w, const at::Tensor& stats_in,
                                                        bool training, bool need_dx, bool need_wb) {
   check_input(x_in);
@@ -198,7 +190,7 @@ void update_running_raw(const at::Tensor& rm, const at::Tensor& rv, const double
                  {rv.data_ptr(), dtype_of(rv, "running_var"), rv.stride(0)}, mean, var, c, n, momentum);
 }
 
-void update_stats_cpu(const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& stats_in, int64_t n,
+void batch_norm_update_stats_cpu(const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& stats_in, int64_t n,
                       const at::Tensor& momentum) {
   const int64_t c = rm.numel();
   check_chan(rm, c, "running_mean");
@@ -211,12 +203,44 @@ void update_stats_cpu(const at::Tensor& rm, const at::Tensor& rv, const at::Tens
   update_running_raw(rm, rv, s, s + c, n, momentum.item<double>());
 }
 
-TORCH_LIBRARY_IMPL(normlab, CPU, m) {
-  m.impl("batch_norm_train_fwd", &train_fwd_cpu);
-  m.impl("batch_norm_eval_fwd", &eval_fwd_cpu);
-  m.impl("batch_norm_stats", &stats_cpu);
-  m.impl("batch_norm_bwd", &bwd_cpu);
-  m.impl("batch_norm_update_stats", &update_stats_cpu);
+// ---- the kernels' geometry constants (tests) ----
+
+#define NORMLAB_BN_CONSTANTS(X) X(fold_below) X(fold_width) X(column_block) \
+  X(chunk_elems) X(max_chunk_rows) X(task_elems) X(local_elems) X(min_local_run) X(plane_min) X(short_plane_min) X(plane_piece) \
+  X(part_values) X(max_partials) X(phase1_values)
+
+std::map<std::string, int64_t> kernel_constants() {
+  std::map<std::string, int64_t> r;
+#define NORMLAB_GET(name) r[#name] = constants().name;
+  NORMLAB_BN_CONSTANTS(NORMLAB_GET)
+#undef NORMLAB_GET
+  return r;
 }
 
-}  // namespace normlab::bn
+std::map<std::string, int64_t> set_kernel_constants(const std::map<std::string, int64_t>& values) {
+  auto old = kernel_constants();
+  for (const auto& [key, v] : values) {
+    TORCH_CHECK(old.count(key), "batch_norm constants: unknown name ", key);
+    TORCH_CHECK(v > 0, "batch_norm constants: expected a positive ", key, ", got ", v);
+  }
+#define NORMLAB_SET(name) if (values.count(#name)) constants().name = values.at(#name);
+  NORMLAB_BN_CONSTANTS(NORMLAB_SET)
+#undef NORMLAB_SET
+  return old;
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, bool> kernel_geometry(int64_t n_rows, int64_t width, int64_t s_len,
+                                                                     bool backward) {
+  Geometry g = geometry(n_rows, width, s_len, constants().local_elems / (backward ? 2 : 1));
+  return {g.fold, g.cw, g.sub, g.group, g.local};
+}
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  m.impl("batch_norm_fwd", &batch_norm_fwd_cpu);
+  m.impl("batch_norm_eval_fwd", &batch_norm_eval_fwd_cpu);
+  m.impl("batch_norm_stats", &batch_norm_stats_cpu);
+  m.impl("batch_norm_bwd", &batch_norm_bwd_cpu);
+  m.impl("batch_norm_update_stats", &batch_norm_update_stats_cpu);
+}
+
+}  // namespace normlab::batch_norm

@@ -1,5 +1,5 @@
-// BatchNorm's CPU op kernels (cpu/batch_norm.cpp), declared for the family's autograd kernels and
-// fast entry points (autograd/batch_norm.cpp), which call some of them directly.
+// The batch_norm family's CPU pieces (cpu/batch_norm.cpp) that its fast eager entries
+// (autograd/batch_norm.cpp) call directly, below the dispatcher.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,21 +8,8 @@
 #include <tuple>
 #include <vector>
 
-namespace normlab::bn {
+namespace normlab::batch_norm {
 
-// The layout torch's batch_norm gives its output (Tensor.suggest_memory_format), and x in it.
-at::MemoryFormat memory_format(const at::Tensor& x);
-at::Tensor canonical(const at::Tensor& x);
-// An empty tensor shaped as x in memory format fmt (huge pages for large ones).
-at::Tensor empty_output(const at::Tensor& x, at::MemoryFormat fmt);
-
-std::tuple<at::Tensor, at::Tensor> train_fwd_cpu(const at::Tensor& x, const std::optional<at::Tensor>& w,
-                                                 const std::optional<at::Tensor>& b, double eps);
-at::Tensor eval_fwd_cpu(const at::Tensor& x, const at::Tensor& rm, const at::Tensor& rv,
-                        const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b, double eps);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& dy, const at::Tensor& x,
-                                                       const std::optional<at::Tensor>& w, const at::Tensor& stats,
-                                                       bool training, bool need_dx, bool need_wb);
 // The fast path's kernels (autograd/batch_norm.cpp's batch_norm_fast), for arguments it checked:
 // x a CPU tensor of a served dtype with numel > 0, every per-channel tensor (C,) of a served
 // dtype. y; `stats` (3 * C float64, the caller's: a thread-local buffer or a tensor's storage)
@@ -56,4 +43,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_typed(const at::Tensor& dy, c
 void update_running_raw(const at::Tensor& rm, const at::Tensor& rv, const double* mean, const double* var, int64_t n,
                         double momentum);
 
-}  // namespace normlab::bn
+}  // namespace normlab::batch_norm

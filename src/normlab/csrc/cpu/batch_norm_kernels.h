@@ -20,10 +20,12 @@
 
 #include <cstdint>
 
+#include "numerics/dtype.h"
+
 namespace normlab::bn {
 
 // Storage dtypes the kernels take (for x, y, dy, dx and for the per-channel vectors).
-enum class Dt : int8_t { f32, f64, bf16, f16 };
+using Dt = normlab::Dtype;
 
 // A (C,) per-channel vector of any storage dtype, strided; p == nullptr: absent.
 struct Chan {

@@ -1,43 +1,27 @@
-// The group_norm family's CPU kernels: tensors in, checks, outputs allocated in torch's memory
-// format, the raw-pointer kernels of group_norm_kernels.h called.
+// The group_norm family's CPU kernels (schemas: csrc/group_norm.cpp): tensors in, checks, outputs
+// allocated in torch's memory format, the raw-pointer kernels of group_norm_kernels.h called.
 //
 // Layout (as torch's CPU GroupNorm): the output takes x.suggest_memory_format(). A channels_last
 // input with S > 1 runs the NHWC kernels on its own memory; every other input is made contiguous
 // (one copy if it is not) and runs the row kernels -- with S == 1 the two layouts are the same
 // memory, and the backward takes the NHWC kernel (per-chunk dw/db partials, not per (n, c)).
 // InstanceNorm's outputs are contiguous (its entry point hands a contiguous x).
-#include "cpu/huge_pages.h"
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
-#include <c10/util/irange.h>
-#include <sys/mman.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <vector>
 
+#include "args.h"
 #include "cpu/group_norm_kernels.h"
+#include "cpu/huge_pages.h"
 
 namespace normlab::group_norm {
 
 namespace {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
-
-at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
-
-// f(S{}) for the storage type of dtype t.
-template <class F> void dispatch(at::ScalarType t, const char* op, const F& f) {
-  switch (t) {
-    case at::kFloat: f(float{}); break;
-    case at::kDouble: f(double{}); break;
-    case at::kBFloat16: f(bf16{}); break;
-    case at::kHalf: f(f16{}); break;
-    default: TORCH_CHECK(false, op, ": expected a float32, float64, bfloat16 or float16 tensor, got ", t);
-  }
-}
 
 template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
 
@@ -56,7 +40,7 @@ template <class A> std::vector<A> param(const OptTensor& t, int64_t c, A fill, c
   TORCH_CHECK(t->numel() == c, op, ": expected ", name, " with ", c, " values (one per channel), got shape ",
               t->sizes());
   Tensor p = t->contiguous();
-  dispatch(p.scalar_type(), op, [&](auto tag) {
+  visit_dtype(p.scalar_type(), op, [&](auto tag) {
     using P = decltype(tag);
     const P* q = ptr<P>(p);
     for (int64_t j = 0; j < c; ++j) out[j] = A(to_acc(q[j]));
@@ -124,7 +108,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTen
       for (Tensor* t : {&mean, &var, &rstd}) t->fill_(std::numeric_limits<double>::quiet_NaN());
     return {y, mean, var, rstd};
   }
-  dispatch(x.scalar_type(), op, [&](auto tag) {
+  visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
     auto wv = param<A>(w, sh.c, A(1), op, "weight");
@@ -140,7 +124,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTen
   return {y, mean, var, rstd};
 }
 
-Tensor group_norm_cpu(const Tensor& x, int64_t g, const OptTensor& w, const OptTensor& b, double eps) {
+Tensor group_norm_cpu(const Tensor& x, const OptTensor& w, const OptTensor& b, int64_t g, double eps) {
   return std::get<0>(forward(x, w, b, g, eps, false, "group_norm"));
 }
 
@@ -154,7 +138,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
                                             const Tensor& mean_in, const Tensor& rstd_in, int64_t g, bool need_dx,
                                             bool fixed, const char* op) {
   const Shape sh = shape_of(x, g, op);
-  TORCH_CHECK(dy_in.sizes() == x.sizes(), op, ": expected grad_out of the input's shape ", x.sizes(), ", got ",
+  TORCH_CHECK(dy_in.sizes() == x.sizes(), op, ": expected dy of the input's shape ", x.sizes(), ", got ",
               dy_in.sizes());
   const auto [fmt0, nhwc0] = layout(x, sh.s);
   const at::MemoryFormat fmt = fixed ? at::MemoryFormat::Contiguous : fmt0;
@@ -173,7 +157,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const int64_t n_stats = fixed ? sh.c : sh.n * g;
   TORCH_CHECK(mean.numel() == n_stats && rstd.numel() == n_stats, op, ": expected mean and rstd with ", n_stats,
               " values, got ", mean.numel(), " and ", rstd.numel());
-  dispatch(x.scalar_type(), op, [&](auto tag) {
+  visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
     auto wv = param<A>(w, sh.c, A(1), op, "weight");
@@ -205,7 +189,7 @@ Tensor instance_norm_eval_fwd_cpu(const Tensor& x_in, const OptTensor& w, const 
   const Tensor mean = stats(mean_in, acc), rstd = stats(rstd_in, acc);
   TORCH_CHECK(mean.numel() == sh.c && rstd.numel() == sh.c, op, ": expected running statistics with ", sh.c,
               " values (one per channel), got ", mean.numel(), " and ", rstd.numel());
-  dispatch(x.scalar_type(), op, [&](auto tag) {
+  visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
     auto wv = param<A>(w, sh.c, A(1), op, "weight");
@@ -234,10 +218,10 @@ void instance_norm_update_stats_cpu(const Tensor& rm, const Tensor& rv, const Te
   TORCH_CHECK(mean_in.numel() % c == 0 && var_in.numel() == mean_in.numel(), op,
               ": expected per-instance statistics (N, C) for C = ", c, ", got ", mean_in.sizes(), " and ",
               var_in.sizes());
-  const at::ScalarType acc = mean_in.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc = acc_dtype(mean_in.scalar_type());
   const Tensor mean = stats(mean_in, acc), var = stats(var_in, acc);
   const int64_t n = mean.numel() / c;
-  dispatch(rm.scalar_type(), op, [&](auto rtag) {
+  visit_dtype(rm.scalar_type(), op, [&](auto rtag) {
     using R = decltype(rtag);
     if (acc == at::kDouble)
       update_running<R, double>(ptr<R>(rm), rm.stride(0), ptr<R>(rv), rv.stride(0), ptr<double>(mean),

@@ -1,24 +1,24 @@
-// CPU kernels of the layer_norm family's ops (schemas: csrc/layer_norm.cpp): argument checks,
-// outputs allocated in torch's layout, the row kernels called (cpu/layer_norm_kernels.cpp).
-#include "cpu/huge_pages.h"
+// The layer_norm family's CPU kernels (schemas: csrc/layer_norm.cpp): argument checks, outputs
+// allocated in torch's layout, then the torch-free kernels: the row kernels
+// (cpu/layer_norm_kernels.cpp) for LayerNorm / RMSNorm and for LayerNorm2d's channels-last
+// pixels, the NCHW plane kernels (cpu/layer_norm2d_kernels.cpp) for LayerNorm2d's contiguous input.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <sys/mman.h>
-
-#include <cstdlib>
-#include <fstream>
+#include <cmath>
+#include <cstdint>
 #include <limits>
-#include <sstream>
-#include <string>
 
+#include "args.h"
+#include "cpu/huge_pages.h"
+#include "cpu/layer_norm2d_kernels.h"
 #include "cpu/layer_norm_kernels.h"
+#include "layer_norm2d_layout.h"
 
-namespace normlab::ln {
+namespace normlab::layer_norm {
 namespace {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
 
 // at::empty, large buffers advised onto transparent huge pages (cpu/huge_pages.h).
 Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& options) {
@@ -27,22 +27,10 @@ Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return t;
 }
 
-Dtype dtype_of(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat: return Dtype::f32;
-    case at::kDouble: return Dtype::f64;
-    case at::kBFloat16: return Dtype::bf16;
-    default: return Dtype::f16;
-  }
-}
-
-at::ScalarType acc_of(at::ScalarType s) { return s == at::kDouble ? at::kDouble : at::kFloat; }
-
 // (n_rows, n_cols) of x normalised over its trailing `shape` dims, with the checks.
 std::pair<int64_t, int64_t> row_shape(const char* op, const Tensor& x, at::IntArrayRef shape) {
   const auto st = x.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf, op,
-              ": expected a float32, float64, bfloat16 or float16 input, got ", st);
+  TORCH_CHECK(served_dtype(st), op, ": expected a float32, float64, bfloat16 or float16 input, got ", st);
   TORCH_CHECK(x.device().is_cpu(), op, ": expected a CPU tensor, got one on ", x.device());
   const int64_t k = int64_t(shape.size()), d = x.dim();
   TORCH_CHECK(k > 0 && d >= k && x.sizes().slice(d - k) == shape, op, ": expected an input of shape [*, ",
@@ -75,7 +63,7 @@ struct Params {
 Params params(const char* op, const Tensor& x, const OptTensor& w_, const OptTensor& b_, double offset,
               int64_t n_rows, int64_t n_cols) {
   Params p;
-  const auto st = x.scalar_type(), acc = acc_of(st);
+  const auto st = x.scalar_type(), acc = acc_dtype(st);
   p.w = w_.has_value() ? *w_ : Tensor();
   p.b = b_.has_value() ? *b_ : Tensor();
   if (p.w.defined()) p.n_w = param_rows(op, "weight", p.w, n_rows, n_cols);
@@ -89,7 +77,7 @@ Params params(const char* op, const Tensor& x, const OptTensor& w_, const OptTen
     if (t->scalar_type() != pdt) *t = t->to(pdt);
     if (!t->is_contiguous()) *t = t->contiguous();
   }
-  p.dt = dtype_of(pdt);
+  p.dt = kernel_dtype(pdt);
   return p;
 }
 
@@ -110,7 +98,7 @@ Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArra
     if (!res.is_contiguous()) res = res.contiguous();
   }
   Params p = params(op, x, w_, b_, offset, n_rows, n_cols);
-  const auto acc = acc_of(x.scalar_type());
+  const auto acc = acc_dtype(x.scalar_type());
   Fwd out;
   out.y = empty_out(x.sizes(), x.options());
   if (res.defined()) out.h = empty_out(x.sizes(), x.options());
@@ -126,7 +114,7 @@ Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArra
     }
     return out;
   }
-  FwdArgs a{};
+  ln::FwdArgs a{};
   a.x = x.const_data_ptr();
   a.res = res.defined() ? res.const_data_ptr() : nullptr;
   a.h = res.defined() ? out.h.data_ptr() : nullptr;
@@ -142,7 +130,7 @@ Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArra
   a.eps = eps;
   a.center = center;
   a.cast_x_hat = cast_x_hat;
-  norm_fwd(dtype_of(x.scalar_type()), p.dt, a);
+  ln::norm_fwd(kernel_dtype(x.scalar_type()), p.dt, a);
   if (!center) {  // torch's rms_norm gives its output the input's suggested memory format
     const auto fmt = x_.suggest_memory_format();
     if (fmt != at::MemoryFormat::Contiguous) out.y = out.y.contiguous(fmt);
@@ -156,7 +144,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
                                             bool center, double offset, bool cast_x_hat) {
   auto [n_rows, n_cols] = row_shape(op, x_, shape);
   Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
-  const auto st = x.scalar_type(), acc = acc_of(st);
+  const auto st = x.scalar_type(), acc = acc_dtype(st);
   TORCH_CHECK(dy_.sizes() == x.sizes(), op, ": expected dy of the input's shape ", x.sizes(), ", got ", dy_.sizes());
   Tensor dy = dy_.scalar_type() == st ? dy_ : dy_.to(st);
   if (!dy.is_contiguous()) dy = dy.contiguous();
@@ -199,7 +187,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
     return finish();
   }
   Tensor m = center ? mean.contiguous() : Tensor(), r = rstd.contiguous();
-  BwdArgs a{};
+  ln::BwdArgs a{};
   a.dy = dy.const_data_ptr();
   a.x = x.const_data_ptr();
   a.w = p.w.defined() ? p.w.const_data_ptr() : nullptr;
@@ -216,71 +204,241 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
   a.n_w = n_w;
   a.center = center;
   a.cast_x_hat = cast_x_hat;
-  norm_bwd(dtype_of(st), p.dt, a);
+  ln::norm_bwd(kernel_dtype(st), p.dt, a);
   return finish();
 }
 
 // ---- the ops ----
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
-                                                  const OptTensor& b, double eps) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_cpu(const Tensor& x, const OptTensor& w, const OptTensor& b,
+                                                      at::IntArrayRef shape, double eps) {
   Fwd o = forward("layer_norm", x, std::nullopt, shape, w, b, eps, true, 0.0, false, true);
   return {o.y, o.mean, o.rstd};
 }
 
-std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, double eps,
-                                        double offset, bool cast_x_hat) {
+std::tuple<Tensor, Tensor> rms_norm_fwd_cpu(const Tensor& x, const OptTensor& w, at::IntArrayRef shape, double offset,
+                                            bool cast_x_hat, double eps) {
   Fwd o = forward("rms_norm", x, std::nullopt, shape, w, std::nullopt, eps, false, offset, cast_x_hat, true);
   return {o.y, o.rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd(const Tensor& x, const Tensor& res,
-                                                              at::IntArrayRef shape, const OptTensor& w,
-                                                              const OptTensor& b, double eps) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd_cpu(const Tensor& x, const Tensor& res,
+                                                                  const OptTensor& w, const OptTensor& b,
+                                                                  at::IntArrayRef shape, double eps) {
   Fwd o = forward("add_layer_norm", x, res, shape, w, b, eps, true, 0.0, false, true);
   return {o.y, o.h, o.mean, o.rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd(const Tensor& x, const Tensor& res, at::IntArrayRef shape,
-                                                    const OptTensor& w, double eps, double offset,
-                                                    bool cast_x_hat) {
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd_cpu(const Tensor& x, const Tensor& res, const OptTensor& w,
+                                                        at::IntArrayRef shape, double offset, bool cast_x_hat,
+                                                        double eps) {
   Fwd o = forward("add_rms_norm", x, res, shape, w, std::nullopt, eps, false, offset, cast_x_hat, true);
   return {o.y, o.h, o.rstd};
 }
 
-std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& res, at::IntArrayRef shape,
-                                          const OptTensor& w, const OptTensor& b, double eps, bool center,
-                                          double offset, bool cast_x_hat) {
+std::tuple<Tensor, Tensor> row_norm_infer_cpu(const Tensor& x, const OptTensor& res, const OptTensor& w,
+                                              const OptTensor& b, at::IntArrayRef shape, bool center, double offset,
+                                              bool cast_x_hat, double eps) {
   Fwd o = forward(center ? "layer_norm" : "rms_norm", x, res, shape, w, center ? b : std::nullopt, eps, center,
                   offset, cast_x_hat, false);
   return {o.y, o.h};
 }
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape,
-                                                  const OptTensor& w, const Tensor& mean, const Tensor& rstd,
-                                                  const OptTensor& dh, bool need_wb,
-                                                  std::optional<at::ScalarType> db_dtype) {
+std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd_cpu(const Tensor& dy, const OptTensor& dh, const Tensor& x,
+                                                      const OptTensor& w, const Tensor& mean, const Tensor& rstd,
+                                                      at::IntArrayRef shape, bool need_wb,
+                                                      std::optional<at::ScalarType> db_dtype) {
   return backward("layer_norm_bwd", dy, x, shape, w, mean, rstd, dh, need_wb, db_dtype, true, 0.0, false);
 }
 
-std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const Tensor& x, at::IntArrayRef shape, const OptTensor& w,
-                                        const Tensor& rstd, const OptTensor& dh, bool need_dw, double offset,
-                                        bool cast_x_hat) {
+std::tuple<Tensor, Tensor> rms_norm_bwd_cpu(const Tensor& dy, const OptTensor& dh, const Tensor& x, const OptTensor& w,
+                                            const Tensor& rstd, at::IntArrayRef shape, double offset, bool cast_x_hat,
+                                            bool need_dw) {
   auto [dx, dw, db] = backward("rms_norm_bwd", dy, x, shape, w, Tensor(), rstd, dh, need_dw, std::nullopt, false,
                                offset, cast_x_hat);
   return {dx, dw};
 }
 
+
+// ---- LayerNorm2d ----
+
+// A fresh output, large ones advised onto transparent huge pages (cpu/huge_pages.h).
+Tensor advised(Tensor t) {
+  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
+  return t;
+}
+
+void check_input(const char* fn, const Tensor& x) {
+  TORCH_CHECK(x.dim() >= 2, fn, ": expected an input of shape (N, C, *) with at least 2 dims, got input of shape ",
+              x.sizes());
+  TORCH_CHECK(x.device().is_cpu(), fn, ": expected a CPU tensor, got one on ", x.device());
+  TORCH_CHECK(served_dtype(x.scalar_type()), fn, ": expected a float32, float64, bfloat16 or float16 input, got ",
+              x.scalar_type());
+}
+
+void check_param(const char* fn, const char* name, const OptTensor& p, const Tensor& x) {
+  if (!p.has_value() || !p->defined()) return;
+  TORCH_CHECK(p->dim() == 1 && p->size(0) == x.size(1), fn, ": expected ", name, " of shape [", x.size(1),
+              "] (one value per channel, C = input.shape[1]), got ", name, " of shape ", p->sizes());
+  TORCH_CHECK(p->device() == x.device(), fn, ": expected ", name, " on the input's device (", x.device(), "), got ",
+              p->device());
+  const bool low = half_dtype(x.scalar_type());
+  TORCH_CHECK(p->scalar_type() == x.scalar_type() || (low && p->scalar_type() == at::kFloat), fn,
+              ": mixed dtypes: expected ", name, " of dtype ", x.scalar_type(), low ? " or float32" : "",
+              " to match the input, got ", p->scalar_type());
+}
+
+// A weight or bias as a contiguous tensor of the accumulation dtype (undefined for None).
+Tensor as_acc(const OptTensor& p, at::ScalarType acc) {
+  if (!p.has_value() || !p->defined()) return Tensor();
+  if (p->scalar_type() == acc && p->is_contiguous()) return *p;
+  return p->to(acc).contiguous();
+}
+
+void* raw(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+template <class T> T* ptr(const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
+
+struct Shape2d {
+  int64_t n, c, s;  // samples, channels, pixels per sample
+};
+Shape2d shape_of(const Tensor& x) {
+  int64_t s = 1;
+  for (int64_t k = 2; k < x.dim(); ++k) s *= x.size(k);
+  return {x.size(0), x.size(1), s};
+}
+
+// (y, mean, rstd); mean and rstd undefined unless `stats`.
+std::tuple<Tensor, Tensor, Tensor> forward_2d(const Tensor& x, const OptTensor& w, const OptTensor& b, double eps,
+                                              bool stats) {
+  const char* fn = "layer_norm2d";
+  check_input(fn, x);
+  check_param(fn, "weight", w, x);
+  check_param(fn, "bias", b, x);
+  const Plan plan = plan_of(x);
+  const Tensor xd = dense_input(x, plan);
+  Tensor y = advised(output_like(xd, plan));
+  const Shape2d sh = shape_of(x);
+  const auto acc = acc_dtype(x.scalar_type());
+  Tensor mean, rstd;
+  if (stats) {
+    mean = at::empty({sh.n * sh.s}, x.options().dtype(acc));
+    rstd = at::empty({sh.n * sh.s}, x.options().dtype(acc));
+  }
+  if (x.numel() == 0) {
+    if (stats) {  // no channel to average over (C = 0): torch's NaN statistics
+      mean.fill_(NAN);
+      rstd.fill_(NAN);
+    }
+    return {y, mean, rstd};
+  }
+  const Tensor wa = as_acc(w, acc), ba = as_acc(b, acc);
+  const bool far = x.numel() * x.element_size() >= ln2d::kFarBytes;
+  if (plan.layout == Layout::kRows) {  // the pixels as rows of C values: LayerNorm's row kernel
+    ln::FwdArgs a{};
+    a.x = xd.data_ptr();
+    a.w = raw(wa);
+    a.b = raw(ba);
+    a.y = y.data_ptr();
+    a.mean = raw(mean);
+    a.rstd = raw(rstd);
+    a.n_rows = sh.n * sh.s;
+    a.n_cols = sh.c;
+    a.n_w = a.n_b = 1;
+    a.eps = eps;
+    a.center = true;
+    ln::norm_fwd(kernel_dtype(x.scalar_type()), kernel_dtype(acc), a);
+    return {y, mean, rstd};
+  }
+  visit_dtype(x.scalar_type(), fn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    ln2d::fwd_nchw<S>(ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(ba), ptr<S>(y), ptr<A>(mean), ptr<A>(rstd), sh.n, sh.c,
+                sh.s, eps, far);
+  });
+  return {y, mean, rstd};
+}
+
+Tensor layer_norm2d_cpu(const Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
+  return std::get<0>(forward_2d(x, w, b, eps, false));
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm2d_fwd_cpu(const Tensor& x, const OptTensor& w,
+                                                            const OptTensor& b, double eps) {
+  return forward_2d(x, w, b, eps, true);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm2d_bwd_cpu(const Tensor& dy, const Tensor& x,
+                                                             const OptTensor& w, const Tensor& mean,
+                                                             const Tensor& rstd, bool need_wb) {
+  const char* fn = "layer_norm2d_bwd";
+  check_input(fn, x);
+  check_param(fn, "weight", w, x);
+  TORCH_CHECK(dy.sizes() == x.sizes(), fn, ": expected dy of the input's shape ", x.sizes(), ", got ", dy.sizes());
+  const Shape2d sh = shape_of(x);
+  const auto acc = acc_dtype(x.scalar_type());
+  TORCH_CHECK(mean.numel() == sh.n * sh.s && rstd.numel() == sh.n * sh.s && mean.scalar_type() == acc &&
+                  rstd.scalar_type() == acc,
+              fn, ": expected mean and rstd of ", sh.n * sh.s, " values of dtype ", acc, " (layer_norm2d_fwd's), got ",
+              mean.sizes(), " ", mean.scalar_type(), " and ", rstd.sizes(), " ", rstd.scalar_type());
+  const Plan plan = plan_of(x);
+  const Tensor xd = dense_input(x, plan);
+  Tensor dyd = dy.scalar_type() == x.scalar_type() ? dy : dy.to(x.scalar_type());
+  if (plan.layout == Layout::kNchw) {
+    dyd = dyd.contiguous();
+  } else if (dyd.strides() != xd.strides()) {  // dy in x's rows
+    dyd = at::empty_like(xd).copy_(dyd);
+  }
+  Tensor dx = advised(output_like(xd, plan));
+  Tensor dw = at::empty({need_wb ? sh.c : 0}, x.options().dtype(acc));
+  Tensor db = at::empty({need_wb ? sh.c : 0}, x.options().dtype(acc));
+  if (x.numel() == 0) {
+    dw.zero_();
+    db.zero_();
+    return {dx, dw, db};
+  }
+  const Tensor wa = as_acc(w, acc);
+  const Tensor m = mean.contiguous(), r = rstd.contiguous();
+  const bool far = x.numel() * x.element_size() >= ln2d::kFarBytes;
+  if (plan.layout == Layout::kRows) {  // LayerNorm's row kernel
+    ln::BwdArgs a{};
+    a.dy = dyd.data_ptr();
+    a.x = xd.data_ptr();
+    a.w = raw(wa);
+    a.mean = m.data_ptr();
+    a.rstd = r.data_ptr();
+    a.dx = dx.data_ptr();
+    a.dw = need_wb ? dw.data_ptr() : nullptr;
+    a.db = need_wb ? db.data_ptr() : nullptr;
+    a.n_rows = sh.n * sh.s;
+    a.n_cols = sh.c;
+    a.n_w = 1;
+    a.center = true;
+    ln::norm_bwd(kernel_dtype(x.scalar_type()), kernel_dtype(acc), a);
+    return {dx, dw, db};
+  }
+  visit_dtype(x.scalar_type(), fn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    ln2d::bwd_nchw<S>(ptr<const S>(dyd), ptr<const S>(xd), ptr<const A>(wa), ptr<const A>(m), ptr<const A>(r), ptr<S>(dx),
+                need_wb ? ptr<A>(dw) : nullptr, need_wb ? ptr<A>(db) : nullptr, sh.n, sh.c, sh.s, far);
+  });
+  return {dx, dw, db};
+}
+
 }  // namespace
-}  // namespace normlab::ln
+}  // namespace normlab::layer_norm
 
 TORCH_LIBRARY_IMPL(normlab, CPU, m) {
-  using namespace normlab::ln;
-  m.impl("layer_norm_fwd", &layer_norm_fwd);
-  m.impl("rms_norm_fwd", &rms_norm_fwd);
-  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd);
-  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd);
-  m.impl("layer_norm_bwd", &layer_norm_bwd);
-  m.impl("rms_norm_bwd", &rms_norm_bwd);
-  m.impl("row_norm_infer", &row_norm_infer);
+  using namespace normlab::layer_norm;
+  m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
+  m.impl("add_layer_norm_fwd", &add_layer_norm_fwd_cpu);
+  m.impl("add_rms_norm_fwd", &add_rms_norm_fwd_cpu);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
+  m.impl("row_norm_infer", &row_norm_infer_cpu);
+  m.impl("layer_norm2d", &layer_norm2d_cpu);
+  m.impl("layer_norm2d_fwd", &layer_norm2d_fwd_cpu);
+  m.impl("layer_norm2d_bwd", &layer_norm2d_bwd_cpu);
 }

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 
+#include "numerics/dtype.h"
+
 namespace normlab::ln {
 
 // The storage types the kernels take: x, res, h, y, dy, dh, dx in `x`; weight and bias in `w`,
 // which is x's own dtype or its accumulation dtype (float32 for the half types).
-enum class Dtype { f32, f64, bf16, f16 };
+using Dtype = normlab::Dtype;
 
 // norm_fwd: LayerNorm (center) or RMSNorm of every row, optionally of h = x + res.
 struct FwdArgs {

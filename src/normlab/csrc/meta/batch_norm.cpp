@@ -1,28 +1,30 @@
-// BatchNorm's Meta kernels: shapes, dtypes and strides of the ops' outputs (torch.compile,
+// The batch_norm family's Meta kernels: shapes, dtypes and strides of the ops' outputs (torch.compile,
 // torch.export, FakeTensor). Outputs in torch's memory format for the input, as on the CPU.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-namespace normlab::bn {
+namespace normlab::batch_norm {
 namespace {
 
 at::Tensor like(const at::Tensor& x) {
   return at::empty(x.sizes(), x.options().memory_format(x.suggest_memory_format()));
 }
 
-std::tuple<at::Tensor, at::Tensor> train_fwd_meta(const at::Tensor& x, const std::optional<at::Tensor>&,
+std::tuple<at::Tensor, at::Tensor> batch_norm_fwd_meta(const at::Tensor& x, const std::optional<at::Tensor>&,
                                                   const std::optional<at::Tensor>&, double) {
   return {like(x), at::empty({3, x.size(1)}, x.options().dtype(at::kDouble))};
 }
 
-at::Tensor eval_fwd_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, double) {
+at::Tensor batch_norm_eval_fwd_meta(const at::Tensor& x, const std::optional<at::Tensor>&,
+                                    const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, double) {
   return like(x);
 }
 
-at::Tensor stats_meta(const at::Tensor& x) { return at::empty({2, x.size(1)}, x.options().dtype(at::kDouble)); }
+at::Tensor batch_norm_stats_meta(const at::Tensor& x) {
+  return at::empty({2, x.size(1)}, x.options().dtype(at::kDouble));
+}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_meta(const at::Tensor&, const at::Tensor& x,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_bwd_meta(const at::Tensor&, const at::Tensor& x,
                                                         const std::optional<at::Tensor>&, const at::Tensor&,
                                                         bool training, bool need_dx, bool need_wb) {
   const int64_t c = (training || need_wb) ? x.size(1) : 0;
@@ -30,16 +32,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_meta(const at::Tensor&, const
   return {dx, at::empty({c}, x.options().dtype(at::kDouble)), at::empty({c}, x.options().dtype(at::kDouble))};
 }
 
-void update_stats_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {}
+void batch_norm_update_stats_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                  const at::Tensor&) {}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(normlab, Meta, m) {
-  m.impl("batch_norm_train_fwd", &train_fwd_meta);
-  m.impl("batch_norm_eval_fwd", &eval_fwd_meta);
-  m.impl("batch_norm_stats", &stats_meta);
-  m.impl("batch_norm_bwd", &bwd_meta);
-  m.impl("batch_norm_update_stats", &update_stats_meta);
+  m.impl("batch_norm_fwd", &batch_norm_fwd_meta);
+  m.impl("batch_norm_eval_fwd", &batch_norm_eval_fwd_meta);
+  m.impl("batch_norm_stats", &batch_norm_stats_meta);
+  m.impl("batch_norm_bwd", &batch_norm_bwd_meta);
+  m.impl("batch_norm_update_stats", &batch_norm_update_stats_meta);
 }
 
-}  // namespace normlab::bn
+}  // namespace normlab::batch_norm

@@ -6,14 +6,13 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "args.h"
+
 namespace normlab::group_norm {
 
 namespace {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
-
-at::ScalarType acc_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 Tensor like(const Tensor& x, at::MemoryFormat fmt) {
   return at::empty_symint(x.sym_sizes(), x.options().memory_format(fmt));
@@ -27,7 +26,7 @@ Tensor channels(const Tensor& x) {
   return at::empty_symint({x.sym_size(1)}, x.options().dtype(acc_dtype(x.scalar_type())));
 }
 
-Tensor group_norm_meta(const Tensor& x, int64_t, const OptTensor&, const OptTensor&, double) {
+Tensor group_norm_meta(const Tensor& x, const OptTensor&, const OptTensor&, int64_t, double) {
   return like(x, x.suggest_memory_format());
 }
 

@@ -3,10 +3,10 @@ reference math; the others: the C++ ops ``torch.ops.normlab.batch_norm_*``).
 
 The ops it calls (registered in ``csrc/batch_norm.cpp``):
 
-- ``batch_norm_train_fwd(x, w, b, eps) -> (y, stats)``: stats (3, C) float64 rows batch mean,
-  biased var, rstd (not differentiable);
-- ``batch_norm_eval_fwd(x, running_mean, running_var, w, b, eps) -> y``;
-- ``batch_norm_bwd(dy, x, w, stats, training, need_dx, need_wb) -> (dx, dw, db)``;
+- ``batch_norm_fwd(x, weight, bias, eps) -> (y, stats)``: training; stats (3, C) float64 rows
+  batch mean, biased var, rstd (not differentiable);
+- ``batch_norm_eval_fwd(x, weight, bias, running_mean, running_var, eps) -> y``;
+- ``batch_norm_bwd(dy, x, weight, stats, training, need_dx, need_wb) -> (dx, dw, db)``;
 - ``batch_norm_stats(x) -> (2, C)`` (SyncBatchNorm's per-rank statistics);
 - ``batch_norm_update_stats(running_mean!, running_var!, stats, n, momentum)``: the running
   statistics blended in place in float64 with the unbiased variance ``var * n / (n - 1)``,
@@ -62,8 +62,8 @@ def _forward(x, w, b, running_mean, running_var, training, eps):
     """``(y, stats)`` from the forward op: stats (3, C) float64 rows mean, var, rstd (the batch's
     in training, the running ones in evaluation)."""
     if training:
-        return _ops.batch_norm_train_fwd(x, w, b, eps)
-    return _ops.batch_norm_eval_fwd(x, running_mean, running_var, w, b, eps), _running_stats(
+        return _ops.batch_norm_fwd(x, w, b, eps)
+    return _ops.batch_norm_eval_fwd(x, w, b, running_mean, running_var, eps), _running_stats(
         running_mean, running_var, eps)
 
 
@@ -195,8 +195,8 @@ def batch_norm(path, x, running_mean, running_var, w, b, training, momentum, eps
         return y
     if path == COMPILE:
         if not training:
-            return _ops.batch_norm_eval_fwd(x, running_mean, running_var, w, b, eps)
-        y, stats = _ops.batch_norm_train_fwd(x, w, b, eps)
+            return _ops.batch_norm_eval_fwd(x, w, b, running_mean, running_var, eps)
+        y, stats = _ops.batch_norm_fwd(x, w, b, eps)
         if running_mean is not None:
             if not isinstance(momentum, Tensor):
                 momentum = torch.tensor(momentum, dtype=torch.float64)

@@ -38,7 +38,7 @@ def _torch_stats(x: Tensor):
 
 def _kernel_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:
     """The evaluation kernel with the global statistics as its "running" ones."""
-    return torch.ops.normlab.batch_norm_eval_fwd(x, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), w, b, eps)
+    return torch.ops.normlab.batch_norm_eval_fwd(x, w, b, torch.from_numpy(stats[0]), torch.from_numpy(stats[1]), eps)
 
 
 def _torch_normalize(x: Tensor, w, b, stats, eps: float) -> Tensor:

@@ -3,12 +3,12 @@ decided (``REF``: the reference math; the others: the C++ ops ``torch.ops.normla
 
 The ops they call (registered in ``csrc/group_norm.cpp``):
 
-- ``group_norm(x, num_groups, w, b, eps) -> y``: the output alone when autograd does not record
+- ``group_norm(x, weight, bias, num_groups, eps) -> y``: the output alone when autograd does not record
   the call (no statistics allocated), else through ``group_norm_fwd``;
-- ``group_norm_fwd(x, w, b, num_groups, eps) -> (y, mean, var, rstd)``, statistics (N, G) in the
+- ``group_norm_fwd(x, weight, bias, num_groups, eps) -> (y, mean, var, rstd)``, statistics (N, G) in the
   accumulation dtype, differentiable in ``y``; InstanceNorm in training uses it with ``G = C``;
-- ``group_norm_bwd(dy, x, w, mean, rstd, num_groups, need_dx) -> (dx, dw, db)``;
-- ``instance_norm_eval_fwd(x, w, b, mean, rstd) -> y`` / ``instance_norm_eval_bwd``: InstanceNorm
+- ``group_norm_bwd(dy, x, weight, mean, rstd, num_groups, need_dx) -> (dx, dw, db)``;
+- ``instance_norm_eval_fwd(x, weight, bias, mean, rstd) -> y`` / ``instance_norm_eval_bwd``: InstanceNorm
   with the running statistics (a per-channel linear map, ``mean``/``rstd`` (C,));
 - ``instance_norm_update_stats(running_mean!, running_var!, mean, var, momentum, n_spatial)``: the
   in-place running-statistics update (a mutating op of its own: torch.compile functionalises it).
@@ -202,7 +202,7 @@ def group_norm(path, x, num_groups, w, b, eps):
     if path == EAGER:
         return _C.group_norm(x, num_groups, w, b, eps)
     if path == COMPILE:
-        return _ops.group_norm(x, num_groups, w, b, eps)
+        return _ops.group_norm(x, w, b, num_groups, eps)
     fmt = output_memory_format(x)
     y = _Transform.apply(_kernel_input(x, fmt), w, b, num_groups, eps, None, None)[0]
     return in_memory_format(y.reshape(x.shape), fmt)  # a view (NHWC stays channels_last)
@@ -221,7 +221,7 @@ def instance_norm(path, x, running_mean, running_var, w, b, use_input_stats, mom
         x = x.contiguous()  # torch's instance_norm output is contiguous
         if use_input_stats:
             if running_mean is None:
-                return _ops.group_norm(x, c, w, b, eps)
+                return _ops.group_norm(x, w, b, c, eps)
             y, mean, var, _ = _ops.group_norm_fwd(x, w, b, c, eps)
             _ops.instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
             return y

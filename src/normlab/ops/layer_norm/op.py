@@ -95,10 +95,10 @@ def _transform_backward(ctx, dy, _dmean, _drstd):
         if w is not None and w.dim() == 3:
             w = w.squeeze(1)
     elif ctx.center:
-        dx, dw, db = _ops.layer_norm_bwd(dy, x, (x.shape[1],), w, mean, rstd, None, need_dw or need_db,
+        dx, dw, db = _ops.layer_norm_bwd(dy, None, x, w, mean, rstd, (x.shape[1],), need_dw or need_db,
                                             ctx.b_dtype)
     else:
-        dx, dw = _ops.rms_norm_bwd(dy, x, (x.shape[1],), w, rstd, None, need_dw, ctx.offset, ctx.cast_x_hat)
+        dx, dw = _ops.rms_norm_bwd(dy, None, x, w, rstd, (x.shape[1],), ctx.offset, ctx.cast_x_hat, need_dw)
         db = None
     dw = dw.to(w.dtype) if need_dw else None
     db = db.to(ctx.b_dtype) if need_db else None
@@ -176,12 +176,12 @@ def _compiled(x, res, shape, w, b, eps, center, offset, cast_x_hat):
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
     if res is None:
         if center:
-            return _ops.layer_norm_fwd(x, shape, w, b, eps)[0], None
-        return _ops.rms_norm_fwd(x, shape, w, eps, offset, cast_x_hat)[0], None
+            return _ops.layer_norm_fwd(x, w, b, shape, eps)[0], None
+        return _ops.rms_norm_fwd(x, w, shape, offset, cast_x_hat, eps)[0], None
     if center:
-        y, h, _, _ = _ops.add_layer_norm_fwd(x, res, shape, w, b, eps)
+        y, h, _, _ = _ops.add_layer_norm_fwd(x, res, w, b, shape, eps)
     else:
-        y, h, _ = _ops.add_rms_norm_fwd(x, res, shape, w, eps, offset, cast_x_hat)
+        y, h, _ = _ops.add_rms_norm_fwd(x, res, w, shape, offset, cast_x_hat, eps)
     return y, h
 
 

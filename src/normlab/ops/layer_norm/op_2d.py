@@ -1,6 +1,6 @@
 """LayerNorm2d: the family's entry, running the path ``normlab._backend.route`` decided.
 
-The C++ op ``torch.ops.normlab.layer_norm2d`` (registered in ``csrc/layer_norm2d.cpp``; its
+The C++ op ``torch.ops.normlab.layer_norm2d`` (registered in ``csrc/layer_norm.cpp``, with the layer_norm family; its
 autograd, with a differentiable backward under ``create_graph=True``, is C++ too) reads a
 contiguous (NCHW) or channels-last input without a copy and writes the output in the input's
 layout. The paths: ``REF``, ``reference.ref_layer_norm2d``; ``TRANSFORM`` (torch.func transforms
