@@ -69,8 +69,8 @@ MODULES = {
     "GhostBatchNorm3d": (lambda: NN.GhostBatchNorm3d(3, virtual_batch_size=2), (4, 3, 2, 2, 2)),
     "DyT": (lambda: NN.DyT(8), (4, 8)),
 }
-# Entries whose every path runs the reference math (no C++ kernel yet): "auto" runs what "ref" runs
-REFERENCE_ONLY = {"dyt", "DyT"}
+# Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
+REFERENCE_ONLY: set[str] = set()
 
 
 def _module_call(name, device, training=True):

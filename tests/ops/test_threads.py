@@ -120,3 +120,17 @@ def test_layer_norm2d(shape, dtype, layout):
     x = _randn(*shape, dtype=dtype, shift=1.0, memory_format=layout)
     w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
     _same_bits(lambda x, w, b: F.layer_norm2d(x, w, b), [x, w, b])
+
+
+# DyT: elementwise forward; the backward's sums over fixed (row chunk, column block) tasks
+DYT_SHAPES = [(31, 1024), (700, 96), (4096, 64), (9, 5000), (3000, 40)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", DYT_SHAPES, ids=str)
+def test_dyt(shape, dtype):
+    n = shape[-1]
+    x = _randn(*shape, dtype=dtype, scale=2.0)
+    pdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    alpha, w, b = torch.tensor([0.7], dtype=pdt), _randn(n, dtype=pdt), _randn(n, dtype=pdt, shift=1.0)
+    _same_bits(lambda x, a, w, b: F.dyt(x, (n,), a, w, b), (x, alpha, w, b))

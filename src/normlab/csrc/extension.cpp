@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include "batch_norm.h"
+#include "dyt.h"
 #include "cpu/huge_pages.h"
 #include "group_norm.h"
 #include "layer_norm.h"
@@ -125,6 +126,12 @@ void bind_group_norm(py::module_& m) {
 
 }  // namespace
 
+void bind_dyt(py::module_& m) {
+  using namespace normlab::dyt;
+  m.def("dyt_fast", &dyt_fast, "DyT of arguments the checks accept, else None", py::arg("x"),
+        py::arg("normalized_shape"), py::arg("alpha"), py::arg("weight"), py::arg("bias"));
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "normlab's compiled CPU kernels (the \"cpu\" backend); ops registered as torch.ops.normlab.*";
   m.attr("vec_bytes") = NORMLAB_VEC_BYTES;
@@ -134,4 +141,5 @@ PYBIND11_MODULE(_C, m) {
   bind_layer_norm(m);
   bind_batch_norm(m);
   bind_group_norm(m);
+  bind_dyt(m);
 }

@@ -23,15 +23,29 @@ def unfused(x, alpha, w, b):
     return torch.tanh(alpha * x) * w + b
 
 
-def assert_accurate(got, ref64, torch_same_dtype, what):
-    """Within 2x the rounding of the float64 result, or no worse than torch's own unfused ops in
-    that dtype (several roundings in a row: dx is a product of four factors); float64 to 1e-12."""
+def assert_accurate(got, ref64, torch_same_dtype, what, terms=None):
+    """Within 2x the rounding of the float64 result, or as accurate as torch's own unfused ops in
+    that dtype to within 10 % (several roundings in a row: dx is a product of four factors, each
+    with its own rounding and tanh's); float64 to 1e-12. ``terms``: for a sum (dalpha), the float64
+    terms it adds -- then the error may also reach 8 units of rounding of the sum of their
+    magnitudes (each term carries a few roundings, and a sum of terms of both signs cancels)."""
     if got.dtype == torch.float64:
         torch.testing.assert_close(got, ref64, rtol=1e-12, atol=1e-12, msg=what)
         return
     err = rel_err(got, ref64)
-    bound = max(2 * rounding_err(ref64, got.dtype), rel_err(torch_same_dtype, ref64))
+    bound = max(2 * rounding_err(ref64, got.dtype), 1.1 * rel_err(torch_same_dtype, ref64))
+    if terms is not None:
+        u = torch.finfo(torch.float32).eps / 2
+        bound = max(bound, 8 * u * terms.abs().sum().item() / ref64.double().norm().item())
     assert err <= bound, f"{what}: relative error {err:.3e} > {bound:.3e}"
+
+
+def dalpha_terms(x, alpha, w, dy):
+    """The float64 terms dalpha sums: dy * w * (1 - tanh(alpha x)^2) * x."""
+    x, a, dy = x.double(), alpha.double(), dy.double()
+    t = torch.tanh(a * x)
+    g = dy * w.double() if w is not None else dy
+    return g * (1 - t * t) * x
 
 
 def oracle(x, alpha, w, b):
@@ -74,7 +88,7 @@ def test_forward_and_gradients_within_rounding_of_float64(backend, dtype, shape,
     grads_t = torch.autograd.grad(yt, same, dy)
     for name, g, g64, gt, t in zip(("dx", "dalpha", "dweight", "dbias"), grads, grads64, grads_t, leaves):
         assert g.dtype == t.dtype and g.shape == t.shape
-        assert_accurate(g, g64, gt, name)
+        assert_accurate(g, g64, gt, name, dalpha_terms(x, alpha, w, dy) if name == "dalpha" else None)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -171,3 +185,38 @@ def test_module_refuses_bad_arguments(kwargs, exc, match):
 def test_bad_input_is_refused_before_any_work(backend, call, exc, match):
     with normlab.use_backend(backend), pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(9, 5000), (3000, 40)], ids=str)
+def test_kernel_blocks_and_chunks_within_rounding(shape, dtype):
+    """Rows cut into column blocks (5000 columns) and many row chunks (3000 rows): the kernel's
+    task geometry; every output against the definition in float64."""
+    x, alpha, w, b = _args(shape, shape[-1:], dtype, seed=3)
+    leaves = [t.clone().requires_grad_() for t in (x, alpha, w, b)]
+    with normlab.use_backend("auto"):
+        y = NF.dyt(leaves[0], shape[-1:], *leaves[1:])
+    refs = [t.detach().double().requires_grad_() for t in (x, alpha, w, b)]
+    same = [t.detach().clone().requires_grad_() for t in (x, alpha, w, b)]
+    y64, yt = oracle(*refs), unfused(*same)
+    assert_accurate(y, y64.detach(), yt.detach(), "y")
+    dy = torch.randn(shape, dtype=torch.float64).to(dtype)
+    for name, g, g64, gt in zip(("dx", "dalpha", "dweight", "dbias"), torch.autograd.grad(y, leaves, dy),
+                                torch.autograd.grad(y64, refs, dy.double()), torch.autograd.grad(yt, same, dy)):
+        assert_accurate(g, g64, gt, name, dalpha_terms(x, alpha, w, dy) if name == "dalpha" else None)
+
+
+def test_torch_compile_fullgraph():
+    m = normlab.nn.DyT(8)
+    with torch.no_grad():
+        m.weight.normal_()
+        m.bias.normal_()
+    x = torch.randn(4, 8, requires_grad=True)
+    with normlab.use_backend("cpu"):
+        y = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+    y.sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y64 = oracle(x64, m.alpha.detach(), m.weight.detach(), m.bias.detach())
+    y64.sum().backward()
+    torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1e-5, atol=1e-5)

@@ -2,7 +2,9 @@
 
 - ``reference.py``: the math in torch ops, the hand-derived backward and forward-mode rule,
   the autograd Function, and the ``REF`` path (``ref_dyt``).
-- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided.
+- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided: the reference, or
+  the C++ op ``torch.ops.normlab.dyt_fwd`` (``csrc/dyt.cpp``; kernels ``csrc/cpu/dyt_kernels.cpp``)
+  eager or compiled.
 """
 
 from . import op  # noqa: F401 (the entry: dyt.op)

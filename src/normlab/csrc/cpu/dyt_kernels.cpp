@@ -1,0 +1,266 @@
+// DyT's kernels (dyt_kernels.h): docs/derivations/dyt.md.
+//
+//   u = alpha * x,  t = tanh(u),  y = t * w + b
+//   s = 1 - t^2 (tanh'(u)),  du = dy * w * s,  dx = du * alpha
+//   dalpha = sum(du * x),  dw = sum_rows(dy * t),  db = sum_rows(dy)
+//
+// tanh (float32 lanes): |u| < 0.625, u + u^3 P(u^2) (a degree-4 odd minimax polynomial, Cephes'
+// tanhf); above, 1 - 2 / (e + 1) with e = exp(2|u|) (Cody-Waite reduction and a degree-6
+// polynomial; 2|u| capped at 88, where tanh is 1 in float32), sign copied from u: within 1.3
+// ulp of the exact tanh on every range tried (docs/derivations/dyt.md). s = 1 - t^2 where
+// |u| < 0.625 (no cancellation: t <= 0.56; rounded once, through float64), else (4 / (e + 1)) * (e / (e + 1)) -- 1 - t^2 from a
+// rounded t near 1 would lose most of its digits (at |u| = 5, thousands of ulp) -- and 0 past
+// 2|u| = 88, below float32's normal range. float64: std::tanh and std::exp per value.
+//
+// The forward is elementwise: rows split among threads as they come. The backward's sums run
+// over fixed tasks (Geometry: a chunk of rows by a block of columns, from the shape alone):
+// the terms of dw and db (dy * t and dy, rounded once to float32) added in float64; dalpha's
+// terms in float32 over 16 vectors of a row, then float64; each task writes its float64
+// partials, merged in chunk order (merge) -- the same bits for any number of threads.
+#include "cpu/dyt_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "numerics/chunks.h"
+#include "numerics/vec.h"
+
+namespace normlab::dyt {
+
+namespace {
+constexpr int64_t kBlockRows = 16;         // row chunks are multiples of this
+constexpr int64_t kChainVecs = 16;         // float32 sums over at most this many vectors
+constexpr int64_t kWideCols = 2048;        // wider rows are cut into column blocks of kColBlock
+constexpr int64_t kColBlock = 1024;
+constexpr int64_t kMaxChunks = 256;        // row chunks of the backward, at most
+constexpr int64_t kMaxPartials = 1 << 20;  // float64 partials, at most (8 MB)
+
+typedef int32_t i32v __attribute__((vector_size(NORMLAB_VEC_BYTES)));
+using vf = vec<float>;
+
+inline vf vabs(vf v) {
+  i32v u; std::memcpy(&u, &v, sizeof u);
+  u &= 0x7FFFFFFF;
+  vf r; std::memcpy(&r, &u, sizeof r); return r;
+}
+inline vf vcopysign(vf mag, vf sign) {  // mag >= 0
+  i32v m, s; std::memcpy(&m, &mag, sizeof m); std::memcpy(&s, &sign, sizeof s);
+  m |= s & int32_t(0x80000000u);
+  vf r; std::memcpy(&r, &m, sizeof r); return r;
+}
+
+// exp(v) for 0 <= v <= 88 (and NaN): Cody-Waite reduction by ln 2 in two parts, a degree-6
+// polynomial for exp(r), |r| <= ln2 / 2, and the power of two put in the exponent bits.
+inline vf vexp_pos(vf v) {
+  const vf n = __builtin_convertvector(__builtin_convertvector(v * 1.44269504088896341f + 0.5f, i32v), vf);
+  const vf r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
+  vf p = vset1(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
+  vf scale; std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
+// 1 - t^2 rounded once: t * t is exact in float64 (24-bit by 24-bit), 1 - t^2 rounded to
+// float64 and then to float32 -- one fused rounding, as a fused multiply-add would give, on every
+// build level.
+inline vf one_minus_square(vf t) {
+  typedef float half_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
+  half_t lo, hi;
+  std::memcpy(&lo, &t, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&t) + sizeof lo, sizeof hi);
+  const vec<double> dl = __builtin_convertvector(lo, vec<double>), dh = __builtin_convertvector(hi, vec<double>);
+  const half_t rl = __builtin_convertvector(1.0 - dl * dl, half_t), rh = __builtin_convertvector(1.0 - dh * dh, half_t);
+  vf r;
+  std::memcpy(&r, &rl, sizeof rl);
+  std::memcpy(reinterpret_cast<char*>(&r) + sizeof rl, &rh, sizeof rh);
+  return r;
+}
+
+// t = tanh(u); with S, also s = 1 - tanh(u)^2.
+template <bool S> inline vf vtanh(vf u, vf* s = nullptr) {
+  const vf a = vabs(u);
+  const vf z = u * u;
+  vf q = vset1(-5.70498872745e-3f);
+  q = q * z + 2.06390887954e-2f;
+  q = q * z - 5.37397155531e-2f;
+  q = q * z + 1.33314422036e-1f;
+  q = q * z - 3.33332819422e-1f;
+  const vf small = q * z * u + u;
+  const vf e = vexp_pos(a + a < 88.0f ? a + a : vset1(88.0f));  // (NaN: the comparison is false -> 88; a NaN
+  const vf e1 = e + 1.0f;                                     //  u stays NaN through small and big alike)
+  const vf r = 1.0f / e1;                                     // (2 * r is 2 / e1 exactly)
+  const vf big = vcopysign(1.0f - 2.0f * r, u);
+  const auto near0 = a < 0.625f;
+  const vf t = near0 ? small : big;
+  // (2|u| >= 88: s < 2^-126, flushed to 0 -- torch's 1 - t^2 is 0 already past |u| = 9)
+  if constexpr (S) {
+    const vf from_e = a + a < 88.0f ? (4.0f * r) * (e * r) : vzero<float>();
+    *s = a < 1.0f ? one_minus_square(t) : from_e;
+  }
+  return (u != u) ? u : t;
+}
+
+inline double tanh_sech2(double u, double* s) {
+  const double a = std::fabs(u);
+  const double t = std::tanh(u);
+  if (a < 0.625) {
+    *s = 1.0 - t * t;
+  } else {
+    const double e = std::exp(a + a), e1 = e + 1.0;
+    *s = a + a < 700.0 ? (4.0 / e1) * (e / e1) : 0.0;  // (past 700: below float64's normal range)
+  }
+  return t;
+}
+
+template <class S> inline const acc_t<S>* col(const acc_t<S>* p, int64_t j) { return p ? p + j : nullptr; }
+
+// y for columns [0, n) of one row; float32 lanes (float, bf16, f16 storage).
+template <class S> void fwd_row(const S* x, float a, const float* w, const float* b, S* y, int64_t n) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    vf t = vtanh<false>(vload(x + j) * a);
+    if (w) t = t * vload(w + j);
+    if (b) t = t + vload(b + j);
+    vstore(y + j, t);
+  }
+  if (j < n) {
+    const int64_t m = n - j;
+    vf t = vtanh<false>(vload_n(x + j, m) * a);
+    if (w) t = t * vload_n(w + j, m);
+    if (b) t = t + vload_n(b + j, m);
+    vstore_n(y + j, t, m);
+  }
+}
+
+void fwd_row(const double* x, double a, const double* w, const double* b, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    double t = std::tanh(a * x[j]);
+    if (w) t = t * w[j];
+    if (b) t = t + b[j];
+    y[j] = t;
+  }
+}
+}  // namespace
+
+Geometry geometry(int64_t n_rows, int64_t n_cols) {
+  Geometry g;
+  g.col_block = n_cols > kWideCols ? kColBlock : std::max<int64_t>(n_cols, 1);
+  g.n_col_blocks = std::max<int64_t>(1, (n_cols + g.col_block - 1) / g.col_block);
+  const int64_t max_chunks = std::clamp<int64_t>(kMaxPartials / (2 * std::max<int64_t>(n_cols, 1) + g.n_col_blocks),
+                                                 1, kMaxChunks);
+  int64_t rows = (std::max<int64_t>(n_rows, 1) + max_chunks - 1) / max_chunks;
+  g.chunk_rows = (rows + kBlockRows - 1) / kBlockRows * kBlockRows;
+  g.n_chunks = std::max<int64_t>(1, (n_rows + g.chunk_rows - 1) / g.chunk_rows);
+  return g;
+}
+
+template <class S>
+void forward(const S* x, acc_t<S> alpha, const acc_t<S>* w, const acc_t<S>* b, S* y, int64_t n_rows,
+             int64_t n_cols) {
+  for_rows(n_rows, n_cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fwd_row(x + r * n_cols, alpha, w, b, y + r * n_cols, n_cols);
+  });
+}
+
+namespace {
+// acc[0, m) += v's first m lanes, each widened to float64.
+inline void add_widened(double* acc, vf v, int64_t m) {
+  float t[lanes<float>];
+  std::memcpy(t, &v, sizeof t);
+  for (int64_t i = 0; i < m; ++i) acc[i] += double(t[i]);
+}
+
+// One backward task: rows [r0, r1), columns [j0, j1) (j1 - j0 <= kColBlock or the whole row);
+// dw64, db64: the task's (j1 - j0) float64 sums, zeroed by the caller. Returns dalpha's part.
+template <class S>
+double bwd_task(const S* dy, const S* x, acc_t<S> a, const acc_t<S>* w, S* dx, double* dw64, double* db64,
+                int64_t r0, int64_t r1, int64_t j0, int64_t j1, int64_t n_cols) {
+  const int64_t n = j1 - j0;
+  double dalpha = 0.0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const S* dyr = dy + r * n_cols + j0;
+    const S* xr = x + r * n_cols + j0;
+    S* dxr = dx ? dx + r * n_cols + j0 : nullptr;
+    if constexpr (std::is_same_v<S, double>) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s;
+        const double t = tanh_sech2(a * xr[j], &s);
+        const double g = w ? dyr[j] * w[j0 + j] : dyr[j];
+        const double du = g * s;
+        if (dxr) dxr[j] = du * a;
+        dalpha += du * xr[j];
+        if (dw64) dw64[j] += dyr[j] * t;
+        if (db64) db64[j] += dyr[j];
+      }
+    } else {
+      constexpr int64_t L = vlanes<S>;
+      vf chain = vzero<float>();
+      int64_t in_chain = 0;
+      for (int64_t j = 0; j < n; j += L) {
+        const int64_t m = std::min(L, n - j);
+        const vf xv = m == L ? vload(xr + j) : vload_n(xr + j, m);
+        const vf dyv = m == L ? vload(dyr + j) : vload_n(dyr + j, m);
+        vf s;
+        const vf t = vtanh<true>(xv * a, &s);
+        const vf g = w ? dyv * (m == L ? vload(w + j0 + j) : vload_n(w + j0 + j, m)) : dyv;
+        const vf du = g * s;
+        if (dxr) {
+          if (m == L) vstore(dxr + j, du * a); else vstore_n(dxr + j, du * a, m);
+        }
+        chain = chain + du * xv;  // (a partial vector's missing lanes load as 0)
+        if (++in_chain == kChainVecs) { dalpha += hsum<float>(chain); chain = vzero<float>(); in_chain = 0; }
+        if (dw64) add_widened(dw64 + j, dyv * t, m);
+        if (db64) add_widened(db64 + j, dyv, m);
+      }
+      if (in_chain) dalpha += hsum<float>(chain);
+    }
+  }
+  return dalpha;
+}
+}  // namespace
+
+template <class S>
+void backward(const S* dy, const S* x, acc_t<S> alpha, const acc_t<S>* w, S* dx, double* dw_part, double* db_part,
+              double* dalpha_part, int64_t n_rows, int64_t n_cols, const Geometry& g) {
+  const int64_t tasks = g.n_chunks * g.n_col_blocks;
+  for_rows(tasks, g.chunk_rows * g.col_block, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c = t / g.n_col_blocks, k = t % g.n_col_blocks;
+      const int64_t r0 = c * g.chunk_rows, r1 = std::min(n_rows, r0 + g.chunk_rows);
+      const int64_t j0 = k * g.col_block, j1 = std::min(n_cols, j0 + g.col_block);
+      double* dw64 = dw_part ? dw_part + c * n_cols + j0 : nullptr;
+      double* db64 = db_part ? db_part + c * n_cols + j0 : nullptr;
+      if (dw64) std::fill(dw64, dw64 + (j1 - j0), 0.0);
+      if (db64) std::fill(db64, db64 + (j1 - j0), 0.0);
+      const double da = r0 < r1 ? bwd_task(dy, x, alpha, w, dx, dw64, db64, r0, r1, j0, j1, n_cols) : 0.0;
+      if (dalpha_part) dalpha_part[t] = da;
+    }
+  });
+}
+
+void merge(const double* part, int64_t n_chunks, int64_t n, double* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = 0.0;
+  for (int64_t c = 0; c < n_chunks; ++c)
+    for (int64_t j = 0; j < n; ++j) out[j] += part[c * n + j];
+}
+
+#define NORMLAB_DYT_INSTANTIATE(S)                                                                            \
+  template void forward<S>(const S*, acc_t<S>, const acc_t<S>*, const acc_t<S>*, S*, int64_t, int64_t);      \
+  template void backward<S>(const S*, const S*, acc_t<S>, const acc_t<S>*, S*, double*, double*, double*,    \
+                            int64_t, int64_t, const Geometry&);
+NORMLAB_DYT_INSTANTIATE(float)
+NORMLAB_DYT_INSTANTIATE(double)
+NORMLAB_DYT_INSTANTIATE(bf16)
+NORMLAB_DYT_INSTANTIATE(f16)
+#undef NORMLAB_DYT_INSTANTIATE
+
+}  // namespace normlab::dyt
