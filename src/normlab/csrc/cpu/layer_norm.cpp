@@ -85,8 +85,10 @@ struct Fwd {
   Tensor y, h, mean, rstd;
 };
 
-Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_, at::IntArrayRef shape, const OptTensor& w_,
-            const OptTensor& b_, double eps, bool center, double offset, bool cast_x_hat, bool stats) {
+// (Inlined into each CPU kernel: one frame fewer between a call and the row loop.)
+[[gnu::always_inline]] inline Fwd forward(const char* op, const Tensor& x_, const OptTensor& res_,
+                                          at::IntArrayRef shape, const OptTensor& w_, const OptTensor& b_, double eps,
+                                          bool center, double offset, bool cast_x_hat, bool stats) {
   auto [n_rows, n_cols] = row_shape(op, x_, shape);
   Tensor x = x_.is_contiguous() ? x_ : x_.contiguous();
   Tensor res;
