@@ -608,10 +608,6 @@ DELIBERATE: dict[str, Deliberate] = {
 # rows that wait for a change in a file this table's author could not edit: row id -> the change.
 # The row is run and must still fail (a row that passes is a stale entry).
 PENDING: dict[str, str] = {
-    "batch_norm running stats requiring grad": "torch refuses running statistics that require grad "
-    "(RuntimeError: native_batch_norm is not differentiable with respect to running_mean); normlab updates "
-    "them. Refusing needs the C++ entry (_C.batch_norm_fast, which accepts them) to decline or refuse too, "
-    "then a check in functional/checks.check_per_channel for running_mean/running_var",
 }
 
 # rows where normlab's output has zeros of the other sign than torch's: (row, backend) -> why

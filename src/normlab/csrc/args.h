@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
@@ -66,6 +67,13 @@ inline bool cpu_strided(const at::Tensor& t) { return t.device().is_cpu() && t.l
 inline bool plain_cpu(const at::Tensor& t) {
   return cpu_strided(t) && !t.key_set().has(c10::DispatchKey::Python) &&
          !t.key_set().has(c10::DispatchKey::Functionalize) && !t.is_conj() && !t.is_neg();
+}
+
+// A running statistic autograd would have to differentiate (grad mode on and requires_grad):
+// torch refuses it ("not differentiable with respect to argument 'running_mean'"), and so do
+// normlab's checks -- the fast entries decline it so that Python's check words the error.
+inline bool recorded_buffer(const OptTensor& t) {
+  return given(t) && t->requires_grad() && at::GradMode::is_enabled();
 }
 
 using Place = bool (*)(const at::Tensor&);

@@ -15,9 +15,9 @@ from ..ops.batch_norm import op as _op
 from ..ops.batch_norm import ghost as _ghost
 from ..ops.batch_norm import renorm as _renorm
 from ..ops.layouts import output_memory_format
-from .checks import (check_channels_input, check_limit, check_momentum, check_per_channel, check_running_pair,
-                     check_virtual_batch_size,
-                     momentum_value, plain_momentum, values_per_channel)
+from .checks import (check_channels_input, check_limit, check_momentum, check_per_channel,
+                     check_running_not_recorded, check_running_pair, check_virtual_batch_size, momentum_value,
+                     plain_momentum, values_per_channel)
 
 _C = _extension.load()
 # BatchNorm's C++ entry (a module global: one lookup a call)
@@ -74,6 +74,7 @@ def batch_norm(
         if y is not None:
             return y
     fn = "batch_norm"
+    check_running_not_recorded(fn, running_mean, running_var)
     if training and isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps <= 0:
         raise ValueError(
             f"{fn}: expected eps > 0 in training, got {eps!r}; eps keeps 1 / sqrt(var + eps) finite "

@@ -136,6 +136,19 @@ def check_running_pair(fn: str, running_mean, running_var) -> None:
         )
 
 
+def check_running_not_recorded(fn: str, running_mean, running_var) -> None:
+    """Running statistics are buffers updated in place, never differentiated: with grad mode on,
+    one that requires grad is refused, as torch refuses it (RuntimeError)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(
+                f"{fn}: expected {name} not to require grad (running statistics are updated in place, "
+                f"not differentiated), got a tensor with requires_grad=True; pass {name}.detach()"
+            )
+
+
 def check_per_channel(fn: str, x: torch.Tensor, **tensors) -> None:
     """Each of ``tensors`` (or None) holds one value per channel of ``x``."""
     for name, p in tensors.items():

@@ -12,7 +12,8 @@ from .._backend import EAGER, route
 from .._checks import check_eps, check_input, check_num_groups, cpu_params_fit, plain_eps
 from ..ops import extension as _extension
 from ..ops.group_norm import op as _op
-from .checks import (check_channels_input, check_momentum, check_per_channel, check_running_pair, plain_momentum)
+from .checks import (check_channels_input, check_momentum, check_per_channel, check_running_not_recorded,
+                     check_running_pair, plain_momentum)
 
 _C = _extension.load()
 
@@ -111,6 +112,7 @@ def instance_norm(
         if y is not None:
             return y
     fn = "instance_norm"
+    check_running_not_recorded(fn, running_mean, running_var)
     if not (
         isinstance(input, torch.Tensor)
         and input.dim() >= (3 if use_input_stats else 2)

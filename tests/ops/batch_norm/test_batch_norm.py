@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
+import normlab
 import normlab.functional as NF
 from normlab._backend import EAGER, REF
 from normlab.ops import batch_norm as bn_ops
@@ -191,14 +192,23 @@ def test_weight_or_bias_none(training, which):
         torch.testing.assert_close(ours, ref, **TOL[torch.float64])
 
 
-def test_no_gradient_to_running_stats():
-    """Running statistics are never differentiated (torch gives them no gradient either)."""
+@pytest.mark.parametrize("backend", normlab.available_backends()[1:])
+@pytest.mark.parametrize("training", [True, False])
+def test_running_stats_that_require_grad_are_refused_as_torch(backend, training):
+    """Running statistics are never differentiated: with grad mode on, torch refuses ones that
+    require grad (RuntimeError), and so does normlab, on every backend; under no_grad both accept."""
     x = _randn((4, 3), torch.float64).requires_grad_()
     rm = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     rv = torch.ones(3, dtype=torch.float64, requires_grad=True)
-    y = NF.batch_norm(x, rm, rv, None, None, training=False)
-    gx, grm, grv = torch.autograd.grad(y.sum(), (x, rm, rv), allow_unused=True)
-    assert gx is not None and grm is None and grv is None
+    with pytest.raises(RuntimeError):
+        TF.batch_norm(x, rm, rv, None, None, training=training)
+    with normlab.use_backend(backend):
+        with pytest.raises(RuntimeError, match="expected running_mean not to require grad"):
+            NF.batch_norm(x, rm, rv, None, None, training=training)
+        with torch.no_grad():
+            y = NF.batch_norm(x, rm, rv, None, None, training=training)
+    with torch.no_grad():
+        torch.testing.assert_close(y, TF.batch_norm(x, rm.clone(), rv.clone(), None, None, training=training))
 
 
 # --------------------------------------------------------------------------

@@ -209,6 +209,7 @@ bool fits_fast(const at::Tensor& x, const OptTensor& rm, const OptTensor& rv, co
   if (!input_fits(x, 2, plain_cpu)) return false;
   if (!(plain_eps(eps) && (!training || eps > 0)) || !(momentum >= 0 && momentum <= 1)) return false;
   if (given(rm) != given(rv) || (!training && !given(rm))) return false;
+  if (recorded_buffer(rm) || recorded_buffer(rv)) return false;
   const int64_t c = x.size(1), numel = x.numel();
   if (numel == 0 || (training && numel <= c)) return false;  // empty: the reference path; one value: the error
   const auto xt = x.scalar_type();

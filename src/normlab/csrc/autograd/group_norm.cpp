@@ -226,7 +226,8 @@ std::optional<Tensor> instance_norm_fast(const Tensor& x, const OptTensor& rm, c
                                          const OptTensor& w, const OptTensor& b, bool use_input_stats,
                                          double momentum, double eps) {
   if (!plain_eps(eps) || !(momentum >= 0 && momentum <= 1)) return std::nullopt;
-  if (!fits_fast(x, use_input_stats ? 3 : 2, {&rm, &rv, &w, &b})) return std::nullopt;
+  if (!fits_fast(x, use_input_stats ? 3 : 2, {&rm, &rv, &w, &b}) || recorded_buffer(rm) || recorded_buffer(rv))
+    return std::nullopt;
   const bool has_rm = given(rm), has_rv = given(rv);
   if (has_rm != has_rv || !(has_rm || use_input_stats)) return std::nullopt;
   const int64_t numel = x.numel();
