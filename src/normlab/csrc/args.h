@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <vector>
 
 #include "numerics/dtype.h"
 #include "numerics/half.h"
@@ -93,6 +94,24 @@ inline bool param_fits(const OptTensor& p, at::IntArrayRef sizes, at::ScalarType
   if (!place(t) || t.sizes() != sizes) return false;
   const auto st = t.scalar_type();
   return st == x_dtype || (half_params && half_dtype(x_dtype) && st == at::kFloat);
+}
+
+// A parameter of n values (a per-channel or per-column weight, bias, or DyT's alpha) read into
+// a vector of A (the accumulation type), in whatever float dtype it comes; `fill` where the
+// parameter is absent (n copies), or an empty vector without a fill. The kernels take these.
+template <class A>
+std::vector<A> param_values(const OptTensor& t, int64_t n, const char* op, const char* name,
+                            std::optional<A> fill = std::nullopt) {
+  if (!given(t)) return fill ? std::vector<A>(n, *fill) : std::vector<A>();
+  TORCH_CHECK(t->numel() == n, op, ": expected ", name, " with ", n, " values, got shape ", t->sizes());
+  std::vector<A> out(n);
+  const at::Tensor p = t->contiguous();
+  visit_dtype(p.scalar_type(), op, [&](auto tag) {
+    using P = decltype(tag);
+    const P* q = reinterpret_cast<const P*>(p.data_ptr());
+    for (int64_t j = 0; j < n; ++j) out[j] = A(to_acc(q[j]));
+  });
+  return out;
 }
 
 // ---- the registered ops ----

@@ -37,19 +37,6 @@ int64_t columns(const Tensor& x, at::IntArrayRef shape, const char* op) {
   return n;
 }
 
-// A parameter of shape normalized_shape (or alpha, one value) as values of A; empty where absent.
-template <class A> std::vector<A> values(const OptTensor& t, int64_t n, const char* op, const char* name) {
-  if (!given(t)) return {};
-  TORCH_CHECK(t->numel() == n, op, ": expected ", name, " with ", n, " values, got shape ", t->sizes());
-  std::vector<A> out(n);
-  Tensor p = t->contiguous();
-  visit_dtype(p.scalar_type(), op, [&](auto tag) {
-    using P = decltype(tag);
-    const P* q = ptr<P>(p);
-    for (int64_t j = 0; j < n; ++j) out[j] = A(to_acc(q[j]));
-  });
-  return out;
-}
 
 Tensor dyt_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor& bias, at::IntArrayRef shape,
                    const Tensor& alpha) {
@@ -62,8 +49,9 @@ Tensor dyt_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor&
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    const std::vector<A> w = values<A>(weight, n_cols, op, "weight"), b = values<A>(bias, n_cols, op, "bias");
-    const A a = values<A>(alpha, 1, op, "alpha").at(0);
+    const std::vector<A> w = param_values<A>(weight, n_cols, op, "weight");
+    const std::vector<A> b = param_values<A>(bias, n_cols, op, "bias");
+    const A a = param_values<A>(alpha, 1, op, "alpha").at(0);
     forward<S>(ptr<S>(x), a, w.empty() ? nullptr : w.data(), b.empty() ? nullptr : b.data(), ptr<S>(y), n_rows,
                n_cols);
   });
@@ -91,8 +79,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, cons
     visit_dtype(x.scalar_type(), op, [&](auto tag) {
       using S = decltype(tag);
       using A = acc_t<S>;
-      const std::vector<A> w = values<A>(weight, n_cols, op, "weight");
-      const A a = values<A>(alpha, 1, op, "alpha").at(0);
+      const std::vector<A> w = param_values<A>(weight, n_cols, op, "weight");
+      const A a = param_values<A>(alpha, 1, op, "alpha").at(0);
       backward<S>(ptr<S>(dy), ptr<S>(x), a, w.empty() ? nullptr : w.data(), need_dx ? ptr<S>(dx) : nullptr,
                   need_wb ? ptr<double>(dw_part) : nullptr, need_wb ? ptr<double>(db_part) : nullptr,
                   need_dalpha ? ptr<double>(da_part) : nullptr, n_rows, n_cols, g);

@@ -33,20 +33,6 @@ Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& opts, at::Memor
   return t;
 }
 
-// A per-channel parameter (C,) as values of A (`fill` where absent).
-template <class A> std::vector<A> param(const OptTensor& t, int64_t c, A fill, const char* op, const char* name) {
-  std::vector<A> out(c, fill);
-  if (!t.has_value() || !t->defined()) return out;
-  TORCH_CHECK(t->numel() == c, op, ": expected ", name, " with ", c, " values (one per channel), got shape ",
-              t->sizes());
-  Tensor p = t->contiguous();
-  visit_dtype(p.scalar_type(), op, [&](auto tag) {
-    using P = decltype(tag);
-    const P* q = ptr<P>(p);
-    for (int64_t j = 0; j < c; ++j) out[j] = A(to_acc(q[j]));
-  });
-  return out;
-}
 
 // t in memory format fmt: a channels_last t of at least 16 channels (a block of the transpose) made
 // contiguous by the blocked transpose of group_norm_kernels.h (torch's copy of a (1, 64, 128, 128)
@@ -111,8 +97,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTen
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    auto wv = param<A>(w, sh.c, A(1), op, "weight");
-    auto bv = param<A>(b, sh.c, A(0), op, "bias");
+    auto wv = param_values<A>(w, sh.c, op, "weight (one value per channel)", A(1));
+    auto bv = param_values<A>(b, sh.c, op, "bias (one value per channel)", A(0));
     A* pm = with_stats ? ptr<A>(mean) : nullptr;
     A* pv = with_stats ? ptr<A>(var) : nullptr;
     A* pr = with_stats ? ptr<A>(rstd) : nullptr;
@@ -160,7 +146,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    auto wv = param<A>(w, sh.c, A(1), op, "weight");
+    auto wv = param_values<A>(w, sh.c, op, "weight (one value per channel)", A(1));
     S* pdx = need_dx ? ptr<S>(dx) : nullptr;
     if (nhwc)
       bwd_nhwc<S>(ptr<S>(dyk), ptr<S>(xk), wv.data(), ptr<A>(mean), ptr<A>(rstd), pdx, ptr<A>(dw), ptr<A>(db), sh.n,
@@ -192,8 +178,8 @@ Tensor instance_norm_eval_fwd_cpu(const Tensor& x_in, const OptTensor& w, const 
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    auto wv = param<A>(w, sh.c, A(1), op, "weight");
-    auto bv = param<A>(b, sh.c, A(0), op, "bias");
+    auto wv = param_values<A>(w, sh.c, op, "weight (one value per channel)", A(1));
+    auto bv = param_values<A>(b, sh.c, op, "bias (one value per channel)", A(0));
     fwd_rows<S>(ptr<S>(x), wv.data(), bv.data(), ptr<S>(y), ptr<A>(mean), nullptr, ptr<A>(rstd), sh.n, sh.c, sh.c,
                 sh.s, 0.0, true);
   });
