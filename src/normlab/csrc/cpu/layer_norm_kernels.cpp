@@ -169,6 +169,7 @@ void fwd_short(const S* x, const S* res, S* h, const float* wt, const float* bt,
       if (cast) v = vround<S>(v);
       if (wt != nullptr) v = v * vload(wt + 16 * k);
       if (bt != nullptr) v = v + vload(bt + 16 * k);
+      else if (center) v = v + zero;  // torch's LayerNorm adds a bias of 0: -0 comes out +0
       vstore(y + 16 * k, v);
     }
   }
@@ -268,6 +269,7 @@ inline int64_t short_blocks(int64_t i, int64_t hi, int64_t n_w, int64_t rpw, int
 // Statistics by the shifted two passes (numerics/moments.h):
 //   d = x - x[0];  mean = x[0] + mean(d);  xc = d - mean(d);  var = mean(xc^2)  (biased)
 //   y = (xc * rstd) * w + b,  rstd = 1 / sqrt(var + eps)
+//   (no bias: + 0 all the same, as torch adds its bias of 0: a zero comes out +0, never -0)
 // RMSNorm: shift = mean(d) = 0, var = mean(x^2), y = (x * rstd) * w.
 // ---------------------------------------------------------------------------------------------
 // Half-precision rows longer than this many values are widened once into a float32 scratch
@@ -284,7 +286,7 @@ constexpr int64_t kWidenCols = 512;
 // Stream: y written around the caches (numerics/stream.h), the values up to the first aligned
 // address one at a time (the same arithmetic as the vectors: elementwise, the same bits).
 template <class S, class P, class W, bool Stream>
-inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool cast,
+inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                        acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
   static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
@@ -299,6 +301,7 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
     if (cast) v = round_as<S>(v);
     if (wr != nullptr) v = v * to_acc(wr[j]);
     if (br != nullptr) v = v + to_acc(br[j]);
+    else if (center) v = v + A(0);
     yr[j] = from_acc<S>(v);
   };
   int64_t j = 0;
@@ -310,6 +313,7 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
     if (cast) v = vround<S>(v);
     if (wr != nullptr) v = v * vload(wr + j);
     if (br != nullptr) v = v + vload(br + j);
+    else if (center) v = v + vzero<A>();
     if constexpr (Stream) vstream(yr + j, v);
     else vstore(yr + j, v);
   }
@@ -326,7 +330,7 @@ inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc
     shift = to_acc(xr[0]);
     md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
   }
-  fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
+  fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, center, cast, shift, md, shift + md, mean, rstd);
 }
 
 // One half row of more than kWidenCols values through the scratch row d.
@@ -336,7 +340,7 @@ inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* 
   const float shift = center ? to_acc(xr[0]) : 0.0f;
   const float sum_d = shifted_sum_into(xr, d, n, shift);  // d = x - shift, widened
   const float md = center ? over_n(sum_d, n) : 0.0f;
-  fwd_finish<S, float, W, Stream>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
+  fwd_finish<S, float, W, Stream>(d, wr, br, yr, n, eps, center, cast, 0.0f, md, shift + md, mean, rstd);
 }
 
 // Rows of a large tensor are asked for ahead of use: the hardware prefetcher does not run far
