@@ -611,12 +611,7 @@ PENDING: dict[str, str] = {
 }
 
 # rows where normlab's output has zeros of the other sign than torch's: (row, backend) -> why
-_LN_KERNEL = ("the C++ row kernel writes (x - mean) * rstd * w without torch's + 0 for a missing bias, so a "
-              "zero product stays -0 (the \"ref\" math adds it; csrc change for whoever edits the kernels)")
-ZERO_SIGNS: dict[tuple[str, str], str] = {
-    (r, "cpu"): _LN_KERNEL for r in ("layer_norm eps=inf", "layer_norm weight zeros", "add_layer_norm eps=inf",
-                                     "LayerNorm no affine eps=inf", "LayerNorm no bias eps=inf", "LayerNorm eps=inf")
-}
+ZERO_SIGNS: dict[tuple[str, str], str] = {}
 
 
 def _deliberate(row_id):

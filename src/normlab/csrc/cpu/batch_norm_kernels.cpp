@@ -1,6 +1,9 @@
 // BatchNorm's CPU kernels: docs/derivations/batch_norm.md, "The cpu kernels" (statistics,
 // normalisation, backward). Shapes of the arguments are given at each function; the view is
 // (R, W) = (n_rows, width) after folding, channel c at columns f*C*S + c*S .. + S of a row.
+// Rows view, statistics of a chunk: columns in blocks of 8 vectors (pass 1) / 4 vectors (pass 2)
+// whose sums stay in registers down the chunk's rows; the last columns row by row, their tail a
+// masked vector. Every column's additions keep one order (four rows paired, then single rows).
 #include "cpu/batch_norm_kernels.h"
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
+#include "numerics/prefetch.h"
 #include "numerics/vec.h"
 
 namespace normlab::bn {
@@ -166,60 +170,162 @@ template <class S, class V, class T> inline void columns(int64_t n, const V& bod
 // Statistics: per column over a chunk of rows (the corrected two-pass algorithm)
 // ----------------------------------------------------------------------------------------------
 
+// The first n < vlanes<S> values at p as a vector (the other lanes 0), and v's first n lanes
+// stored at p: one masked load / store on AVX-512 (a tail of scalar conversions otherwise costs
+// as much as a quarter of a short run's vectors); the values and roundings of the full-width
+// loads and stores, lane by lane.
+#if NORMLAB_VEC_BYTES == 64
+template <class S> inline vacc<S> vload_part(const S* p, int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    return (vec<float>)_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+  } else if constexpr (std::is_same_v<S, double>) {
+    return (vec<double>)_mm512_maskz_loadu_pd(__mmask8((1u << n) - 1), p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p);
+    if constexpr (std::is_same_v<S, f16>) {
+      return (vec<float>)_mm512_cvtph_ps(h);
+    } else {
+      return (vec<float>)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+template <class S> inline void vstore_part(S* p, vacc<S> v, int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), (__m512)v);
+  } else if constexpr (std::is_same_v<S, double>) {
+    _mm512_mask_storeu_pd(p, __mmask8((1u << n) - 1), (__m512d)v);
+  } else {
+    S t[16];
+    vstore(t, v);
+    _mm256_mask_storeu_epi16(p, __mmask16((1u << n) - 1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+  }
+}
+#else
+template <class S> inline vacc<S> vload_part(const S* p, int64_t n) { return vload_n(p, n); }
+template <class S> inline void vstore_part(S* p, vacc<S> v, int64_t n) { vstore_n(p, v, n); }
+#endif
+
+// Per-column loops as columns(), the tail as one partial vector: part(u, k) on the k < L columns
+// from u (loads and stores through vload_part / vstore_part).
+template <class S, class V, class P> inline void columns_part(int64_t n, const V& body, const P& part) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t u = 0;
+  for (; u + L <= n; u += L) body(u);
+  if (u < n) part(u, n - u);
+}
+
 // s1[u] += sum_i (x[i, u] - sh[u]) over rows r0..r1 of the block at x (row stride ld), four rows
 // at a time summed in pairs.  x: (R, ld) storage; sh, s1: (n,) accumulation dtype.
+// Columns in blocks of K vectors held in registers down all the rows (s1 read and written once a
+// block, not once every four rows); the remaining columns row by row. Each column's additions in
+// the same order either way.
 template <class S>
 void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* sh, acc_t<S>* s1) {
   using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>, K = 8;
+  int64_t u0 = 0;
+  for (; u0 + K * L <= n; u0 += K * L) {
+    vec<A> m[K], s[K];
+    for (int64_t q = 0; q < K; ++q) { m[q] = vload(sh + u0 + q * L); s[q] = vload(s1 + u0 + q * L); }
+    int64_t i = r0;
+    for (; i + 4 <= r1; i += 4) {
+      const S *xa = x + i * ld + u0, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
+      for (int64_t q = 0; q < K; ++q)
+        s[q] = s[q] + (((vload(xa + q * L) - m[q]) + (vload(xb + q * L) - m[q])) +
+                       ((vload(xc + q * L) - m[q]) + (vload(xd + q * L) - m[q])));
+    }
+    for (; i < r1; ++i)
+      for (int64_t q = 0; q < K; ++q) s[q] = s[q] + (vload(x + i * ld + u0 + q * L) - m[q]);
+    for (int64_t q = 0; q < K; ++q) vstore(s1 + u0 + q * L, s[q]);
+  }
+  const int64_t nr = n - u0;
+  x += u0; sh += u0; s1 += u0;
   int64_t i = r0;
   for (; i + 4 <= r1; i += 4) {
     const S *xa = x + i * ld, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
-    columns<S>(n, [&](int64_t u) {
+    columns_part<S>(nr, [&](int64_t u) {
       vec<A> m = vload(sh + u);
       vstore(s1 + u, vload(s1 + u) + (((vload(xa + u) - m) + (vload(xb + u) - m)) +
                                        ((vload(xc + u) - m) + (vload(xd + u) - m))));
-    }, [&](int64_t u) {
-      A m = sh[u];
-      s1[u] += ((to_acc(xa[u]) - m) + (to_acc(xb[u]) - m)) + ((to_acc(xc[u]) - m) + (to_acc(xd[u]) - m));
+    }, [&](int64_t u, int64_t k) {
+      vec<A> m = vload_part(sh + u, k);
+      vstore_part(s1 + u, vload_part(s1 + u, k) + (((vload_part(xa + u, k) - m) + (vload_part(xb + u, k) - m)) +
+                                                   ((vload_part(xc + u, k) - m) + (vload_part(xd + u, k) - m))), k);
     });
   }
   for (; i < r1; ++i) {
     const S* xa = x + i * ld;
-    columns<S>(n, [&](int64_t u) { vstore(s1 + u, vload(s1 + u) + (vload(xa + u) - vload(sh + u))); },
-               [&](int64_t u) { s1[u] += to_acc(xa[u]) - sh[u]; });
+    columns_part<S>(nr, [&](int64_t u) { vstore(s1 + u, vload(s1 + u) + (vload(xa + u) - vload(sh + u))); },
+                    [&](int64_t u, int64_t k) {
+                      vstore_part(s1 + u, vload_part(s1 + u, k) + (vload_part(xa + u, k) - vload_part(sh + u, k)), k);
+                    });
   }
 }
 
-// With d = x[i, u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d (pass 2).
+// With d = x[i, u] - m[u]: s1[u] += sum_i d, s2[u] += sum_i d * d (pass 2), blocked as acc_shifted.
 template <class S>
 void acc_centred(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* m, acc_t<S>* s1,
                  acc_t<S>* s2) {
   using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>, K = 4;
+  int64_t u0 = 0;
+  for (; u0 + K * L <= n; u0 += K * L) {
+    vec<A> mu[K], a[K], b[K];
+    for (int64_t q = 0; q < K; ++q) {
+      mu[q] = vload(m + u0 + q * L); a[q] = vload(s1 + u0 + q * L); b[q] = vload(s2 + u0 + q * L);
+    }
+    int64_t i = r0;
+    for (; i + 4 <= r1; i += 4) {
+      const S *xa = x + i * ld + u0, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
+      for (int64_t q = 0; q < K; ++q) {
+        const vec<A> da = vload(xa + q * L) - mu[q], db = vload(xb + q * L) - mu[q];
+        const vec<A> dc = vload(xc + q * L) - mu[q], dd = vload(xd + q * L) - mu[q];
+        a[q] = a[q] + ((da + db) + (dc + dd));
+        b[q] = b[q] + ((da * da + db * db) + (dc * dc + dd * dd));
+      }
+    }
+    for (; i < r1; ++i)
+      for (int64_t q = 0; q < K; ++q) {
+        const vec<A> d = vload(x + i * ld + u0 + q * L) - mu[q];
+        a[q] = a[q] + d;
+        b[q] = b[q] + d * d;
+      }
+    for (int64_t q = 0; q < K; ++q) { vstore(s1 + u0 + q * L, a[q]); vstore(s2 + u0 + q * L, b[q]); }
+  }
+  const int64_t nr = n - u0;
+  x += u0; m += u0; s1 += u0; s2 += u0;
   int64_t i = r0;
   for (; i + 4 <= r1; i += 4) {
     const S *xa = x + i * ld, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
-    columns<S>(n, [&](int64_t u) {
-      vec<A> mu = vload(m + u);
-      vec<A> da = vload(xa + u) - mu, db = vload(xb + u) - mu, dc = vload(xc + u) - mu, dd = vload(xd + u) - mu;
-      vstore(s1 + u, vload(s1 + u) + ((da + db) + (dc + dd)));
-      vstore(s2 + u, vload(s2 + u) + ((da * da + db * db) + (dc * dc + dd * dd)));
-    }, [&](int64_t u) {
-      A mu = m[u];
-      A da = to_acc(xa[u]) - mu, db = to_acc(xb[u]) - mu, dc = to_acc(xc[u]) - mu, dd = to_acc(xd[u]) - mu;
-      s1[u] += (da + db) + (dc + dd);
-      s2[u] += (da * da + db * db) + (dc * dc + dd * dd);
+    auto four = [&](const vec<A>& mu, const vec<A>& xa_, const vec<A>& xb_, const vec<A>& xc_, const vec<A>& xd_,
+                    vec<A>& o1, vec<A>& o2) {
+      const vec<A> da = xa_ - mu, db = xb_ - mu, dc = xc_ - mu, dd = xd_ - mu;
+      o1 = o1 + ((da + db) + (dc + dd));
+      o2 = o2 + ((da * da + db * db) + (dc * dc + dd * dd));
+    };
+    columns_part<S>(nr, [&](int64_t u) {
+      vec<A> o1 = vload(s1 + u), o2 = vload(s2 + u);
+      four(vload(m + u), vload(xa + u), vload(xb + u), vload(xc + u), vload(xd + u), o1, o2);
+      vstore(s1 + u, o1);
+      vstore(s2 + u, o2);
+    }, [&](int64_t u, int64_t k) {
+      vec<A> o1 = vload_part(s1 + u, k), o2 = vload_part(s2 + u, k);
+      four(vload_part(m + u, k), vload_part(xa + u, k), vload_part(xb + u, k), vload_part(xc + u, k),
+           vload_part(xd + u, k), o1, o2);
+      vstore_part(s1 + u, o1, k);
+      vstore_part(s2 + u, o2, k);
     });
   }
   for (; i < r1; ++i) {
     const S* xa = x + i * ld;
-    columns<S>(n, [&](int64_t u) {
+    columns_part<S>(nr, [&](int64_t u) {
       vec<A> d = vload(xa + u) - vload(m + u);
       vstore(s1 + u, vload(s1 + u) + d);
       vstore(s2 + u, vload(s2 + u) + d * d);
-    }, [&](int64_t u) {
-      A d = to_acc(xa[u]) - m[u];
-      s1[u] += d;
-      s2[u] += d * d;
+    }, [&](int64_t u, int64_t k) {
+      vec<A> d = vload_part(xa + u, k) - vload_part(m + u, k);
+      vstore_part(s1 + u, vload_part(s1 + u, k) + d, k);
+      vstore_part(s2 + u, vload_part(s2 + u, k) + d * d, k);
     });
   }
 }
@@ -236,7 +342,8 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
   for (int64_t r0 = t0; r0 < t1; r0 += sub) {
     const int64_t r1 = std::min(r0 + sub, t1), k = r1 - r0;
     const S* x0 = x + r0 * ld;
-    for (int64_t u = 0; u < n; ++u) { sh[u] = to_acc(x0[u]); s1[u] = 0; }
+    columns_part<S>(n, [&](int64_t u) { vstore(sh + u, vload(x0 + u)); vstore(s1 + u, vzero<A>()); },
+                    [&](int64_t u, int64_t k) { vstore_part(sh + u, vload_part(x0 + u, k), k); vstore_part(s1 + u, vzero<A>(), k); });
     acc_shifted(x, ld, r0, r1, n, sh, s1);  // pass 1
     const A inv_k = acc_cast<A>(1.0 / double(k));
     for (int64_t u = 0; u < n; ++u) { sh[u] = sh[u] + s1[u] * inv_k; s1[u] = 0; s2[u] = 0; }  // m
@@ -441,8 +548,8 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
 template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-  columns<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
-             [&](int64_t t) { y[t] = from_acc<S>((to_acc(x[t]) - h) * f + bc); });
+  columns_part<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
+                  [&](int64_t t, int64_t k) { vstore_part(y + t, (vload_part(x + t, k) - vh) * vf + vb, k); });
 }
 
 // y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
@@ -451,10 +558,12 @@ template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_
 template <class S>
 void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
                int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
-  using A = acc_t<S>;
   for (int64_t i = r0; i < r1; ++i) {
     const S* xr = x + i * width + c0;
     S* yr = y + i * width + c0;
+    // the next row's stretch of y asked for ahead: a new stretch every row (a jump of the row
+    // stride) outruns the hardware prefetcher, and the stores stall on their lines
+    if (i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
     if (s_len == 1) {
       columns<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
                  [&](int64_t u) { yr[u] = from_acc<S>((to_acc(xr[u]) - hi[u]) * a[u] + b2[u]); });

@@ -52,6 +52,213 @@ template <class S> inline void add_row(const S* xr, const S* rr, S* hr, int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Short rows: fewer values than a vector has lanes (n < 16, float32 accumulation, AVX-512 builds).
+//
+// A row shorter than a vector runs every pass one value at a time (the vector loops above never
+// start): its sums are sum_j v_j added in order from +0 (hsum of the empty vectors, then the scalar
+// tail). A block of 16 such rows -- 16 n contiguous values, n vectors "flat" -- is instead worked
+// one row per lane: the row sums over the columns, transposed out of the flat vectors (two-source
+// permutes, merged by masks), added in the same order from +0 in every lane (the same additions
+// as the scalar tail, so the same bits); the elementwise passes run on the flat vectors, each
+// row's mean / rstd / factors spread over its values by a permute; the column sums of the
+// backward (dw, db) add the block's rows one after another, each row picked out of the flat
+// vectors (the same order of additions as row after row). Rows that do not fill a block, and
+// blocks that would cross a grouped weight's rows, take the row path.
+// ---------------------------------------------------------------------------------------------
+#if NORMLAB_VEC_BYTES == 64
+#define NORMLAB_LN_SHORT_ROWS 1
+constexpr int64_t kShort = 16;  // rows per block: the lanes of a float32 vector
+
+// The permute tables for rows of N values (flat value p = 16 k + l: register k, lane l; row p / N).
+template <int N> struct ShortPlan {
+  static constexpr int P = (N + 1) / 2;  // register pairs
+  int32_t col_idx[N][P][16] = {};        // column j from registers (2m, 2m + 1): lane r's index
+  uint16_t col_mask[N][P] = {};          //   the lanes (rows) it supplies
+  int32_t row_idx[16][16] = {};          // row r from registers (row_reg, row_reg + 1): lane j's index
+  int row_reg[16] = {};
+  int32_t exp_idx[N][16] = {};           // flat register k: the row of each lane
+  constexpr ShortPlan() {
+    for (int j = 0; j < N; ++j)
+      for (int r = 0; r < 16; ++r) {
+        const int p = r * N + j, m = p / 32;
+        col_idx[j][m][r] = p - 32 * m;
+        col_mask[j][m] = uint16_t(col_mask[j][m] | (1u << r));
+      }
+    for (int r = 0; r < 16; ++r) {
+      row_reg[r] = (r * N) / 16;
+      for (int j = 0; j < 16; ++j) row_idx[r][j] = j < N ? r * N + j - 16 * row_reg[r] : 0;
+    }
+    for (int k = 0; k < N; ++k)
+      for (int l = 0; l < 16; ++l) exp_idx[k][l] = (16 * k + l) / N;
+  }
+};
+template <int N> inline constexpr ShortPlan<N> kShortPlan{};
+
+inline __m512i idx_at(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline __m512 m512(vec<float> v) { return (__m512)v; }
+inline vec<float> vf(__m512 v) { return (vec<float>)v; }
+
+// Column j of the 16 rows held flat in V[0..N): lane r = row r's value j.
+template <int N> inline vec<float> short_col(const vec<float>* V, int j) {
+  constexpr auto& T = kShortPlan<N>;
+  __m512 c = _mm512_permutex2var_ps(m512(V[0]), idx_at(T.col_idx[j][0]), m512(V[N > 1 ? 1 : 0]));
+  for (int m = 1; m < T.P; ++m) {
+    const __m512 t = _mm512_permutex2var_ps(m512(V[2 * m]), idx_at(T.col_idx[j][m]), m512(V[2 * m + 1 < N ? 2 * m + 1 : 2 * m]));
+    c = _mm512_mask_blend_ps(T.col_mask[j][m], c, t);
+  }
+  return vf(c);
+}
+// Row r of the 16 rows held flat in V[0..N): lane j = its value j (lanes from N: junk).
+template <int N> inline vec<float> short_row(const vec<float>* V, int r) {
+  constexpr auto& T = kShortPlan<N>;
+  const int k = T.row_reg[r];
+  return vf(_mm512_permutex2var_ps(m512(V[k]), idx_at(T.row_idx[r]), m512(V[k + 1 < N ? k + 1 : k])));
+}
+// The per-row values v (lane r: row r) spread over flat register k.
+template <int N> inline vec<float> short_spread(vec<float> v, int k) {
+  return vf(_mm512_permutexvar_ps(idx_at(kShortPlan<N>.exp_idx[k]), m512(v)));
+}
+
+// A weight / bias row of n values tiled over a block's flat vectors: t[p] = w[p % n].
+template <class W> void short_tile(const W* w, int64_t n, float* t) {
+  for (int64_t p = 0; p < kShort * n; ++p) t[p] = to_acc(w[p % n]);
+}
+
+// nb blocks of 16 rows from row pointers x (res, h), y, mean, rstd; wt / bt: the tiled weight
+// and bias (nullptr: none). The arithmetic of fwd_row / fwd_finish, lane by lane.
+template <class S, int N>
+void fwd_short(const S* x, const S* res, S* h, const float* wt, const float* bt, S* y, float* mean, float* rstd,
+               int64_t nb, float eps, bool center, bool cast, int64_t ahead, const S* x_end) {
+  constexpr int64_t B = kShort * N;  // values a block
+  const vec<float> zero = vzero<float>(), vn = vset1<float>(float(N)), veps = vset1<float>(eps);
+  for (int64_t b = 0; b < nb; ++b, x += B, y += B) {
+    if (ahead > 0 && x + ahead * N < x_end) {
+      prefetch_read(x + ahead * N, B * int64_t(sizeof(S)));
+      if (res != nullptr) prefetch_read(res + ahead * N, B * int64_t(sizeof(S)));
+    }
+    vec<float> V[N];
+    if (res != nullptr) {  // the fused add: h's values rounded to storage, as the row path reads them back
+      for (int k = 0; k < N; ++k) {
+        V[k] = vload(x + 16 * k) + vload(res + 16 * k);
+        vstore(h + 16 * k, V[k]);
+        V[k] = vround<S>(V[k]);
+      }
+      res += B;
+      h += B;
+    } else {
+      for (int k = 0; k < N; ++k) V[k] = vload(x + 16 * k);
+    }
+    vec<float> shift = zero, md = zero;
+    if (center) {
+      shift = short_col<N>(V, 0);
+      vec<float> s = zero;
+      for (int j = 0; j < N; ++j) s += short_col<N>(V, j) - shift;
+      md = s / vn;
+    }
+    vec<float> q = zero;
+    for (int j = 0; j < N; ++j) {
+      const vec<float> e = (short_col<N>(V, j) - shift) - md;
+      q += e * e;
+    }
+    const vec<float> var = q / vn;
+    const vec<float> rs = vset1<float>(1.0f) / vf(_mm512_sqrt_ps(m512(var + veps)));
+    if (mean != nullptr) { vstore(mean, shift + md); mean += kShort; }
+    if (rstd != nullptr) { vstore(rstd, rs); rstd += kShort; }
+    for (int k = 0; k < N; ++k) {
+      vec<float> v = ((V[k] - short_spread<N>(shift, k)) - short_spread<N>(md, k)) * short_spread<N>(rs, k);
+      if (cast) v = vround<S>(v);
+      if (wt != nullptr) v = v * vload(wt + 16 * k);
+      if (bt != nullptr) v = v + vload(bt + 16 * k);
+      else if (center) v = v + zero;  // torch's LayerNorm adds a bias of 0: -0 comes out +0
+      vstore(y + 16 * k, v);
+    }
+  }
+}
+
+// nb blocks of 16 rows of the backward: the arithmetic of bwd_rows, lane by lane; pw / pb the
+// chunk's column sums (nullptr: not needed), added to row after row.
+template <class S, int N>
+void bwd_short(const S* dy, const S* x, const float* wt, const float* mean, const float* rstd, const S* dh, S* dx,
+               float* pw, float* pb, int64_t nb, bool center, bool cast, int64_t ahead, const S* x_end) {
+  constexpr int64_t B = kShort * N;
+  const vec<float> zero = vzero<float>(), vn = vset1<float>(float(N));
+  const __mmask16 cols = __mmask16((1u << N) - 1);
+  vec<float> aw = zero, ab = zero;
+  if (pw != nullptr) aw = vf(_mm512_maskz_loadu_ps(cols, pw));
+  if (pb != nullptr) ab = vf(_mm512_maskz_loadu_ps(cols, pb));
+  for (int64_t b = 0; b < nb; ++b, x += B, dy += B, dx += B, rstd += kShort) {
+    if (ahead > 0 && x + ahead * N < x_end) {
+      prefetch_read(x + ahead * N, B * int64_t(sizeof(S)));
+      prefetch_read(dy + ahead * N, B * int64_t(sizeof(S)));
+      if (dh != nullptr) prefetch_read(dh + ahead * N, B * int64_t(sizeof(S)));
+    }
+    vec<float> m = zero;
+    if (center) { m = vload(mean); mean += kShort; }
+    const vec<float> r = vload(rstd);
+    vec<float> XH[N], DY[N], G[N], GX[N];
+    for (int k = 0; k < N; ++k) {
+      XH[k] = (vload(x + 16 * k) - short_spread<N>(m, k)) * short_spread<N>(r, k);
+      DY[k] = vload(dy + 16 * k);
+      G[k] = wt != nullptr ? DY[k] * vload(wt + 16 * k) : DY[k];
+      GX[k] = G[k] * XH[k];
+    }
+    vec<float> sg = zero, sgx = zero;
+    for (int j = 0; j < N; ++j) {
+      sg += short_col<N>(G, j);
+      sgx += short_col<N>(GX, j);
+    }
+    const vec<float> mg = center ? sg / vn : zero, mgx = sgx / vn;
+    for (int k = 0; k < N; ++k) {
+      vec<float> d = short_spread<N>(r, k) * ((G[k] - short_spread<N>(mg, k)) - XH[k] * short_spread<N>(mgx, k));
+      if (dh != nullptr) d = d + vload(dh + 16 * k);
+      vstore(dx + 16 * k, d);
+    }
+    if (dh != nullptr) dh += B;
+    if (pw != nullptr) {
+      for (int k = 0; k < N; ++k) GX[k] = DY[k] * (cast ? vround<S>(XH[k]) : XH[k]);  // dy * x_hat as seen
+      for (int q = 0; q < kShort; ++q) aw = aw + short_row<N>(GX, q);
+      if (pb != nullptr)
+        for (int q = 0; q < kShort; ++q) ab = ab + short_row<N>(DY, q);
+    }
+  }
+  if (pw != nullptr) _mm512_mask_storeu_ps(pw, cols, m512(aw));
+  if (pb != nullptr) _mm512_mask_storeu_ps(pb, cols, m512(ab));
+}
+
+#define NORMLAB_LN_SHORT_CASES(F) \
+  F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15)
+
+template <class S>
+void fwd_short_n(int64_t n, const S* x, const S* res, S* h, const float* wt, const float* bt, S* y, float* mean,
+                 float* rstd, int64_t nb, float eps, bool center, bool cast, int64_t ahead, const S* x_end) {
+  switch (n) {
+#define NORMLAB_CASE(K) \
+  case K: return fwd_short<S, K>(x, res, h, wt, bt, y, mean, rstd, nb, eps, center, cast, ahead, x_end);
+    NORMLAB_LN_SHORT_CASES(NORMLAB_CASE)
+#undef NORMLAB_CASE
+  }
+}
+template <class S>
+void bwd_short_n(int64_t n, const S* dy, const S* x, const float* wt, const float* mean, const float* rstd, const S* dh,
+                 S* dx, float* pw, float* pb, int64_t nb, bool center, bool cast, int64_t ahead, const S* x_end) {
+  switch (n) {
+#define NORMLAB_CASE(K) \
+  case K: return bwd_short<S, K>(dy, x, wt, mean, rstd, dh, dx, pw, pb, nb, center, cast, ahead, x_end);
+    NORMLAB_LN_SHORT_CASES(NORMLAB_CASE)
+#undef NORMLAB_CASE
+  }
+}
+#endif
+
+// The whole blocks of 16 rows from row i on (below hi) that share one weight row and one bias row.
+inline int64_t short_blocks(int64_t i, int64_t hi, int64_t n_w, int64_t rpw, int64_t n_b, int64_t rpb) {
+  int64_t end = hi;
+  if (n_w > 1) end = std::min(end, (i / rpw + 1) * rpw);
+  if (n_b > 1) end = std::min(end, (i / rpb + 1) * rpb);
+  return (end - i) / 16;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward: rows [lo, hi) of norm_fwd.
 //
 //   x     (n_rows, n_cols)  S        res, h: the same (fused add: h = x + res, then normalise h)
@@ -62,6 +269,7 @@ template <class S> inline void add_row(const S* xr, const S* rr, S* hr, int64_t 
 // Statistics by the shifted two passes (numerics/moments.h):
 //   d = x - x[0];  mean = x[0] + mean(d);  xc = d - mean(d);  var = mean(xc^2)  (biased)
 //   y = (xc * rstd) * w + b,  rstd = 1 / sqrt(var + eps)
+//   (no bias: + 0 all the same, as torch adds its bias of 0: a zero comes out +0, never -0)
 // RMSNorm: shift = mean(d) = 0, var = mean(x^2), y = (x * rstd) * w.
 // ---------------------------------------------------------------------------------------------
 // Half-precision rows longer than this many values are widened once into a float32 scratch
@@ -78,7 +286,7 @@ constexpr int64_t kWidenCols = 512;
 // Stream: y written around the caches (numerics/stream.h), the values up to the first aligned
 // address one at a time (the same arithmetic as the vectors: elementwise, the same bits).
 template <class S, class P, class W, bool Stream>
-inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool cast,
+inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                        acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
   static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
@@ -93,6 +301,7 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
     if (cast) v = round_as<S>(v);
     if (wr != nullptr) v = v * to_acc(wr[j]);
     if (br != nullptr) v = v + to_acc(br[j]);
+    else if (center) v = v + A(0);
     yr[j] = from_acc<S>(v);
   };
   int64_t j = 0;
@@ -104,6 +313,7 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
     if (cast) v = vround<S>(v);
     if (wr != nullptr) v = v * vload(wr + j);
     if (br != nullptr) v = v + vload(br + j);
+    else if (center) v = v + vzero<A>();
     if constexpr (Stream) vstream(yr + j, v);
     else vstore(yr + j, v);
   }
@@ -120,7 +330,7 @@ inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc
     shift = to_acc(xr[0]);
     md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
   }
-  fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, cast, shift, md, shift + md, mean, rstd);
+  fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, center, cast, shift, md, shift + md, mean, rstd);
 }
 
 // One half row of more than kWidenCols values through the scratch row d.
@@ -130,7 +340,7 @@ inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* 
   const float shift = center ? to_acc(xr[0]) : 0.0f;
   const float sum_d = shifted_sum_into(xr, d, n, shift);  // d = x - shift, widened
   const float md = center ? over_n(sum_d, n) : 0.0f;
-  fwd_finish<S, float, W, Stream>(d, wr, br, yr, n, eps, cast, 0.0f, md, shift + md, mean, rstd);
+  fwd_finish<S, float, W, Stream>(d, wr, br, yr, n, eps, center, cast, 0.0f, md, shift + md, mean, rstd);
 }
 
 // Rows of a large tensor are asked for ahead of use: the hardware prefetcher does not run far
@@ -165,7 +375,27 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
     if (n > kWidenCols) scratch.reset(new float[n]);
   }
   const int64_t row_bytes = n * int64_t(sizeof(S)), ahead = rows_ahead(a.n_rows, row_bytes);
+#ifdef NORMLAB_LN_SHORT_ROWS
+  float tiles[2][kShort * (kShort - 1)];  // the weight and bias rows tiled for short rows
+  int64_t tiled_w = -1, tiled_b = -1;
+#endif
   for (int64_t i = lo; i < hi; ++i) {
+#ifdef NORMLAB_LN_SHORT_ROWS
+    if constexpr (sizeof(A) == 4) {
+      const int64_t nb = n < kShort && i + kShort <= hi ? short_blocks(i, hi, a.n_w, rpw, a.n_b, rpb) : 0;
+      if (nb > 0) {
+        const int64_t gw = a.n_w > 1 ? i / rpw : 0, gb = a.n_b > 1 ? i / rpb : 0;
+        if (Wt != nullptr && tiled_w != gw) { short_tile(Wt + gw * n, n, tiles[0]); tiled_w = gw; }
+        if (Bs != nullptr && tiled_b != gb) { short_tile(Bs + gb * n, n, tiles[1]); tiled_b = gb; }
+        fwd_short_n<S>(n, X + i * n, R == nullptr ? nullptr : R + i * n, R == nullptr ? nullptr : H + i * n,
+                       Wt == nullptr ? nullptr : tiles[0], Bs == nullptr ? nullptr : tiles[1], Y + i * n,
+                       M == nullptr ? nullptr : M + i, RS == nullptr ? nullptr : RS + i, nb, eps, center, cast, ahead,
+                       X + hi * n);
+        i += nb * kShort - 1;
+        continue;
+      }
+    }
+#endif
     const S* xr = X + i * n;
     if (ahead > 0 && i + ahead < hi) {
       prefetch_read(xr + ahead * n, row_bytes);
@@ -287,7 +517,24 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
   // waits on memory less than on the conversions a half row needs)
   const int64_t row_bytes = n * int64_t(sizeof(S));
   const int64_t ahead = sizeof(S) == 2 ? rows_ahead(a.n_rows, row_bytes) : 0;
+#ifdef NORMLAB_LN_SHORT_ROWS
+  float wtile[kShort * (kShort - 1)];  // the weight row tiled for short rows
+  int64_t tiled_w = -1;
+#endif
   for (int64_t i = lo; i < hi; ++i) {
+#ifdef NORMLAB_LN_SHORT_ROWS
+    if constexpr (sizeof(A) == 4) {
+      const int64_t nb = n < kShort && i + kShort <= hi ? short_blocks(i, hi, a.n_w, rpw, 1, 1) : 0;
+      if (nb > 0) {
+        const int64_t gw = a.n_w > 1 ? i / rpw : 0;
+        if (Wt != nullptr && tiled_w != gw) { short_tile(Wt + gw * n, n, wtile); tiled_w = gw; }
+        bwd_short_n<S>(n, DY + i * n, X + i * n, Wt == nullptr ? nullptr : wtile, center ? M + i : nullptr, RS + i,
+                       DH == nullptr ? nullptr : DH + i * n, DX + i * n, pw, pb, nb, center, cast, ahead, X + hi * n);
+        i += nb * kShort - 1;
+        continue;
+      }
+    }
+#endif
     const S* xr = X + i * n;
     const S* dyr = DY + i * n;
     if (ahead > 0 && i + ahead < hi) {
