@@ -127,11 +127,12 @@ def route(x, op: str) -> int:
     :data:`COMPILE` -- the one place this is decided.
 
     ``"ref"`` chosen, or ``torch.export``/``torch.jit.trace`` recording: REF. Otherwise the
-    ``"cpu"`` kernels where they serve ``x`` (a CPU tensor of a float dtype; ``"auto"`` takes REF
-    for any other tensor, an explicit ``"cpu"`` raises ``RuntimeError`` listing the backends that
-    can, for a floating-point tensor on another device): TRANSFORM under a torch.func transform or forward-mode AD, COMPILE while torch.compile
-    traces, EAGER otherwise. ``x`` that is not a tensor, or not of a floating-point dtype: REF,
-    whose argument checks say what is wrong (as torch's own checks would).
+    ``"cpu"`` kernels where they serve ``x``, a CPU tensor: TRANSFORM under a torch.func transform
+    or forward-mode AD, COMPILE while torch.compile traces, EAGER otherwise. A tensor on another
+    device: REF under ``"auto"``; under an explicit ``"cpu"`` a ``RuntimeError`` listing the
+    backends that can (for a floating-point one). A tensor of a dtype no kernel serves (an
+    integer, a complex) is refused by the argument checks on every path, as torch refuses it;
+    ``x`` that is not a tensor: REF, whose checks say what is wrong.
     """
     choice = _state.choice or _global_choice or _ENV_CHOICE
     if choice != "auto":
@@ -139,8 +140,10 @@ def route(x, op: str) -> int:
             return REF
         if choice != "cpu":
             _validate(choice)  # NORMLAB_BACKEND's bad name: raises
+    # (the dtype is not asked here: a CPU tensor of a dtype the kernels do not serve -- an integer,
+    # a complex, a float8 -- is refused by the argument checks on every path, as by torch's)
     try:
-        served = _CPU and x.is_cpu and x.dtype in _SERVED
+        served = _CPU and x.is_cpu
     except AttributeError:  # not a tensor: the reference's argument checks say what is wrong
         return REF
     if not served:
@@ -165,7 +168,9 @@ def backend_for(x: torch.Tensor, op: str) -> str:
         raise ValueError(f"normlab: unknown op {op!r}; expected one of {sorted(OPS)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"normlab.backend_for: expected a torch.Tensor, got {type(x).__name__}")
-    return "ref" if route(x, op) == REF else "cpu"
+    if route(x, op) == REF or x.dtype not in _SERVED:  # (a dtype no path accepts: "ref", which serves all)
+        return "ref"
+    return "cpu"
 
 
 def _cannot_serve(choice: str, x: torch.Tensor, op: str) -> None:
