@@ -127,10 +127,11 @@ def channels_as_rows(layer_norm, x, w, b, eps):
 
 def empty_output(x: torch.Tensor, *params) -> torch.Tensor:
     """The (empty) output of a norm of an ``x`` with no value to normalise: 0 channels, or a
-    ``normalized_shape`` with a 0. Differentiable in ``x`` and in ``params`` (their gradients
-    are empty tensors, as torch gives)."""
+    ``normalized_shape`` with a 0 (or, for DyT, no row). Differentiable in ``x`` and in
+    ``params``: their gradients are zeros of their own shape (empty tensors for empty
+    parameters, as torch gives)."""
     y = x.contiguous().clone()
     for p in params:
         if p is not None:
-            y = y + p.sum()  # an empty sum: adds 0 to no value, links p into the graph
+            y = y + p.sum()  # added to no value: links p into the graph, its gradient 0
     return y

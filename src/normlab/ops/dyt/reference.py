@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .. import _transforms
-from ..layouts import flat, like, rows
+from ..layouts import empty_output, flat, like, rows
 from ..numerics import acc_dtype
 
 
@@ -123,11 +123,7 @@ class DyTFunction(torch.autograd.Function):
 def ref_dyt(x, normalized_shape, alpha, w, b):
     """The REF path: DyT over the trailing ``normalized_shape`` dims of ``x`` by :class:`DyTFunction`
     (``normalized_shape`` says which dims ``w`` and ``b`` run along). The output is contiguous."""
-    if x.numel() == 0:
-        y = x.contiguous().clone()
-        for p in (alpha, w, b):
-            if p is not None and p.requires_grad:
-                y = y + 0 * p.sum()  # differentiable in every parameter (zero gradients), empty output
-        return y
+    if x.numel() == 0:  # no value: the empty output, differentiable in every parameter (zero gradients)
+        return empty_output(x, alpha, w, b)
     y = _transforms.pick(DyTFunction).apply(rows(x, normalized_shape), alpha, flat(w), flat(b))
     return like(y, x).contiguous()
