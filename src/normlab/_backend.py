@@ -39,7 +39,9 @@ COMPILE = 3
 
 # The ops every backend implements (the names backend_for and its error messages use)
 OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
-                 "group_norm", "instance_norm", "sync_batch_norm", "dyt"})
+                 "group_norm", "instance_norm", "sync_batch_norm", "dyt", "local_response_norm"})
+# The ops with no C++ kernel: every path runs their reference math (backend_for says "ref")
+REFERENCE_ONLY_OPS = frozenset({"local_response_norm"})
 
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the "cpu" kernels' dtypes
 # "cpu" joins when normlab.ops finds the C++ extension installed (install_cpu, at import)
@@ -168,7 +170,8 @@ def backend_for(x: torch.Tensor, op: str) -> str:
         raise ValueError(f"normlab: unknown op {op!r}; expected one of {sorted(OPS)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"normlab.backend_for: expected a torch.Tensor, got {type(x).__name__}")
-    if route(x, op) == REF or x.dtype not in _SERVED:  # (a dtype no path accepts: "ref", which serves all)
+    if route(x, op) == REF or x.dtype not in _SERVED or op in REFERENCE_ONLY_OPS:
+        # (a dtype no path accepts, or an op with no kernel: "ref", which serves all)
         return "ref"
     return "cpu"
 

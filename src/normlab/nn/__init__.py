@@ -12,6 +12,15 @@ from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatch
 from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layer_norm import LayerNorm, LayerNorm2d, RMSNorm
+from .lazy import (
+    LazyBatchNorm1d,
+    LazyBatchNorm2d,
+    LazyBatchNorm3d,
+    LazyInstanceNorm1d,
+    LazyInstanceNorm2d,
+    LazyInstanceNorm3d,
+)
+from .local_response_norm import CrossMapLRN2d, LocalResponseNorm
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -36,4 +45,12 @@ __all__ = [
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
     "DyT",
+    "LazyBatchNorm1d",
+    "LazyBatchNorm2d",
+    "LazyBatchNorm3d",
+    "LazyInstanceNorm1d",
+    "LazyInstanceNorm2d",
+    "LazyInstanceNorm3d",
+    "LocalResponseNorm",
+    "CrossMapLRN2d",
 ]
