@@ -43,6 +43,7 @@ FUNCTIONS = {
                                               torch.ones(3, device=d), training=True),
     "ghost_batch_norm": lambda d: NF.ghost_batch_norm(_t(8, 3, device=d), 4),
     "dyt": lambda d: NF.dyt(_t(4, 8, device=d), (8,), _t(1, device=d), _t(8, device=d), _t(8, device=d)),
+    "local_response_norm": lambda d: NF.local_response_norm(_t(2, 5, 4, device=d), 3),
 }
 
 # name -> (module, input shape)
@@ -68,9 +69,18 @@ MODULES = {
     "GhostBatchNorm2d": (lambda: NN.GhostBatchNorm2d(3, virtual_batch_size=2), (4, 3, 2, 2)),
     "GhostBatchNorm3d": (lambda: NN.GhostBatchNorm3d(3, virtual_batch_size=2), (4, 3, 2, 2, 2)),
     "DyT": (lambda: NN.DyT(8), (4, 8)),
+    # the Lazy modules: the first call materialises them, then runs their normlab class's forward
+    "LazyBatchNorm1d": (lambda: NN.LazyBatchNorm1d(), (4, 3)),
+    "LazyBatchNorm2d": (lambda: NN.LazyBatchNorm2d(), (2, 3, 4, 4)),
+    "LazyBatchNorm3d": (lambda: NN.LazyBatchNorm3d(), (2, 3, 2, 2, 2)),
+    "LazyInstanceNorm1d": (lambda: NN.LazyInstanceNorm1d(), (2, 3, 5)),
+    "LazyInstanceNorm2d": (lambda: NN.LazyInstanceNorm2d(), (2, 3, 4, 4)),
+    "LazyInstanceNorm3d": (lambda: NN.LazyInstanceNorm3d(), (2, 3, 2, 2, 2)),
+    "LocalResponseNorm": (lambda: NN.LocalResponseNorm(3), (2, 5, 4, 4)),
+    "CrossMapLRN2d": (lambda: NN.CrossMapLRN2d(3), (2, 5, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
-REFERENCE_ONLY: set[str] = set()
+REFERENCE_ONLY: set[str] = {"local_response_norm", "LocalResponseNorm", "CrossMapLRN2d"}
 
 
 def _module_call(name, device, training=True):
