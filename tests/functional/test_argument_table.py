@@ -59,6 +59,7 @@ _TorchF = types.SimpleNamespace(
     batch_norm=TF.batch_norm,
     group_norm=TF.group_norm,
     instance_norm=TF.instance_norm,
+    local_response_norm=TF.local_response_norm,
     # h = x + residual, then the norm of h
     add_layer_norm=lambda x, r, shape, w=None, b=None, eps=1e-5: (TF.layer_norm(x + r, shape, w, b, eps), x + r),
     add_rms_norm=lambda x, r, shape, w=None, eps=None: (TF.rms_norm(x + r, shape, w, eps), x + r),
@@ -536,6 +537,62 @@ row("GhostBatchNorm2d channels_last", lambda L: fwd(L.nn.GhostBatchNorm2d(6, 8),
 row("SyncBatchNorm eval", lambda L: fwd(L.nn.SyncBatchNorm(6), X(2, 6, 3, 3), train=False))
 row("SyncBatchNorm eval eps=inf", lambda L: fwd(L.nn.SyncBatchNorm(6, eps=inf), X(2, 6, 3, 3), train=False))
 
+# local response normalization: size, alpha/beta/k edges, ranks; CrossMapLRN2d
+
+
+def _lrn(L, x=None, size=3, alpha=1e-2, beta=0.75, k=1.0):
+    return L.F.local_response_norm(X(2, 6, 4) if x is None else x, size, alpha, beta, k)
+
+
+row("local_response_norm valid", lambda L: _lrn(L))
+row("local_response_norm 4-D even size", lambda L: _lrn(L, X(2, 6, 3, 3), size=4))
+row("local_response_norm 5-D", lambda L: _lrn(L, X(2, 6, 2, 2, 3), size=5))
+row("local_response_norm 6-D", lambda L: _lrn(L, X(1, 6, 2, 2, 1, 2), size=2))
+row("local_response_norm size > C", lambda L: _lrn(L, size=9))
+row("local_response_norm size 1", lambda L: _lrn(L, size=1))
+row("local_response_norm size 0", lambda L: _lrn(L, size=0))
+row("local_response_norm size negative", lambda L: _lrn(L, size=-2))
+row("local_response_norm size float", lambda L: _lrn(L, size=2.5))
+row("local_response_norm size bool", lambda L: _lrn(L, size=True))
+row("local_response_norm alpha 0", lambda L: _lrn(L, alpha=0.0))
+row("local_response_norm alpha negative", lambda L: _lrn(L, alpha=-1.0))
+row("local_response_norm alpha nan", lambda L: _lrn(L, alpha=nan))
+row("local_response_norm alpha int", lambda L: _lrn(L, alpha=1))
+row("local_response_norm beta 0", lambda L: _lrn(L, beta=0.0))
+row("local_response_norm beta negative", lambda L: _lrn(L, beta=-0.5))
+row("local_response_norm k 0", lambda L: _lrn(L, k=0.0))
+row("local_response_norm k negative", lambda L: _lrn(L, k=-1.0))
+row("local_response_norm k inf", lambda L: _lrn(L, k=inf))
+row("local_response_norm 2-D input", lambda L: _lrn(L, X(4, 6)))
+row("local_response_norm f64", lambda L: _lrn(L, X(2, 6, 4, dtype=F64)))
+row("local_response_norm int input", lambda L: _lrn(L, torch.ones(2, 6, 4, dtype=torch.int64)))
+row("LocalResponseNorm valid", lambda L: fwd(L.nn.LocalResponseNorm(2), X(2, 6, 3, 3)))
+row("LocalResponseNorm size 0", lambda L: fwd(L.nn.LocalResponseNorm(0), X(2, 6, 3, 3)))
+row("CrossMapLRN2d valid", lambda L: fwd(L.nn.CrossMapLRN2d(3, 0.5), X(2, 6, 3, 3)))
+row("CrossMapLRN2d even size", lambda L: fwd(L.nn.CrossMapLRN2d(4, 0.5), X(2, 7, 2, 2)))
+row("CrossMapLRN2d 3-D input", lambda L: fwd(L.nn.CrossMapLRN2d(3), X(2, 6, 3)))
+row("CrossMapLRN2d size 0", lambda L: fwd(L.nn.CrossMapLRN2d(0), X(2, 6, 3, 3)))
+row("CrossMapLRN2d size negative", lambda L: fwd(L.nn.CrossMapLRN2d(-1), X(2, 6, 3, 3)))
+
+
+# the Lazy modules: the first call, then a second of another channel count
+
+
+def _lazy(L, name, first, second=None, **kwargs):
+    m = getattr(L.nn, name)(**kwargs)
+    out = fwd(m, first)
+    return out if second is None else fwd(m, second)
+
+
+row("LazyBatchNorm1d valid", lambda L: _lazy(L, "LazyBatchNorm1d", X(4, 6), X(4, 6, seed=1)))
+row("LazyBatchNorm2d channels changed", lambda L: _lazy(L, "LazyBatchNorm2d", X(2, 6, 3, 3), X(2, 5, 3, 3)))
+row("LazyBatchNorm3d wrong rank first", lambda L: _lazy(L, "LazyBatchNorm3d", X(2, 6, 3, 3)))
+row("LazyBatchNorm1d no state channels changed",
+    lambda L: _lazy(L, "LazyBatchNorm1d", X(4, 6), X(4, 5), affine=False, track_running_stats=False))
+row("LazyInstanceNorm2d valid", lambda L: _lazy(L, "LazyInstanceNorm2d", X(2, 6, 3, 3), X(2, 6, 3, 3, seed=2)))
+row("LazyInstanceNorm1d channels changed", lambda L: _lazy(L, "LazyInstanceNorm1d", X(2, 6, 4), X(2, 5, 4)))
+row("LazyInstanceNorm3d momentum=1.5", lambda L: _lazy(L, "LazyInstanceNorm3d", X(2, 6, 2, 2, 2), momentum=1.5))
+
 
 # ----------------------------------------------------------------------------
 # where normlab differs from torch on purpose
@@ -552,6 +609,14 @@ class Deliberate:
 
 _EPS_MSG = r"expected eps (to be a non-negative number|> 0 in training), got "
 DELIBERATE: dict[str, Deliberate] = {
+    "LRN integer input": Deliberate(
+        r"local_response_norm int input", "an integer input is refused as by every normlab entry (torch's "
+        "LRN computes it through its pooling ops); convert it first", NotImplementedError,
+        r"expected a floating-point input"),
+    "CrossMapLRN2d size < 1": Deliberate(
+        r"CrossMapLRN2d size (0|negative)", "a window of no channel: torch divides by zero (ZeroDivisionError) "
+        "for 0 and computes with a negative size; normlab refuses both at construction, with "
+        "LocalResponseNorm's RuntimeError", RuntimeError, r"expected size >= 1"),
     "eps NaN": Deliberate(
         r".* eps=nan", "a NaN eps makes every output NaN (torch computes them); a caller's bug, refused before "
         "any work (batch_norm in training says 'expected eps > 0 in training', its own check, which runs first)",
