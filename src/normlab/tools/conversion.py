@@ -11,8 +11,10 @@ built before the swap keeps working), the train/eval flag and the module hooks.
 Outputs do not change. ``revert(model)`` does the reverse.
 
 Subclasses of torch.nn classes are left alone: their ``forward`` may do
-something the twin does not. ``torch.nn.SyncBatchNorm`` and the ``Lazy*``
-modules have no twin yet and are left alone too.
+something the twin does not. ``torch.nn.SyncBatchNorm`` has no twin yet and is
+left alone too. The ``Lazy*`` modules are converted once materialised: their
+first call makes them torch's ``BatchNorm*``/``InstanceNorm*``, which convert
+swaps; before it they are left alone (run the model once, then convert).
 
 >>> import torch, normlab
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
@@ -30,6 +32,7 @@ from torch import nn
 from ..nn import batch_norm as _bn
 from ..nn import group_norm as _gn
 from ..nn import layer_norm as _ln
+from ..nn import local_response_norm as _lrn
 from .models import copy_hooks
 
 
@@ -58,6 +61,14 @@ def _group_norm_args(m) -> dict:
                 affine=m.affine, bias=_has_bias(m))
 
 
+def _lrn_args(m) -> dict:  # LocalResponseNorm and CrossMapLRN2d: no tensor at all
+    return dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)
+
+
+# twins that hold no tensor: built as they are (their constructors take no device)
+_STATELESS = (nn.LocalResponseNorm, nn.CrossMapLRN2d, _lrn.LocalResponseNorm, _lrn.CrossMapLRN2d)
+
+
 def _twins() -> list[tuple[type, type, Callable]]:
     pairs = [
         (nn.LayerNorm, _ln.LayerNorm, _layer_norm_args),
@@ -68,6 +79,7 @@ def _twins() -> list[tuple[type, type, Callable]]:
               for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")]
     pairs += [(getattr(nn, n), getattr(_gn, n), _running_norm_args)
               for n in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")]
+    pairs += [(getattr(nn, n), getattr(_lrn, n), _lrn_args) for n in ("LocalResponseNorm", "CrossMapLRN2d")]
     return pairs
 
 
@@ -96,6 +108,8 @@ def _carry_over(old: nn.Module, new: nn.Module) -> nn.Module:
 
 
 def _swap(old: nn.Module, new_cls: type, args: dict) -> nn.Module:
+    if new_cls in _STATELESS:
+        return _carry_over(old, new_cls(**args))
     return _carry_over(old, adopt(old, new_cls, **args))
 
 
@@ -191,8 +205,9 @@ def convert(model: nn.Module) -> nn.Module:
     """Replace every normalization module in ``model`` with its normlab twin, in place.
 
     Swapped: torch.nn's norm classes by exact type (LayerNorm, RMSNorm, GroupNorm,
-    BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d; subclasses, ``SyncBatchNorm`` and the ``Lazy*``
-    modules are left alone), the classes given to :func:`register_conversion`, and the norm
+    BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LocalResponseNorm, CrossMapLRN2d; subclasses,
+    ``SyncBatchNorm`` and the ``Lazy*`` modules before their first call are left alone -- after
+    it they are BatchNorm*/InstanceNorm*, and swapped), the classes given to :func:`register_conversion`, and the norm
     classes of the libraries ``normlab.tools`` knows (Hugging Face transformers, timm). The twin
     takes over the very same ``Parameter`` and buffer objects (an optimizer built before keeps
     working; ``state_dict`` keys do not change), the train/eval flag and the module hooks;

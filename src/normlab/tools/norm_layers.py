@@ -4,6 +4,7 @@ integrated libraries' classes alike)."""
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from ..nn import batch_norm as _bn
 from ..nn import batch_renorm as _brn
@@ -32,7 +33,10 @@ _RANKED = (
 def batch_norm_rank(m: nn.Module) -> int | None:
     """1, 2 or 3 for a trainable BatchNorm1d/2d/3d (torch's or normlab's, BatchRenorm and
     GhostBatchNorm included), 0 for a SyncBatchNorm (any rank), None for anything else
-    (frozen layers included)."""
+    (frozen layers included, and a Lazy module before its first call: it has no channel count
+    yet, and becomes a BatchNorm at that call)."""
+    if isinstance(m, LazyModuleMixin):
+        return None
     for rank, classes in enumerate(_RANKED, start=1):
         if isinstance(m, classes):
             return rank
@@ -75,7 +79,10 @@ def is_channels_first_layer_norm(m: nn.Module) -> bool:
 
 def norm_family(m: nn.Module) -> str | None:
     """``"batch"``, ``"frozen"``, ``"layer"``, ``"layer2d"`` (LayerNorm over the channels of
-    (N, C, H, W)), ``"rms"``, ``"group"``, ``"instance"`` or None."""
+    (N, C, H, W)), ``"rms"``, ``"group"``, ``"instance"`` or None (a Lazy module before its
+    first call included: it becomes a BatchNorm or InstanceNorm at that call)."""
+    if isinstance(m, LazyModuleMixin):
+        return None
     if is_frozen(m):
         return "frozen"
     if is_batch_norm(m):
