@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONVERTED = ["layer_norm.md", "forward_mode.md", "batch_norm.md", "group_norm.md", "batch_norm_variants.md"]
+CONVERTED = ["layer_norm.md", "forward_mode.md", "batch_norm.md", "group_norm.md", "batch_norm_variants.md",
+             "local_response_norm.md"]
 DISPLAY = re.compile(r"^\$\$\n(.*?)\n\$\$$", re.S | re.M)
 INLINE = re.compile(r"\\\((.*?)\\\)", re.S)
 ARRAY = re.compile(r"\\begin\{array\}\{\w+\}(.*?)\\end\{array\}", re.S)
@@ -30,6 +31,8 @@ STATES = {
                       r"m = C_g \cdot S"),
     "batch_norm_variants.md": ("constants of the backward",  # Renorm: BatchNorm with weight w r, bias w d + b
                                r"dw &= r\, dw' + d\, db'"),
+    "local_response_norm.md": ("not the gradient of its own forward",  # torch's CrossMapLRN2d backward
+                               r"\frac{\partial L}{\partial x_j} = g_j\, b_j^{-\beta} - \frac{2\alpha\beta}{n}\, x_j\, (M^\top r)_j"),
 }
 
 
