@@ -146,11 +146,23 @@ def test_dtype_and_to_before_the_first_call():
     assert ours.running_var.dtype == torch.float64
 
 
-def test_constructor_checks_run_at_construction():
-    with pytest.raises(ValueError, match="momentum"):
-        normlab.nn.LazyBatchNorm1d(momentum=2.0)
-    with pytest.raises(ValueError, match="eps"):
-        normlab.nn.LazyInstanceNorm2d(eps=-1.0)
+@pytest.mark.parametrize("name", NAMES)
+def test_constructor_checks_as_the_materialised_classes(name):
+    """The judgements of normlab's BatchNorm/InstanceNorm constructors (tests/nn/test_constructor_checks.py),
+    with the lazy class's name, at construction."""
+    make = getattr(normlab.nn, name)
+    with pytest.raises(ValueError, match=rf"^{name}: expected eps to be a non-negative number, got -1e-05$"):
+        make(eps=-1e-5)
+    with pytest.raises(ValueError, match=rf"^{name}: expected momentum in \[0, 1\] .*got 1.5$"):
+        make(momentum=1.5)
+    with pytest.raises(TypeError, match=rf"^{name}: expected momentum to be a float in \[0, 1\] or None, got '0.1'$"):
+        make(momentum="0.1")
+    with pytest.raises(RuntimeError, match=rf"^{name}: expected a floating-point dtype .*got torch.int64$"):
+        make(dtype=torch.int64)
+    with pytest.raises(RuntimeError):  # torch refuses an integer dtype too, at the first call
+        getattr(torch.nn, name)(dtype=torch.int64)(torch.randn(NAMES[name]))
+    for momentum in (0.0, 1.0, None):
+        assert repr(make(momentum=momentum)) == repr(getattr(torch.nn, name)(momentum=momentum))
 
 
 def test_instance_norm_without_state_gives_no_channel_warning():
