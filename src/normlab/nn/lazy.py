@@ -100,58 +100,136 @@ class _LazyInstanceNorm(_LazyNormBase, _InstanceNorm):
         return int(input.shape[input.dim() - self._dims])  # (N, C, *) or unbatched (C, *)
 
 
-def _doc(twin: str, shape: str, instance: bool = False) -> str:
-    where = "dim 1 (dim 0 of an unbatched input)" if instance else "dim 1"
-    note = " -- torch.nn.InstanceNorm's defaults are False" if instance else ""
-    return f"""A ``normlab.nn.{twin}`` whose ``num_features`` is read from its first input's channel
-    count ({where}); after that call the module is a ``normlab.nn.{twin}``.
+class LazyBatchNorm1d(_LazyNormBase, _BatchNorm):
+    """A ``normlab.nn.BatchNorm1d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1); after that call the module is a ``normlab.nn.BatchNorm1d``.
 
-    Twin: ``torch.nn.Lazy{twin}`` -- same arguments and defaults (``affine=True``,
-    ``track_running_stats=True``{note}), ``repr``, uninitialized parameters and buffers in
+    Twin: ``torch.nn.LazyBatchNorm1d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``), ``repr``, uninitialized parameters and buffers in
     ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
     normlab is stricter or more exact than torch).
 
-    Shapes, numerics: those of ``normlab.nn.{twin}``.
+    Shapes, numerics: those of ``normlab.nn.BatchNorm1d``.
 
     >>> import torch, normlab
-    >>> m = normlab.nn.Lazy{twin}()
-    >>> y = m(torch.randn({shape}))
+    >>> m = normlab.nn.LazyBatchNorm1d()
+    >>> y = m(torch.randn(4, 3))
     >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
-    ('{twin}', 3, (3,))
+    ('BatchNorm1d', 3, (3,))
     """
 
-
-class LazyBatchNorm1d(_LazyNormBase, _BatchNorm):
-    __doc__ = _doc("BatchNorm1d", "4, 3")
     cls_to_become = BatchNorm1d
     _check_input_dim = BatchNorm1d._check_input_dim
 
 
 class LazyBatchNorm2d(_LazyNormBase, _BatchNorm):
-    __doc__ = _doc("BatchNorm2d", "2, 3, 4, 4")
+    """A ``normlab.nn.BatchNorm2d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1); after that call the module is a ``normlab.nn.BatchNorm2d``.
+
+    Twin: ``torch.nn.LazyBatchNorm2d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``), ``repr``, uninitialized parameters and buffers in
+    ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
+    normlab is stricter or more exact than torch).
+
+    Shapes, numerics: those of ``normlab.nn.BatchNorm2d``.
+
+    >>> import torch, normlab
+    >>> m = normlab.nn.LazyBatchNorm2d()
+    >>> y = m(torch.randn(2, 3, 4, 4))
+    >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
+    ('BatchNorm2d', 3, (3,))
+    """
+
     cls_to_become = BatchNorm2d
     _check_input_dim = BatchNorm2d._check_input_dim
 
 
 class LazyBatchNorm3d(_LazyNormBase, _BatchNorm):
-    __doc__ = _doc("BatchNorm3d", "2, 3, 2, 2, 2")
+    """A ``normlab.nn.BatchNorm3d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1); after that call the module is a ``normlab.nn.BatchNorm3d``.
+
+    Twin: ``torch.nn.LazyBatchNorm3d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``), ``repr``, uninitialized parameters and buffers in
+    ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
+    normlab is stricter or more exact than torch).
+
+    Shapes, numerics: those of ``normlab.nn.BatchNorm3d``.
+
+    >>> import torch, normlab
+    >>> m = normlab.nn.LazyBatchNorm3d()
+    >>> y = m(torch.randn(2, 3, 2, 2, 2))
+    >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
+    ('BatchNorm3d', 3, (3,))
+    """
+
     cls_to_become = BatchNorm3d
     _check_input_dim = BatchNorm3d._check_input_dim
 
 
 class LazyInstanceNorm1d(_LazyInstanceNorm):
-    __doc__ = _doc("InstanceNorm1d", "2, 3, 5", instance=True)
+    """A ``normlab.nn.InstanceNorm1d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1; dim 0 of an unbatched input); after that call the module is a
+    ``normlab.nn.InstanceNorm1d``.
+
+    Twin: ``torch.nn.LazyInstanceNorm1d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``, where InstanceNorm's are False), ``repr``, uninitialized
+    parameters and buffers in ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
+    normlab is stricter or more exact than torch).
+
+    Shapes, numerics: those of ``normlab.nn.InstanceNorm1d``.
+
+    >>> import torch, normlab
+    >>> m = normlab.nn.LazyInstanceNorm1d()
+    >>> y = m(torch.randn(2, 3, 5))
+    >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
+    ('InstanceNorm1d', 3, (3,))
+    """
+
     cls_to_become = InstanceNorm1d
     _dims = InstanceNorm1d._dims
 
 
 class LazyInstanceNorm2d(_LazyInstanceNorm):
-    __doc__ = _doc("InstanceNorm2d", "2, 3, 4, 4", instance=True)
+    """A ``normlab.nn.InstanceNorm2d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1; dim 0 of an unbatched input); after that call the module is a
+    ``normlab.nn.InstanceNorm2d``.
+
+    Twin: ``torch.nn.LazyInstanceNorm2d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``, where InstanceNorm's are False), ``repr``, uninitialized
+    parameters and buffers in ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
+    normlab is stricter or more exact than torch).
+
+    Shapes, numerics: those of ``normlab.nn.InstanceNorm2d``.
+
+    >>> import torch, normlab
+    >>> m = normlab.nn.LazyInstanceNorm2d()
+    >>> y = m(torch.randn(2, 3, 4, 4))
+    >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
+    ('InstanceNorm2d', 3, (3,))
+    """
+
     cls_to_become = InstanceNorm2d
     _dims = InstanceNorm2d._dims
 
 
 class LazyInstanceNorm3d(_LazyInstanceNorm):
-    __doc__ = _doc("InstanceNorm3d", "2, 3, 2, 2, 2", instance=True)
+    """A ``normlab.nn.InstanceNorm3d`` whose ``num_features`` is read from its first input's channel
+    count (dim 1; dim 0 of an unbatched input); after that call the module is a
+    ``normlab.nn.InstanceNorm3d``.
+
+    Twin: ``torch.nn.LazyInstanceNorm3d`` -- same arguments and defaults (``affine=True``,
+    ``track_running_stats=True``, where InstanceNorm's are False), ``repr``, uninitialized
+    parameters and buffers in ``state_dict`` before the first call, and class after it (``normlab.nn.lazy`` says where
+    normlab is stricter or more exact than torch).
+
+    Shapes, numerics: those of ``normlab.nn.InstanceNorm3d``.
+
+    >>> import torch, normlab
+    >>> m = normlab.nn.LazyInstanceNorm3d()
+    >>> y = m(torch.randn(2, 3, 2, 2, 2))
+    >>> type(m).__name__, m.num_features, tuple(m.weight.shape)
+    ('InstanceNorm3d', 3, (3,))
+    """
+
     cls_to_become = InstanceNorm3d
     _dims = InstanceNorm3d._dims
