@@ -18,7 +18,7 @@ True
 from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
 from .dyt import dyt
 from .group_norms import group_norm, instance_norm
-from .local_response_norm import local_response_norm
+from .local_response_norms import local_response_norm
 from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
 
 __all__ = [

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..functional.local_response_norm import _check_arguments, cross_map_lrn2d
+from ..functional.local_response_norms import _check_arguments, cross_map_lrn2d
 from ._base import _NotScriptable
 
 __all__ = ["LocalResponseNorm", "CrossMapLRN2d"]
