@@ -172,3 +172,40 @@ def test_alpha_of_another_type_and_integer_input():
         NF.local_response_norm(torch.randn(2, 3, 4), 2, alpha="1")
     with pytest.raises(NotImplementedError, match=r"expected a floating-point input"):
         NF.local_response_norm(torch.ones(2, 3, 4, dtype=torch.long), 2)
+
+
+@pytest.mark.parametrize("kind", ["lrn", "cross_map"])
+@pytest.mark.parametrize("c", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 9, 12])
+def test_band_sums_are_the_window_matrix(kind, c, size):
+    """The code's band sums (and their transpose, the backward's) equal the definition's 0/1 matrix."""
+    from normlab.ops.local_response_norm.reference import _window_sum, _window_sum_t, window
+
+    t = torch.randn(2, c, 3, dtype=F64)
+    m = window(c, size, kind)
+    torch.testing.assert_close(_window_sum(t, size, kind), torch.matmul(m, t))
+    torch.testing.assert_close(_window_sum_t(t, size, kind), torch.matmul(m.t(), t))
+
+
+def test_same_bits_on_one_and_two_threads():
+    x = torch.randn(4, 24, 9, 9, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    dy = torch.randn(4, 24, 9, 9, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = NF.local_response_norm(x, 5, 1e-2, 0.75, 1.0)
+            outs.append((y, torch.autograd.grad(y, x, dy)[0]))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_torch_compile_fullgraph():
+    m = normlab.nn.LocalResponseNorm(3, 1e-2)
+    x = torch.randn(2, 6, 4, 4, requires_grad=True)
+    y = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(y, torch.nn.functional.local_response_norm(x, 3, 1e-2))
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape

@@ -9,8 +9,9 @@ values at the same place in a window of channels around its own::
     base   = k + alpha * s / size            # the average over ``size`` slots (zeros padded)
     y      = x / base^beta
 
-The window ``W(c)``, as a 0/1 matrix ``M[c, j]`` (:func:`window`), is where the two torch
-layers differ:
+The window ``W(c)``, as a 0/1 matrix ``M[c, j]`` (:func:`window`, the definition; the code
+sums the band of offsets instead, ``size`` elementwise adds, and adds channel 0 where
+``"cross_map"`` needs it), is where the two torch layers differ:
 
 - ``"lrn"`` (torch.nn.LocalResponseNorm, ``torch.nn.functional.local_response_norm``): the
   channels ``c - size // 2 .. c + (size - 1) // 2`` that exist (odd ``size``: centred; even: one
@@ -64,19 +65,62 @@ def window(n_channels: int, size: int, kind: str, dtype=torch.float64, device=No
     return inside.to(dtype)
 
 
-def _base(xa, m, size, alpha, k):
+def _bounds(size: int, kind: str) -> tuple[int, int]:
+    """The band of channel ``c``'s window as offsets ``lo .. hi`` from ``c`` (``lo <= 0 <= hi``);
+    ``"cross_map"`` adds channel 0 besides (:func:`_window_sum`)."""
+    if kind == "lrn":
+        return -(size // 2), (size - 1) // 2
+    p = (size - 1) // 2 + 1
+    return -(p - 1), p - 1
+
+
+def _band(t, lo, hi):
+    """``out[:, c] = sum_{o = lo..hi} t[:, c + o]`` over the channels (dim 1) of 3-D ``t`` (N, C, R),
+    zeros beyond the ends: the offsets added one by one, lowest first (elementwise adds: the same
+    bits on any number of threads)."""
+    c = t.shape[1]
+    lo, hi = max(lo, -(c - 1)), min(hi, c - 1)  # offsets past the ends add only zeros
+    padded = torch.nn.functional.pad(t, (0, 0, -lo, hi))  # (N, C + hi - lo, R)
+    out = padded[:, 0:c]
+    for i in range(1, hi - lo + 1):
+        out = out + padded[:, i:i + c]
+    return out
+
+
+def _window_sum(t, size, kind):
+    """``M t`` over the channels of 3-D ``t``: each channel's window sum (see :func:`window`)."""
+    lo, hi = _bounds(size, kind)
+    s = _band(t, lo, hi)
+    if kind == "cross_map" and t.shape[1] > 1 - lo:
+        # channel 0 in every window: added where the band no longer reaches it (c > -lo)
+        extra = torch.zeros_like(t[:, :1]).expand(-1, 1 - lo, -1)
+        s = s + torch.cat([extra, t[:, :1].expand(-1, t.shape[1] + lo - 1, -1)], dim=1)
+    return s
+
+
+def _window_sum_t(t, size, kind):
+    """``M^T t``: the transposed window, the backward's sum over the channels whose window holds
+    each channel."""
+    lo, hi = _bounds(size, kind)
+    s = _band(t, -hi, -lo)
+    if kind == "cross_map" and t.shape[1] > 1 - lo:
+        # channel 0 gathers from every channel c > -lo (whose band does not reach it)
+        head = t[:, 1 - lo:].sum(1, keepdim=True)  # (N, 1, R)
+        s = s + torch.cat([head, torch.zeros_like(t[:, 1:])], dim=1)
+    return s
+
+
+def _base(xa, size, alpha, k, kind):
     """``k + alpha * s / size`` with ``s = M (x^2)`` over the channels of 3-D ``xa`` (N, C, R)."""
-    s = torch.matmul(m, xa * xa)  # (N, C, R): each channel's window of squares
+    s = _window_sum(xa * xa, size, kind)  # (N, C, R): each channel's window of squares
     return s / size * alpha + k
 
 
 def local_response_norm_ref(x, size, alpha, beta, k, kind="lrn"):
     """LRN of 3-D ``x`` (N, C, R) across dim 1, in the accumulation dtype, rounded once to
     ``x``'s dtype."""
-    acc = acc_dtype(x.dtype)
-    xa = x.to(acc)
-    m = window(x.shape[1], size, kind, acc, x.device)
-    return (xa / _base(xa, m, size, alpha, k).pow(beta)).to(x.dtype)
+    xa = x.to(acc_dtype(x.dtype))
+    return (xa / _base(xa, size, alpha, k, kind).pow(beta)).to(x.dtype)
 
 
 def local_response_norm_backward_ref(dy, x, size, alpha, beta, k, kind="lrn"):
@@ -84,11 +128,10 @@ def local_response_norm_backward_ref(dy, x, size, alpha, beta, k, kind="lrn"):
     backward) and batched by vmap as it is."""
     acc = acc_dtype(x.dtype)
     dya, xa = dy.to(acc), x.to(acc)
-    m = window(x.shape[1], size, kind, acc, x.device)
-    base = _base(xa, m, size, alpha, k)  # (N, C, R)
+    base = _base(xa, size, alpha, k, kind)  # (N, C, R)
     inv = base.pow(-beta)  # 1 / base^beta
     r = dya * xa * inv / base  # dy * y / base
-    dx = dya * inv - (2.0 * alpha * beta / size) * xa * torch.matmul(m.t(), r)  # term 1, term 2
+    dx = dya * inv - (2.0 * alpha * beta / size) * xa * _window_sum_t(r, size, kind)  # term 1, term 2
     return dx.to(x.dtype)
 
 
@@ -96,10 +139,9 @@ def local_response_norm_jvp(x, xt, size, alpha, beta, k, kind="lrn"):
     """The forward-mode derivative of :func:`local_response_norm_ref` along ``xt``."""
     acc = acc_dtype(x.dtype)
     xa, xta = x.to(acc), xt.to(acc)
-    m = window(x.shape[1], size, kind, acc, x.device)
-    base = _base(xa, m, size, alpha, k)
+    base = _base(xa, size, alpha, k, kind)
     inv = base.pow(-beta)
-    yt = xta * inv - (2.0 * alpha * beta / size) * (xa * inv / base) * torch.matmul(m, xa * xta)
+    yt = xta * inv - (2.0 * alpha * beta / size) * (xa * inv / base) * _window_sum(xa * xta, size, kind)
     return yt.to(x.dtype)
 
 
