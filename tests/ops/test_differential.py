@@ -144,6 +144,9 @@ def _cases():
         _case("layer_norm", (2112, 1024), (torch.float32,), threads=2),  # enlarged to 2112 / 32 = 66 rows
         _case("layer_norm", (512, 64), WIDE), _case("layer_norm", (513, 64), WIDE, threads=2),  # grain: 512 rows
         _case("layer_norm", (4, 6, 33), ALL, layout="transposed"),                    # a copy first
+        # rows shorter than two vectors in blocks of 16 rows (one row a lane: n < L; one vector and a
+        # tail worked 16 rows together: L <= n < 2L), with rows left over for the row path
+        *[_case(f, (37, n), WIDE) for f in ("layer_norm", "rms_norm") for n in (3, L32 - 1, L32, L32 + 1, 2 * L32 - 1)],
         _case("layer_norm", (6, 100), (torch.float32,), offset=1000.0),               # the shifted two passes
         _case("add_layer_norm", (5, 2 * L32 + 1)), _case("add_rms_norm", (5, 3 * L32 + 1)),
         _case("add_layer_norm", (300, 257), WIDE, threads=2),

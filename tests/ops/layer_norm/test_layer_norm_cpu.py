@@ -306,6 +306,25 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("cols", [5, 15, 16, 17, 24, 31, 33])
+def test_a_row_gets_the_same_bits_alone_and_among_many(kind, cols):
+    """Rows shorter than two vectors run 16 rows at a time (one row a lane, or one vector and a tail
+    for 16 rows together); a row alone runs the row path. Their sums add the same values in the same
+    order, so y and dx of every row are the same bits either way (and dw / db stay within the rule)."""
+    x, w, b, dy = _inputs((53, cols), (cols,), torch.float32, "both", seed=cols)
+    x = x * 3 + 100  # a mean far from 0: the shift matters
+    fn = ((lambda x, w, b: NF.layer_norm(x, (cols,), w, b)) if kind == "layer"
+          else (lambda x, w, b: NF.rms_norm(x, (cols,), w) + 0 * b.sum()))
+    many = _run("cpu", fn, (x, w, b), (dy,))
+    for r in (0, 15, 16, 31, 47, 52):  # first and last of blocks, and rows past the last block
+        one = _run("cpu", fn, (x[r:r + 1], w, b), (dy[r:r + 1],))
+        assert torch.equal(many[0][r], one[0][0]) and torch.equal(many[1][r], one[1][0]), r
+    f64 = _run("cpu", fn, (x.double(), w.double(), b.double()), (dy.double(),))
+    for got, ref in zip(many[2:4 if kind == "layer" else 3], f64[2:]):  # dw, db (RMSNorm: dw; b is not used)
+        assert rel_err(got, ref) < TIGHT[torch.float32], rel_err(got, ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_nan_and_inf_propagate_like_torch(dtype, kind):

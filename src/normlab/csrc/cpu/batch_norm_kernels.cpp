@@ -368,12 +368,13 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
   }
 }
 
-// sum_j (x[j] - shift) over k values in float64 (shifted_sum64): from x for float32, whose
+// sum_j (x[j] - shift) over k values in float64 (shifted_sum64), added into the four float64
+// chains s (their hsum is the sum; float32: minus k * shift): from x for float32, whose
 // differences round; from the exact differences d (accumulation dtype) otherwise (half precision:
-// in float32 chains of 16 terms a lane first). One loop that
-// also writes d[j] = x[j] - shift, with four float64 chains (the adds of one overlap the
-// others'; two chains left the loop waiting on add latency).  x: (k,) storage; d: (k,) scratch.
-template <class S> double shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<S> shift) {
+// in float32 chains of 16 terms a lane first). One loop that also writes d[j] = x[j] - shift,
+// with four float64 chains (the adds of one overlap the others'; two chains left the loop waiting
+// on add latency).  x: (k,) storage; d: (k,) scratch.
+template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<S> shift, vec<double>* s) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   constexpr int64_t D = lanes<double>;
@@ -382,7 +383,6 @@ template <class S> double shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_
     if constexpr (std::is_same_v<A, float>) return vload_widen(p);
     else return vload(p);
   };
-  vec<double> s[4] = {vzero<double>(), vzero<double>(), vzero<double>(), vzero<double>()};
   const vec<A> vs = vset1<A>(shift);
   int64_t j = 0;
   if constexpr (!std::is_same_v<S, float> && std::is_same_v<A, float>) {
@@ -415,15 +415,21 @@ template <class S> double shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_
     else src = d + j;
     for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(src + i * D);  // 4 (float) or 2 (double) vectors
   }
-  double r = hsum<double>((s[0] + s[1]) + (s[2] + s[3]));
-  for (; j < k; ++j) {
-    const A dj = to_acc(x[j]) - shift;
-    d[j] = dj;
-    if constexpr (std::is_same_v<S, float>) r += double(x[j]);
-    else r += double(dj);
+  if (j < k) {
+    // the last values (fewer than 2L) as partial vectors, the lanes past the end 0 on both sides of
+    // the subtraction: a chain of scalar adds here was the longest part of a short plane's pass
+    // (100-150 cycles of latency for a run of 169 values)
+    alignas(64) A shifts[L], t[2 * L];
+    for (int64_t i = 0; i < L; ++i) shifts[i] = shift;
+    for (int64_t h = 0; h < 2; ++h) {
+      const int64_t r = std::clamp<int64_t>(k - j - h * L, 0, L);
+      const vec<A> xv = vload_part(x + j + h * L, r), dv = xv - vload_part(shifts, r);
+      if (r > 0) vstore_part(d + j + h * L, dv, r);
+      if constexpr (std::is_same_v<S, float>) vstore(t + h * L, xv);  // float32: x itself, as the loop
+      else vstore(t + h * L, dv);
+    }
+    for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(t + i * D);
   }
-  if constexpr (std::is_same_v<S, float>) return r - double(k) * double(shift);
-  else return r;
 }
 
 // sum_j (d[j] - m)^2 over k values, in the accumulation dtype, four chains (pass 2 of a piece).
@@ -437,13 +443,18 @@ template <class A> A sqdev4(const A* d, int64_t k, A m) {
       const vec<A> e = vload(d + j + i * L) - vm;
       s[i] += e * e;
     }
-  for (int i = 0; j + L <= k; j += L, ++i) {
+  int i = 0;
+  for (; j + L <= k; j += L, ++i) {
     const vec<A> e = vload(d + j) - vm;
     s[i] += e * e;
   }
-  A r = hsum<A>((s[0] + s[1]) + (s[2] + s[3]));
-  for (; j < k; ++j) { const A e = d[j] - m; r += e * e; }
-  return r;
+  if (j < k) {  // the last values as a partial vector (i < 4: at most 3 whole ones above)
+    alignas(64) A ms[L];
+    for (int64_t l = 0; l < L; ++l) ms[l] = m;
+    const vec<A> e = vload_part(d + j, k - j) - vload_part(ms, k - j);
+    s[i] += e * e;
+  }
+  return hsum<A>((s[0] + s[1]) + (s[2] + s[3]));
 }
 
 // Channel c's mean m, or torch's where the shift made it NaN: +-inf for a channel holding
@@ -623,34 +634,45 @@ template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int
   }
 }
 
-// (mean, M2) of k values at p by the shifted two passes, pass 1 summed in float64, pass 2
-// around the mean rounded to the accumulation dtype (md) and corrected for that rounding.
-// d: (k,) scratch of the differences.
-template <class S> inline void piece_moments(const S* p, int64_t k, acc_t<S>* d, double* m, double* q) {
-  using A = acc_t<S>;
-  const A sh = to_acc(p[0]);
-  const double s = shifted_sum64(p, d, k, sh);  // pass 1
-  const double sk = s / double(k);
-  const A md = acc_cast<A>(sk);
-  const double corr = sk - double(md);  // md's rounding
-  const double qq = double(sqdev4<A>(d, k, md)) - double(k) * corr * corr;  // pass 2
-  *m = double(sh) + sk;
-  *q = qq < 0.0 ? 0.0 : qq;  // rounding; NaN stays NaN
-}
-
-// The moments of channel c's values [v0, v1).  x: (N, C, S) storage; d: plane_piece scratch.
+// The moments of channel c's values [v0, v1) by the shifted two passes, in pieces of at most
+// plane_piece values taken in plane order across the runs (a short plane's run is one piece's
+// stretch, not a piece of its own: a piece's hsums, division and merge cost some 100 cycles, as
+// much as a run of 150 values). A piece: pass 1 sums x - shift (shift: the piece's first value)
+// in float64 and keeps the differences d; pass 2 sums (d - md)^2 around the mean rounded to the
+// accumulation dtype (md), corrected for that rounding; the pieces merged in order (Chan).
+// x: (N, C, S) storage; d: plane_piece scratch.
 template <class S>
 Moments part_moments(const S* x, int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, acc_t<S>* d) {
+  using A = acc_t<S>;
   Moments mo;
   const int64_t piece = constants().plane_piece;
+  vec<double> s[4];
+  int64_t fill = 0;
+  A shift = A(0);
+  auto flush = [&] {
+    double r = hsum<double>((s[0] + s[1]) + (s[2] + s[3]));
+    if constexpr (std::is_same_v<S, float>) r -= double(fill) * double(shift);
+    const double sk = r / double(fill);
+    const A md = acc_cast<A>(sk);
+    const double corr = sk - double(md);  // md's rounding
+    const double qq = double(sqdev4<A>(d, fill, md)) - double(fill) * corr * corr;  // pass 2
+    mo.merge(double(fill), double(shift) + sk, qq < 0.0 ? 0.0 : qq);  // rounding; NaN stays NaN
+    fill = 0;
+  };
   plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
-    for (int64_t lo = 0; lo < len; lo += piece) {
-      const int64_t k = std::min(piece, len - lo);
-      double m, q;
-      piece_moments(x + off + lo, k, d, &m, &q);
-      mo.merge(double(k), m, q);
+    for (int64_t lo = 0; lo < len;) {
+      if (fill == 0) {
+        shift = to_acc(x[off + lo]);
+        for (auto& v : s) v = vzero<double>();
+      }
+      const int64_t k = std::min(piece - fill, len - lo);
+      shifted_sum64(x + off + lo, d + fill, k, shift, s);  // pass 1
+      fill += k;
+      lo += k;
+      if (fill == piece) flush();
     }
   });
+  if (fill > 0) flush();
   return mo;
 }
 
@@ -885,15 +907,21 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
       a[i] += gi;
       q[i] += gi * (vload(x + j + i * L) - vm);
     }
-  for (int i = 0; j + L <= k; j += L, ++i) {
+  int i = 0;
+  for (; j + L <= k; j += L, ++i) {
     vec<A> gi = vload(g + j);
     a[i] += gi;
     q[i] += gi * (vload(x + j) - vm);
   }
-  A s1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3])), s2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
-  for (; j < k; ++j) { A v = to_acc(g[j]); s1 += v; s2 += v * (to_acc(x[j]) - m); }
-  *o1 = s1;
-  *o2 = s2;
+  if (j < k) {  // the last values as a partial vector, 0 past the end (as sqdev4)
+    alignas(64) A ms[L];
+    for (int64_t l = 0; l < L; ++l) ms[l] = m;
+    const vec<A> gi = vload_part(g + j, k - j);
+    a[i] += gi;
+    q[i] += gi * (vload_part(x + j, k - j) - vload_part(ms, k - j));
+  }
+  *o1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3]));
+  *o2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
 }
 
 // dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
@@ -904,11 +932,13 @@ inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, 
   vec<A> vf = vset1<A>(f);
   if (train) {
     vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
-    columns<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
-               [&](int64_t t) { dx[t] = from_acc<S>((f * to_acc(dy[t]) - q2 * (to_acc(x[t]) - h)) - q0); });
+    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
+                    [&](int64_t t, int64_t k) {
+                      vstore_part(dx + t, (vf * vload_part(dy + t, k) - v2 * (vload_part(x + t, k) - vh)) - v0, k);
+                    });
   } else {
-    columns<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
-               [&](int64_t t) { dx[t] = from_acc<S>(to_acc(dy[t]) * f); });
+    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
+                    [&](int64_t t, int64_t k) { vstore_part(dx + t, vload_part(dy + t, k) * vf, k); });
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "numerics/chunks.h"
@@ -248,6 +249,148 @@ void bwd_short_n(int64_t n, const S* dy, const S* x, const float* wt, const floa
 #undef NORMLAB_CASE
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rows of one vector and a tail (16 <= n < 32 float32 values, AVX-512 builds).
+//
+// The row path sums such a row as hsum(0 + v) + the tail's values one at a time: a dependent
+// chain of a tree and 1-15 scalar adds per sum, three sums a row -- latency, not work (LayerNorm(24)
+// on 4096 rows: 140 cycles a row forward). A block of 16 rows is worked with the same additions:
+// each row's head (values 0-15) is one vector; the 16 heads' hsum trees run together as one
+// transposing reduction (lane i + lane i + 8 of two rows' heads side by side, then i + 4, i + 2,
+// i + 1: hsum's tree, 15 adds and 30 shuffles for 16 rows), giving a vector whose lane r is row
+// r's head sum; the tail's columns are gathered (lane r: row r's value 16 + c) and added to it in
+// column order. The elementwise passes run on each row's head and masked tail with the row's
+// statistics broadcast. Same additions, same order: the same bits as the row path.
+template <int Imm> inline __m512 shuf4(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, Imm); }
+template <int Imm> inline __m512 shuf(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, Imm); }
+
+// v[r] (r < 16): lane r of the result = hsum(v[r]) (numerics/vec.h's tree).
+inline __m512 hsum16(const __m512* v) {
+  __m512 b[8], c[4], d[2];
+  // level 1, lanes i + i + 8: rows 2k (lanes 0-7) and 2k + 1 (lanes 8-15)
+  for (int k = 0; k < 8; ++k)
+    b[k] = _mm512_add_ps(shuf4<0x44>(v[2 * k], v[2 * k + 1]), shuf4<0xEE>(v[2 * k], v[2 * k + 1]));
+  // level 2, i + i + 4: b[2m] = rows (4m, 4m + 1) in halves -> quarters rows 4m, 4m + 1, 4m + 2, 4m + 3
+  for (int m = 0; m < 4; ++m)
+    c[m] = _mm512_add_ps(shuf4<0x88>(b[2 * m], b[2 * m + 1]), shuf4<0xDD>(b[2 * m], b[2 * m + 1]));
+  // level 3, i + i + 2, within each quarter: d[p] quarter q = (row 8p + q: 2 lanes, row 8p + 4 + q: 2 lanes)
+  for (int p = 0; p < 2; ++p)
+    d[p] = _mm512_add_ps(shuf<0x44>(c[2 * p], c[2 * p + 1]), shuf<0xEE>(c[2 * p], c[2 * p + 1]));
+  // level 4, i + i + 1: quarter q = rows (q, 4 + q, 8 + q, 12 + q)
+  const __m512 e = _mm512_add_ps(shuf<0x88>(d[0], d[1]), shuf<0xDD>(d[0], d[1]));
+  // lane 4q + s holds row 4s + q: back to lane r = row r
+  const __m512i back = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(back, e);
+}
+inline __m512 lane_bcast(__m512 v, int r) { return _mm512_permutexvar_ps(_mm512_set1_epi32(r), v); }
+
+// nb blocks of 16 rows of n values (16 < n < 32; n == 16 has no tail and takes this path too).
+// w / b: the block's weight / bias row (nullptr: none). The arithmetic of fwd_row / fwd_finish.
+inline void fwd_mid(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t n,
+                    int64_t nb, float eps, bool center) {
+  const int t = int(n - 16);                       // tail values a row
+  const __mmask16 tm = __mmask16((1u << t) - 1);
+  const __m512 zero = _mm512_setzero_ps(), vn = _mm512_set1_ps(float(n)), veps = _mm512_set1_ps(eps);
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int(n)));
+  const __m512 wh = w != nullptr ? _mm512_loadu_ps(w) : zero, wt = w != nullptr ? _mm512_maskz_loadu_ps(tm, w + 16) : zero;
+  const __m512 bh = b != nullptr ? _mm512_loadu_ps(b) : zero, bt = b != nullptr ? _mm512_maskz_loadu_ps(tm, b + 16) : zero;
+  for (int64_t blk = 0; blk < nb; ++blk, x += 16 * n, y += 16 * n) {
+    __m512 a[16];
+    __m512 shift = zero, md = zero;
+    if (center) {
+      shift = _mm512_i32gather_ps(rows, x, 4);  // lane r: row r's value 0
+      for (int r = 0; r < 16; ++r)
+        a[r] = _mm512_add_ps(zero, _mm512_sub_ps(_mm512_loadu_ps(x + r * n), _mm512_set1_ps(x[r * n])));
+      __m512 s = hsum16(a);  // hsum(s0 + s1) with s1 = 0: a holds no -0 (0 + d), so + 0 is the identity
+      for (int c = 0; c < t; ++c)
+        s = _mm512_add_ps(s, _mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), shift));
+      md = _mm512_div_ps(s, vn);
+    }
+    for (int r = 0; r < 16; ++r) {
+      const __m512 e = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), lane_bcast(shift, r)), lane_bcast(md, r));
+      a[r] = _mm512_mul_ps(e, e);
+    }
+    __m512 q = hsum16(a);
+    for (int c = 0; c < t; ++c) {
+      const __m512 e = _mm512_sub_ps(_mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), shift), md);
+      q = _mm512_add_ps(q, _mm512_mul_ps(e, e));
+    }
+    const __m512 rs = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_sqrt_ps(_mm512_add_ps(_mm512_div_ps(q, vn), veps)));
+    if (mean != nullptr) { _mm512_storeu_ps(mean, _mm512_add_ps(shift, md)); mean += 16; }
+    if (rstd != nullptr) { _mm512_storeu_ps(rstd, rs); rstd += 16; }
+    for (int r = 0; r < 16; ++r) {
+      const __m512 sr = lane_bcast(shift, r), mr = lane_bcast(md, r), rr = lane_bcast(rs, r);
+      __m512 h = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), sr), mr), rr);
+      __m512 u = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, x + r * n + 16), sr), mr), rr);
+      if (w != nullptr) { h = _mm512_mul_ps(h, wh); u = _mm512_mul_ps(u, wt); }
+      if (b != nullptr) { h = _mm512_add_ps(h, bh); u = _mm512_add_ps(u, bt); }
+      else if (center) { h = _mm512_add_ps(h, zero); u = _mm512_add_ps(u, zero); }
+      _mm512_storeu_ps(y + r * n, h);
+      _mm512_mask_storeu_ps(y + r * n + 16, tm, u);
+    }
+  }
+}
+
+// nb blocks of 16 rows of the backward (float32 storage): the arithmetic of bwd_rows; pw / pb the
+// chunk's column sums (nullptr: not needed), added to row after row.
+inline void bwd_mid(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                    const float* dh, float* dx, float* pw, float* pb, int64_t n, int64_t nb, bool center) {
+  const int t = int(n - 16);
+  const __mmask16 tm = __mmask16((1u << t) - 1);
+  const __m512 zero = _mm512_setzero_ps(), vn = _mm512_set1_ps(float(n));
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int(n)));
+  const __m512 wh = w != nullptr ? _mm512_loadu_ps(w) : zero, wt = w != nullptr ? _mm512_maskz_loadu_ps(tm, w + 16) : zero;
+  __m512 awh = zero, awt = zero, abh = zero, abt = zero;
+  if (pw != nullptr) { awh = _mm512_loadu_ps(pw); awt = _mm512_maskz_loadu_ps(tm, pw + 16); }
+  if (pb != nullptr) { abh = _mm512_loadu_ps(pb); abt = _mm512_maskz_loadu_ps(tm, pb + 16); }
+  for (int64_t blk = 0; blk < nb; ++blk, x += 16 * n, dy += 16 * n, dx += 16 * n, rstd += 16) {
+    const __m512 m = center ? _mm512_loadu_ps(mean) : zero, rv = _mm512_loadu_ps(rstd);
+    if (center) mean += 16;
+    __m512 a1[16], a2[16];
+    for (int r = 0; r < 16; ++r) {
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), lane_bcast(m, r)), lane_bcast(rv, r));
+      __m512 g = _mm512_loadu_ps(dy + r * n);
+      if (w != nullptr) g = _mm512_mul_ps(g, wh);
+      a1[r] = _mm512_add_ps(zero, g);
+      a2[r] = _mm512_add_ps(zero, _mm512_mul_ps(g, xh));
+    }
+    __m512 sg = hsum16(a1), sgx = hsum16(a2);
+    for (int c = 0; c < t; ++c) {
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), m), rv);
+      __m512 g = _mm512_i32gather_ps(rows, dy + 16 + c, 4);
+      if (w != nullptr) g = _mm512_mul_ps(g, _mm512_set1_ps(w[16 + c]));
+      sg = _mm512_add_ps(sg, g);
+      sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xh));
+    }
+    const __m512 mg = center ? _mm512_div_ps(sg, vn) : zero, mgx = _mm512_div_ps(sgx, vn);
+    for (int r = 0; r < 16; ++r) {
+      const __m512 mr = lane_bcast(m, r), rr = lane_bcast(rv, r), gr = lane_bcast(mg, r), gxr = lane_bcast(mgx, r);
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), mr), rr);
+      const __m512 xt = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, x + r * n + 16), mr), rr);
+      const __m512 dyh = _mm512_loadu_ps(dy + r * n), dyt = _mm512_maskz_loadu_ps(tm, dy + r * n + 16);
+      const __m512 gh = w != nullptr ? _mm512_mul_ps(dyh, wh) : dyh, gt = w != nullptr ? _mm512_mul_ps(dyt, wt) : dyt;
+      __m512 dh_ = _mm512_mul_ps(rr, _mm512_sub_ps(_mm512_sub_ps(gh, gr), _mm512_mul_ps(xh, gxr)));
+      __m512 dt_ = _mm512_mul_ps(rr, _mm512_sub_ps(_mm512_sub_ps(gt, gr), _mm512_mul_ps(xt, gxr)));
+      if (dh != nullptr) {
+        dh_ = _mm512_add_ps(dh_, _mm512_loadu_ps(dh + r * n));
+        dt_ = _mm512_add_ps(dt_, _mm512_maskz_loadu_ps(tm, dh + r * n + 16));
+      }
+      _mm512_storeu_ps(dx + r * n, dh_);
+      _mm512_mask_storeu_ps(dx + r * n + 16, tm, dt_);
+      if (pw != nullptr) {
+        awh = _mm512_add_ps(awh, _mm512_mul_ps(dyh, xh));
+        awt = _mm512_add_ps(awt, _mm512_mul_ps(dyt, xt));
+        if (pb != nullptr) { abh = _mm512_add_ps(abh, dyh); abt = _mm512_add_ps(abt, dyt); }
+      }
+    }
+    if (dh != nullptr) dh += 16 * n;
+  }
+  if (pw != nullptr) { _mm512_storeu_ps(pw, awh); _mm512_mask_storeu_ps(pw + 16, tm, awt); }
+  if (pb != nullptr) { _mm512_storeu_ps(pb, abh); _mm512_mask_storeu_ps(pb + 16, tm, abt); }
+}
 #endif
 
 // The whole blocks of 16 rows from row i on (below hi) that share one weight row and one bias row.
@@ -396,6 +539,19 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
       }
     }
 #endif
+#ifdef NORMLAB_LN_SHORT_ROWS
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<W, float>) {
+      const int64_t nb = n >= 16 && n < 32 && R == nullptr && i + kShort <= hi
+                             ? short_blocks(i, hi, a.n_w, rpw, a.n_b, rpb) : 0;
+      if (nb > 0) {
+        fwd_mid(X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
+                Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n, Y + i * n,
+                M == nullptr ? nullptr : M + i, RS == nullptr ? nullptr : RS + i, n, nb, eps, center);
+        i += nb * kShort - 1;
+        continue;
+      }
+    }
+#endif
     const S* xr = X + i * n;
     if (ahead > 0 && i + ahead < hi) {
       prefetch_read(xr + ahead * n, row_bytes);
@@ -469,17 +625,22 @@ template <class S, class W, bool Stream> void fwd_task(const FwdArgs& a, int64_t
   fwd_rows<S, W, Stream>(a, lo, hi);
 }
 
-// y streams past the caches when x and y (and res and h) take more than half the last level, for
-// float32 / float64 rows of at least kStreamRowBytes. Short rows share cache lines: a line gets the
-// streaming stores of one row and the plain stores of the next row's unaligned ends, and is written
-// to memory in pieces (channels-last LayerNorm2d(25), 34x25x95x95 bfloat16, one thread: 44 ms
-// streamed, 13.5 ms not; float32 rows of 43: 16 vs 11 ms). Half rows are bound by the conversions,
-// not by the stores' reads-for-ownership: 200-3000 bfloat16 values a row ran 5-25 % slower streamed.
-// From 2000-4000 float32 bytes a row, streaming saves a quarter to a third.
+// The output y streams past the caches (numerics/stream.h) for rows of at least kStreamRowBytes
+// when x and y (and res and h) take more than half the last level (float32 / float64), or more than
+// the whole last level (half precision). Short rows share cache lines: a line gets the streaming
+// stores of one row and the plain stores of the next row's unaligned ends, and is written to memory
+// in pieces (channels-last LayerNorm2d(25), 34x25x95x95 bfloat16, one thread: 44 ms streamed,
+// 13.5 ms not; float32 rows of 43: 16 vs 11 ms). Half rows are bound more by the conversions than
+// by the stores' reads-for-ownership: below the size of the last level, where a repeated call
+// finds its output's lines in cache, 200-3000 bfloat16 values a row ran 5-25 % slower streamed;
+// from 16384 x 1024 bfloat16 on (32 MB read, 32 MB written; the last level 32 MB) streaming was
+// 3-8 % faster (one thread, fastest of 25). From 2000-4000 float32 bytes a row, streaming saves a
+// quarter to a third.
 constexpr int64_t kStreamRowBytes = 1024;
 template <class S, class W> void fwd(const FwdArgs& a) {
   const int64_t bytes = a.n_rows * a.n_cols * int64_t(sizeof(S)) * (a.res != nullptr ? 4 : 2);
-  if (sizeof(S) >= 4 && a.n_cols * int64_t(sizeof(S)) >= kStreamRowBytes && streams_output(bytes))
+  const int64_t row_bytes = a.n_cols * int64_t(sizeof(S));
+  if (row_bytes >= kStreamRowBytes && streams_output(sizeof(S) >= 4 ? bytes : bytes / 2))
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, true>(a, lo, hi); });
   else
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, false>(a, lo, hi); });
@@ -530,6 +691,18 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
         if (Wt != nullptr && tiled_w != gw) { short_tile(Wt + gw * n, n, wtile); tiled_w = gw; }
         bwd_short_n<S>(n, DY + i * n, X + i * n, Wt == nullptr ? nullptr : wtile, center ? M + i : nullptr, RS + i,
                        DH == nullptr ? nullptr : DH + i * n, DX + i * n, pw, pb, nb, center, cast, ahead, X + hi * n);
+        i += nb * kShort - 1;
+        continue;
+      }
+    }
+#endif
+#ifdef NORMLAB_LN_SHORT_ROWS
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<W, float>) {
+      const int64_t nb = n >= 16 && n < 32 && i + kShort <= hi ? short_blocks(i, hi, a.n_w, rpw, 1, 1) : 0;
+      if (nb > 0) {
+        bwd_mid(DY + i * n, X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
+                center ? M + i : nullptr, RS + i, DH == nullptr ? nullptr : DH + i * n, DX + i * n, pw, pb, n, nb,
+                center);
         i += nb * kShort - 1;
         continue;
       }
