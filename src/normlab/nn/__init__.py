@@ -8,10 +8,13 @@ runs through ``normlab.functional``.
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .batch_renorm import BatchRenorm1d, BatchRenorm2d, BatchRenorm3d
 from .dyt import DyT
+from .evo_norm import EvoNorm2dB0, EvoNorm2dS0
+from .frn import FilterResponseNormAct2d, FilterResponseNormTlu2d
 from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
 from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layer_norm import LayerNorm, LayerNorm2d, RMSNorm
+from .scale_norm import RmsNorm2d, SimpleNorm, SimpleNorm2d
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -36,4 +39,11 @@ __all__ = [
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
     "DyT",
+    "RmsNorm2d",
+    "SimpleNorm",
+    "SimpleNorm2d",
+    "FilterResponseNormTlu2d",
+    "FilterResponseNormAct2d",
+    "EvoNorm2dB0",
+    "EvoNorm2dS0",
 ]
