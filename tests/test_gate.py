@@ -43,6 +43,14 @@ FUNCTIONS = {
                                               torch.ones(3, device=d), training=True),
     "ghost_batch_norm": lambda d: NF.ghost_batch_norm(_t(8, 3, device=d), 4),
     "dyt": lambda d: NF.dyt(_t(4, 8, device=d), (8,), _t(1, device=d), _t(8, device=d), _t(8, device=d)),
+    "rms_norm2d": lambda d: NF.rms_norm2d(_t(2, 3, 4, 4, device=d), _t(3, device=d)),
+    "simple_norm": lambda d: NF.simple_norm(_t(4, 8, device=d), (8,), _t(8, device=d)),
+    "simple_norm2d": lambda d: NF.simple_norm2d(_t(2, 3, 4, 4, device=d), _t(3, device=d)),
+    "filter_response_norm": lambda d: NF.filter_response_norm(_t(2, 3, 4, 4, device=d), _t(3, device=d),
+                                                              _t(3, device=d), _t(3, device=d)),
+    "evo_norm2d_b0": lambda d: NF.evo_norm2d_b0(_t(2, 3, 4, 4, device=d), torch.ones(3, device=d), v=_t(3, device=d),
+                                                training=True),
+    "evo_norm2d_s0": lambda d: NF.evo_norm2d_s0(_t(2, 4, 4, 4, device=d), 2, v=_t(4, device=d)),
 }
 
 # name -> (module, input shape)
@@ -68,9 +76,18 @@ MODULES = {
     "GhostBatchNorm2d": (lambda: NN.GhostBatchNorm2d(3, virtual_batch_size=2), (4, 3, 2, 2)),
     "GhostBatchNorm3d": (lambda: NN.GhostBatchNorm3d(3, virtual_batch_size=2), (4, 3, 2, 2, 2)),
     "DyT": (lambda: NN.DyT(8), (4, 8)),
+    "RmsNorm2d": (lambda: NN.RmsNorm2d(3), (2, 3, 4, 4)),
+    "SimpleNorm": (lambda: NN.SimpleNorm(8), (4, 8)),
+    "SimpleNorm2d": (lambda: NN.SimpleNorm2d(3), (2, 3, 4, 4)),
+    "FilterResponseNormTlu2d": (lambda: NN.FilterResponseNormTlu2d(3), (2, 3, 4, 4)),
+    "FilterResponseNormAct2d": (lambda: NN.FilterResponseNormAct2d(3), (2, 3, 4, 4)),
+    "EvoNorm2dB0": (lambda: NN.EvoNorm2dB0(3), (2, 3, 4, 4)),
+    "EvoNorm2dS0": (lambda: NN.EvoNorm2dS0(4, groups=2), (2, 4, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
-REFERENCE_ONLY: set[str] = set()
+REFERENCE_ONLY: set[str] = {"rms_norm2d", "simple_norm", "simple_norm2d", "filter_response_norm", "evo_norm2d_b0",
+                            "evo_norm2d_s0", "RmsNorm2d", "SimpleNorm", "SimpleNorm2d", "FilterResponseNormTlu2d",
+                            "FilterResponseNormAct2d", "EvoNorm2dB0", "EvoNorm2dS0"}
 
 
 def _module_call(name, device, training=True):

@@ -77,7 +77,7 @@ def evo_norm2d_s0(
 
     No torch twin. Train and eval are the same (no running statistic).
 
-    Shapes: input ``(N, C, H, W)`` with ``C`` divisible by ``groups``, output the same (in the
+    Shapes: input ``(N, C, H, W)`` with ``C`` divisible by ``groups`` (with ``v``), output the same (in the
     input's memory format); ``weight``, ``bias``, ``v``: ``(C,)`` or None.
 
     Numerics: the group variance by the shifted two passes in float32 for float16/bfloat16/float32
@@ -92,7 +92,7 @@ def evo_norm2d_s0(
     check_input(fn, input)
     check_4d(fn, input)
     groups = check_num_groups(fn, groups)
-    if input.shape[1] % groups:
+    if v is not None and input.shape[1] % groups:
         raise ValueError(f"{fn}: expected the input's channels ({input.shape[1]}) to be divisible by groups "
                          f"({groups}); pass a groups that divides {input.shape[1]}")
     shape = tuple(input.shape[1:2])

@@ -81,8 +81,8 @@ class EvoNorm2dS0(_Evo):
     ``apply_act=False``: no ``v``, ``y = x * weight + bias``.
 
     timm's constructor, defaults (``groups=32``, ``eps=1e-5``) and ``state_dict`` keys (``weight``,
-    ``bias``, ``v``). The channels must divide into the groups: checked here, at construction
-    (timm asserts it at the first forward).
+    ``bias``, ``v``). With ``apply_act``, the channels must divide into the groups: checked here, at
+    construction (timm asserts it at the first forward).
 
     >>> import torch, normlab
     >>> normlab.nn.EvoNorm2dS0(4, groups=2)(torch.randn(1, 4, 3, 3)).shape
@@ -102,7 +102,7 @@ class EvoNorm2dS0(_Evo):
                                  f"({group_size}); pass a group_size that divides it, or groups=")
             groups = num_features // group_size
         groups = _checks.check_num_groups(cls, groups)
-        if num_features % groups:
+        if apply_act and num_features % groups:  # without v the groups are never used (timm: no check)
             raise ValueError(f"{cls}: expected num_features ({num_features}) to be divisible by groups ({groups}); "
                              f"pass groups= or group_size= that divides it")
         check_eps(cls, eps)

@@ -197,6 +197,6 @@ def _other_to_normlab(kind: str, m: nn.Module) -> nn.Module | None:
             return None
         return adopt(m, EvoNorm2dB0, num_features=c, apply_act=apply_act, momentum=float(momentum), eps=float(eps))
     groups = getattr(m, "groups", None)
-    if len(m._buffers) or not isinstance(groups, int) or groups < 1 or c % groups:
+    if len(m._buffers) or not isinstance(groups, int) or groups < 1 or (apply_act and c % groups):
         return None
     return adopt(m, EvoNorm2dS0, num_features=c, groups=groups, apply_act=apply_act, eps=float(eps))

@@ -2,7 +2,7 @@
 
 - ``REF``, ``EAGER``, ``COMPILE``: the reference (its autograd Functions with the hand-derived
   backward);
-- ``TRANSFORM`` (torch.func transforms, forward-mode AD): the reference forward in plain torch ops,
+- ``TRANSFORM`` (torch.func transforms, forward-mode AD; on any path): the reference forward in plain torch ops,
   which torch differentiates and batches itself.
 
 B0's running variance is updated here, in place, as torch's batch_norm updates its own: with the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..._backend import TRANSFORM
+from .. import _transforms
 from .reference import batch_var, ref_evo_b0, ref_evo_s0
 
 
@@ -25,9 +26,9 @@ def evo_b0(path, x, running_var, v, w, b, training, momentum, eps):
             n = x.numel() / x.shape[1]
             var = batch_var(x.detach())
             running_var.copy_(running_var * (1 - momentum) + var.to(running_var.dtype) * (momentum * (n / (n - 1))))
-    return ref_evo_b0(x, v, w, b, running_var, eps, training, plain=path == TRANSFORM)
+    return ref_evo_b0(x, v, w, b, running_var, eps, training, plain=path == TRANSFORM or _transforms.active())
 
 
 def evo_s0(path, x, v, w, b, groups, eps):
     """EvoNorm S0 of an (N, C, H, W) ``x`` over ``groups`` groups of channels on ``path``."""
-    return ref_evo_s0(x, v, w, b, groups, eps, plain=path == TRANSFORM)
+    return ref_evo_s0(x, v, w, b, groups, eps, plain=path == TRANSFORM or _transforms.active())

@@ -77,7 +77,8 @@ def evo_b0_ref(x, v, w, b, running_var, eps, training):
     if v is not None:
         left, _, right, _, _ = _b0_parts(xa, v, running_var, eps, training)
         xa = xa / torch.maximum(left.expand_as(right), right)
-    return _affine(xa, w, b, acc).to(x.dtype)
+    y = _affine(xa, w, b, acc).to(x.dtype)
+    return y.clone() if y is x else y  # no affine, no v: a new tensor (autograd saves x)
 
 
 def evo_b0_backward_ref(dy, x, v, w, running_var, eps, training, need_dx, need_dv, need_dw, need_db):
@@ -177,7 +178,8 @@ def evo_s0_ref(x, v, w, b, groups, eps):
         y = y * _g(w, groups, acc)
     if b is not None:
         y = y + _g(b, groups, acc)
-    return y.to(x.dtype)
+    y = y.to(x.dtype)
+    return y.clone() if y is x else y  # no affine, no v: a new tensor (autograd saves x)
 
 
 def evo_s0_backward_ref(dy, x, v, w, groups, eps, need_dx, need_dv, need_dw, need_db):
@@ -242,6 +244,8 @@ def ref_evo_s0(x, v, w, b, groups, eps, plain=False):
     forward in torch ops without the hand backward (torch.func)."""
     if x.numel() == 0:
         return empty_output(x, v, w, b)
+    if v is None:
+        groups = 1  # the affine alone: any grouping of the channels serves
     xg = grouped(x, groups)  # (N, G, Cg, S)
     fn = evo_s0_ref if plain else EvoS0Function.apply
     y = fn(xg, v, w, b, groups, eps)
