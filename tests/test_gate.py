@@ -85,9 +85,8 @@ MODULES = {
     "EvoNorm2dS0": (lambda: NN.EvoNorm2dS0(4, groups=2), (2, 4, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
-REFERENCE_ONLY: set[str] = {"rms_norm2d", "simple_norm", "simple_norm2d", "filter_response_norm", "evo_norm2d_b0",
-                            "evo_norm2d_s0", "RmsNorm2d", "SimpleNorm", "SimpleNorm2d", "FilterResponseNormTlu2d",
-                            "FilterResponseNormAct2d", "EvoNorm2dB0", "EvoNorm2dS0"}
+REFERENCE_ONLY: set[str] = {"simple_norm", "evo_norm2d_b0", "evo_norm2d_s0", "SimpleNorm", "EvoNorm2dB0",
+                            "EvoNorm2dS0"}
 
 
 def _module_call(name, device, training=True):

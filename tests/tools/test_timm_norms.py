@@ -74,6 +74,8 @@ def test_low_precision_within_twice_the_rounding_of_float64(name, dtype):
     most twice the rounding error of ``dtype`` (half an ulp, relative) at each value."""
     timm_m, ours = _pair(name)
     ours = ours.to(dtype)
+    if name == "FilterResponseNormAct2d":  # the norm's rounding: the activation after it is torch's own op
+        timm_m.act = ours.act = nn.Identity()
     timm_m.train(False)
     ours.train(False)
     x = torch.randn(CASES[name][2], dtype=torch.float64)

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import torch
 
-from .._backend import route
+from .._backend import EAGER, route
 from .._checks import check_eps, check_input, check_param, normalized_shape_tuple
+from ..ops import extension as _extension
 from ..ops.scale_norm import op as _op
 from .checks import check_normalized_shape
 from .frn import check_4d
+
+_C = _extension.load()
+
+
+def _fast(input, weight, eps, simple):
+    """The C++ entry's answer on the EAGER path (it judges the arguments as the checks do; None:
+    not its case, and the checks say what)."""
+    try:
+        return _C.scale_norm2d_fast(input, weight, eps, simple)
+    except TypeError:  # an argument of a type it does not take
+        return None
 
 
 def _channels(fn, input, weight, eps):
@@ -38,6 +50,8 @@ def rms_norm2d(input: torch.Tensor, weight: torch.Tensor | None = None, eps: flo
     """
     fn = "rms_norm2d"
     path = route(input, fn)
+    if path == EAGER and (y := _fast(input, weight, eps, False)) is not None:
+        return y
     _channels(fn, input, weight, eps)
     return _op.scale_norm(path, input, None, weight, float(eps), "rms", channels=True)
 
@@ -86,5 +100,7 @@ def simple_norm2d(input: torch.Tensor, weight: torch.Tensor | None = None, eps: 
     """
     fn = "simple_norm2d"
     path = route(input, fn)
+    if path == EAGER and (y := _fast(input, weight, eps, True)) is not None:
+        return y
     _channels(fn, input, weight, eps)
     return _op.scale_norm(path, input, None, weight, float(eps), "simple", channels=True)
