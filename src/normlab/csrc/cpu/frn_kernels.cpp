@@ -33,8 +33,8 @@ inline double tree(const double* v) {  // the 8 lanes, in a fixed tree
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-template <class A> inline A share(A z, A t) {  // torch.maximum's split of the gradient
-  return z > t ? A(1) : (z == t ? A(0.5) : A(0));
+template <class A> inline A share(A z, A t) {  // torch.maximum's split of the gradient, without branches
+  return A(z > t) + A(z == t) * A(0.5);
 }
 
 int64_t grain_rows(int64_t s) { return std::max<int64_t>(1, kGrainValues / std::max<int64_t>(s, 1)); }
@@ -89,15 +89,19 @@ void backward_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b
       const A r = rstd[row], wc = w ? w[ch] : A(1), bc = b ? b[ch] : A(0);
       double la[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0}, lb[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0},
              lt[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < s; ++i) {
+      const A t = tau ? tau[ch] : A(0);
+      auto term = [&](int64_t i, int64_t k) {
         const A xh = to_acc(xr[i]) * r, d = to_acc(dyr[i]);
-        const A m = tau ? share<A>(xh * wc + bc, tau[ch]) : A(1);
-        const A g = d * m;
+        const A g = tau ? d * share<A>(xh * wc + bc, t) : d;
         dz[i] = g;
-        la[i % kLanes] += double(g) * double(xh);
-        lb[i % kLanes] += double(g);
-        lt[i % kLanes] += double(d) - double(g);
-      }
+        la[k] += double(g) * double(xh);
+        lb[k] += double(g);
+        lt[k] += double(d) - double(g);
+      };
+      int64_t j = 0;
+      for (; j + kLanes <= s; j += kLanes)
+        for (int64_t k = 0; k < kLanes; ++k) term(j + k, k);
+      for (int64_t k = 0; j + k < s; ++k) term(j + k, k);
       const double sa = tree(la);
       if (dw_part) dw_part[row] = sa;
       if (db_part) db_part[row] = tree(lb);
