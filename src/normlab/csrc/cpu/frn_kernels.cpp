@@ -174,13 +174,19 @@ void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b
                    const acc_t<S>* rstd, S* dx, double* dw_part, double* db_part, double* dtau_part, const Args& a) {
   using A = acc_t<S>;
   const Blocks bl = blocks(a.c);
+  const bool has_tau = tau != nullptr;
   at::parallel_for(0, a.n * bl.per_sample, grain_rows(a.s * bl.width), [&](int64_t t0, int64_t t1) {
     std::vector<double> sa(bl.width), sb(bl.width), st(bl.width);
-    std::vector<A> coef(bl.width);
+    std::vector<A> coef(bl.width), wv(bl.width), bv(bl.width), tv(bl.width), rv(bl.width);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t n = task / bl.per_sample, c0 = (task % bl.per_sample) * bl.width;
       const int64_t cw = std::min(bl.width, a.c - c0), base = n * a.s * a.c + c0;
-      const A* rn = rstd + n * a.c + c0;
+      for (int64_t k = 0; k < cw; ++k) {  // this task's channels' parameters, hoisted
+        wv[k] = w ? w[c0 + k] : A(1);
+        bv[k] = b ? b[c0 + k] : A(0);
+        tv[k] = has_tau ? tau[c0 + k] : A(0);
+        rv[k] = rstd[n * a.c + c0 + k];
+      }
       std::fill(sa.begin(), sa.end(), 0.0);
       std::fill(sb.begin(), sb.end(), 0.0);
       std::fill(st.begin(), st.end(), 0.0);
@@ -188,10 +194,8 @@ void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b
         const S* xp = x + base + p * a.c;
         const S* dyp = dy + base + p * a.c;
         for (int64_t k = 0; k < cw; ++k) {
-          const int64_t ch = c0 + k;
-          const A xh = to_acc(xp[k]) * rn[k], d = to_acc(dyp[k]);
-          const A m = tau ? share<A>(xh * (w ? w[ch] : A(1)) + (b ? b[ch] : A(0)), tau[ch]) : A(1);
-          const A g = d * m;
+          const A xh = to_acc(xp[k]) * rv[k], d = to_acc(dyp[k]);
+          const A g = has_tau ? d * share<A>(xh * wv[k] + bv[k], tv[k]) : d;
           sa[k] += double(g) * double(xh);
           sb[k] += double(g);
           st[k] += double(d) - double(g);
@@ -202,7 +206,7 @@ void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b
         if (dw_part) dw_part[i] = sa[k];
         if (db_part) db_part[i] = sb[k];
         if (dtau_part) dtau_part[i] = st[k];
-        coef[k] = A(double(w ? w[c0 + k] : A(1)) * sa[k] / double(a.s));
+        coef[k] = A(double(wv[k]) * sa[k] / double(a.s));
       }
       if (!dx) continue;
       for (int64_t p = 0; p < a.s; ++p) {
@@ -210,11 +214,9 @@ void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b
         const S* dyp = dy + base + p * a.c;
         S* dxp = dx + base + p * a.c;
         for (int64_t k = 0; k < cw; ++k) {
-          const int64_t ch = c0 + k;
-          const A wc = w ? w[ch] : A(1);
-          const A xh = to_acc(xp[k]) * rn[k], d = to_acc(dyp[k]);
-          const A m = tau ? share<A>(xh * wc + (b ? b[ch] : A(0)), tau[ch]) : A(1);
-          dxp[k] = from_acc<S>(rn[k] * (d * m * wc - xh * coef[k]));
+          const A xh = to_acc(xp[k]) * rv[k], d = to_acc(dyp[k]);
+          const A g = has_tau ? d * share<A>(xh * wv[k] + bv[k], tv[k]) : d;
+          dxp[k] = from_acc<S>(rv[k] * (g * wv[k] - xh * coef[k]));
         }
       }
     }

@@ -8,9 +8,9 @@
 //   a fixed tree.
 // SimpleNorm2d's variance by the shifted two passes: each position's values shifted by its first
 // channel x0, the mean of x - x0 first (the `mean` the backward reads), then the squares of
-// (x - x0) - mean; the backward centres the same way. Every sum belongs to one task and runs in an order fixed by the shape; dw's partials
-// (one row of c per task) are merged by the caller in task order: the same bits for any number
-// of threads.
+// (x - x0) - mean; the backward centres the same way. Every sum belongs to one task and runs in
+// an order fixed by the shape; dw's partials (one row of c per task) are merged by the caller in
+// task order: the same bits for any number of threads.
 //
 // Backward, g = dy * w, xhat = x * r:
 //   rms:    dx = r * (g - xhat * sum_C(g * xhat) / C)
@@ -105,11 +105,15 @@ void backward_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* r
         const S* xc = x + base + c * a.hw;
         const S* dyc = dy + base + c * a.hw;
         double lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t p = 0; p < pw; ++p) {
+        auto term = [&](int64_t p, int64_t k) {
           const A xh = to_acc(xc[p]) * r[p], d = to_acc(dyc[p]);
           dot[p] += double(d * wc) * double(xh);
-          lane[p % kLanes] += double(d) * double(xh);
-        }
+          lane[k] += double(d) * double(xh);
+        };
+        int64_t j = 0;
+        for (; j + kLanes <= pw; j += kLanes)
+          for (int64_t k = 0; k < kLanes; ++k) term(j + k, k);
+        for (int64_t k = 0; j + k < pw; ++k) term(j + k, k);
         if (dw_part) dw_part[task * a.c + c] = tree(lane);
       }
       if (!dx) continue;
@@ -168,6 +172,8 @@ template <class S>
 void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* rstd, const acc_t<S>* mean, S* dx,
                    double* dw_part, const Args& a, const Geometry& g) {
   using A = acc_t<S>;
+  std::vector<A> wv(a.c, A(1));  // the weight (ones without one), read by every task
+  if (w) std::copy(w, w + a.c, wv.begin());
   at::parallel_for(0, g.n_tasks, grain(a, g), [&](int64_t t0, int64_t t1) {
     std::vector<double> dwp(a.c);
     for (int64_t task = t0; task < t1; ++task) {
@@ -180,16 +186,20 @@ void backward_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* r
         const S* dyr = dy + pos * a.c;
         const A r = rstd[pos];
         double lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t c = 0; c < a.c; ++c) {
+        auto term = [&](int64_t c, int64_t k) {
           const A xh = to_acc(xr[c]) * r, d = to_acc(dyr[c]);
-          lane[c % kLanes] += double(d * (w ? w[c] : A(1))) * double(xh);
+          lane[k] += double(d * wv[c]) * double(xh);
           dwp[c] += double(d) * double(xh);
-        }
+        };
+        int64_t j = 0;
+        for (; j + kLanes <= a.c; j += kLanes)
+          for (int64_t k = 0; k < kLanes; ++k) term(j + k, k);
+        for (int64_t k = 0; j + k < a.c; ++k) term(j + k, k);
         if (!dx) continue;
         const A coef = A(tree(lane) / divisor(a)), mu = a.simple ? mean[pos] : A(0), x0 = to_acc(xr[0]);
         S* dxr = dx + pos * a.c;
         for (int64_t c = 0; c < a.c; ++c) {
-          const A xv = to_acc(xr[c]), gv = to_acc(dyr[c]) * (w ? w[c] : A(1));
+          const A xv = to_acc(xr[c]), gv = to_acc(dyr[c]) * wv[c];
           const A centre = a.simple ? ((xv - x0) - mu) * r : xv * r;
           dxr[c] = from_acc<S>(r * (gv - centre * coef));
         }
