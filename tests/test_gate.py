@@ -44,6 +44,14 @@ FUNCTIONS = {
     "ghost_batch_norm": lambda d: NF.ghost_batch_norm(_t(8, 3, device=d), 4),
     "dyt": lambda d: NF.dyt(_t(4, 8, device=d), (8,), _t(1, device=d), _t(8, device=d), _t(8, device=d)),
     "local_response_norm": lambda d: NF.local_response_norm(_t(2, 5, 4, device=d), 3),
+    "rms_norm2d": lambda d: NF.rms_norm2d(_t(2, 3, 4, 4, device=d), _t(3, device=d)),
+    "simple_norm": lambda d: NF.simple_norm(_t(4, 8, device=d), (8,), _t(8, device=d)),
+    "simple_norm2d": lambda d: NF.simple_norm2d(_t(2, 3, 4, 4, device=d), _t(3, device=d)),
+    "filter_response_norm": lambda d: NF.filter_response_norm(_t(2, 3, 4, 4, device=d), _t(3, device=d),
+                                                              _t(3, device=d), _t(3, device=d)),
+    "evo_norm2d_b0": lambda d: NF.evo_norm2d_b0(_t(2, 3, 4, 4, device=d), torch.ones(3, device=d), v=_t(3, device=d),
+                                                training=True),
+    "evo_norm2d_s0": lambda d: NF.evo_norm2d_s0(_t(2, 4, 4, 4, device=d), 2, v=_t(4, device=d)),
 }
 
 # name -> (module, input shape)
@@ -78,9 +86,17 @@ MODULES = {
     "LazyInstanceNorm3d": (lambda: NN.LazyInstanceNorm3d(), (2, 3, 2, 2, 2)),
     "LocalResponseNorm": (lambda: NN.LocalResponseNorm(3), (2, 5, 4, 4)),
     "CrossMapLRN2d": (lambda: NN.CrossMapLRN2d(3), (2, 5, 4, 4)),
+    "RmsNorm2d": (lambda: NN.RmsNorm2d(3), (2, 3, 4, 4)),
+    "SimpleNorm": (lambda: NN.SimpleNorm(8), (4, 8)),
+    "SimpleNorm2d": (lambda: NN.SimpleNorm2d(3), (2, 3, 4, 4)),
+    "FilterResponseNormTlu2d": (lambda: NN.FilterResponseNormTlu2d(3), (2, 3, 4, 4)),
+    "FilterResponseNormAct2d": (lambda: NN.FilterResponseNormAct2d(3), (2, 3, 4, 4)),
+    "EvoNorm2dB0": (lambda: NN.EvoNorm2dB0(3), (2, 3, 4, 4)),
+    "EvoNorm2dS0": (lambda: NN.EvoNorm2dS0(4, groups=2), (2, 4, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
-REFERENCE_ONLY: set[str] = {"local_response_norm", "LocalResponseNorm", "CrossMapLRN2d"}
+REFERENCE_ONLY: set[str] = {"local_response_norm", "LocalResponseNorm", "CrossMapLRN2d", "simple_norm",
+                            "evo_norm2d_b0", "evo_norm2d_s0", "SimpleNorm", "EvoNorm2dB0", "EvoNorm2dS0"}
 
 
 def _module_call(name, device, training=True):

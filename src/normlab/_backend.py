@@ -39,9 +39,11 @@ COMPILE = 3
 
 # The ops every backend implements (the names backend_for and its error messages use)
 OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
-                 "group_norm", "instance_norm", "sync_batch_norm", "dyt", "local_response_norm"})
+                 "group_norm", "instance_norm", "sync_batch_norm", "dyt", "local_response_norm",
+                 "rms_norm2d", "simple_norm", "simple_norm2d", "filter_response_norm", "evo_norm2d_b0",
+                 "evo_norm2d_s0"})
 # The ops with no C++ kernel: every path runs their reference math (backend_for says "ref")
-REFERENCE_ONLY_OPS = frozenset({"local_response_norm"})
+REFERENCE_ONLY_OPS = frozenset({"local_response_norm", "simple_norm", "evo_norm2d_b0", "evo_norm2d_s0"})
 
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the "cpu" kernels' dtypes
 # "cpu" joins when normlab.ops finds the C++ extension installed (install_cpu, at import)

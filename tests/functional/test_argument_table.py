@@ -53,7 +53,33 @@ def _channels_last_ln(x, w, b, eps):
     return TF.layer_norm(x.movedim(1, -1), (x.shape[1],), w, b, eps).movedim(-1, 1)
 
 
+def _timm_frn(x, w=None, b=None, tau=None, eps=1e-5):
+    """timm's FilterResponseNormTlu2d forward on per-channel tensors (timm: filter_response_norm.py)."""
+    v = (1, -1, 1, 1)
+    y = x * x.square().mean(dim=(2, 3), keepdim=True).add(eps).rsqrt()
+    y = y * w.view(v) if w is not None else y
+    y = y + b.view(v) if b is not None else y
+    return torch.maximum(y, tau.reshape(v)) if tau is not None else y
+
+
+def _timm_rms_norm2d(x, w=None, eps=1e-6):  # timm's fast_norm.rms_norm2d
+    y = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
+    return y * w.reshape(1, -1, 1, 1) if w is not None else y
+
+
+def _timm_simple_norm(x, shape, w=None, eps=1e-6):  # timm's fast_norm.simple_norm (torch.var: unbiased)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    y = x * torch.rsqrt(torch.var(x, dim=tuple(range(-1, -len(shape) - 1, -1)), keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
 _TorchF = types.SimpleNamespace(
+    # timm's other norms, as timm computes them
+    rms_norm2d=_timm_rms_norm2d,
+    simple_norm=_timm_simple_norm,
+    simple_norm2d=lambda x, w=None, eps=1e-6: _timm_simple_norm(x.permute(0, 2, 3, 1), x.shape[1], w, eps).permute(
+        0, 3, 1, 2),
+    filter_response_norm=_timm_frn,
     layer_norm=TF.layer_norm,
     rms_norm=TF.rms_norm,
     batch_norm=TF.batch_norm,
@@ -268,6 +294,30 @@ row("layer_norm2d f32 x f64 weight", lambda L: L.F.layer_norm2d(X(2, 6, 3, 3), P
 row("layer_norm2d int input", lambda L: L.F.layer_norm2d(torch.ones(2, 6, 3, 3, dtype=torch.int64)))
 row("layer_norm2d 0 batch", lambda L: L.F.layer_norm2d(X(0, 6, 3, 3), P(6)))
 row("layer_norm2d non-contiguous", lambda L: L.F.layer_norm2d(X(2, 3, 3, 6).permute(0, 3, 2, 1), P(6)))
+
+
+# --- timm's other norms: rms_norm2d, simple_norm, simple_norm2d, filter_response_norm -----------
+for k in ("0", "inf", "nan", "-1e-5", "int 1", "bool", "str"):
+    row(f"rms_norm2d eps={k}", lambda L, e=EPS[k]: L.F.rms_norm2d(X(2, 6, 3, 3), P(6), eps=e))
+    row(f"simple_norm2d eps={k}", lambda L, e=EPS[k]: L.F.simple_norm2d(X(2, 6, 3, 3), P(6), eps=e))
+    row(f"filter_response_norm eps={k}", lambda L, e=EPS[k]: L.F.filter_response_norm(X(2, 6, 3, 3), P(6), eps=e))
+row("rms_norm2d valid", lambda L: L.F.rms_norm2d(X(2, 6, 3, 3), P(6)))
+row("rms_norm2d channels_last", lambda L: L.F.rms_norm2d(X(2, 6, 3, 3, fmt=CL), P(6)))
+row("rms_norm2d weight wrong", lambda L: L.F.rms_norm2d(X(2, 6, 3, 3), P(4)))
+row("rms_norm2d bf16", lambda L: L.F.rms_norm2d(X(2, 6, 3, 3, dtype=BF16), P(6, BF16)))
+row("rms_norm2d f64", lambda L: L.F.rms_norm2d(X(2, 6, 3, 3, dtype=F64), P(6, F64)))
+row("simple_norm valid", lambda L: L.F.simple_norm(X(2, 3, 8), (8,), P(8)))
+row("simple_norm 2 dims", lambda L: L.F.simple_norm(X(2, 3, 4), (3, 4), P((3, 4))))
+row("simple_norm one column", lambda L: L.F.simple_norm(X(4, 1), (1,)))
+row("simple_norm weight wrong", lambda L: L.F.simple_norm(X(4, 8), (8,), P(7)))
+row("simple_norm2d valid", lambda L: L.F.simple_norm2d(X(2, 6, 3, 3), P(6)))
+row("simple_norm2d channels_last", lambda L: L.F.simple_norm2d(X(2, 6, 3, 3, fmt=CL), P(6)))
+row("filter_response_norm valid", lambda L: L.F.filter_response_norm(X(2, 6, 3, 3), P(6), X(6, seed=3), X(6, seed=4)))
+row("filter_response_norm no affine", lambda L: L.F.filter_response_norm(X(2, 6, 3, 3)))
+row("filter_response_norm channels_last",
+    lambda L: L.F.filter_response_norm(X(2, 6, 3, 3, fmt=CL), P(6), X(6, seed=3), X(6, seed=4)))
+row("filter_response_norm tau wrong", lambda L: L.F.filter_response_norm(X(2, 6, 3, 3), P(6), None, X(4)))
+row("filter_response_norm f64", lambda L: L.F.filter_response_norm(X(2, 6, 3, 3, dtype=F64), tau=Z(6, F64)))
 
 
 # --- batch_norm ---------------------------------------------------------------

@@ -134,3 +134,26 @@ def test_dyt(shape, dtype):
     pdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
     alpha, w, b = torch.tensor([0.7], dtype=pdt), _randn(n, dtype=pdt), _randn(n, dtype=pdt, shift=1.0)
     _same_bits(lambda x, a, w, b: F.dyt(x, (n,), a, w, b), (x, alpha, w, b))
+
+
+# FRN: (sample, channel) rows (NCHW) or (sample, channel block) tasks (NHWC); dw, db, dtau merged
+# over samples in order
+@pytest.mark.parametrize("shape", [(2, 8, 7, 9), (4, 64, 24, 24), (3, 300, 10, 12)])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_filter_response_norm(shape, fmt, dtype):
+    c = shape[1]
+    x = _randn(*shape, dtype=dtype, memory_format=fmt)
+    w, b, tau = (_randn(c, dtype=dtype, shift=s) for s in (1.0, 0.0, -0.2))
+    _same_bits(F.filter_response_norm, (x, w, b, tau))
+
+
+# RmsNorm2d, SimpleNorm2d: (sample, position block) tasks; dw merged over tasks in order
+@pytest.mark.parametrize("fn", ["rms_norm2d", "simple_norm2d"])
+@pytest.mark.parametrize("shape", [(2, 8, 7, 9), (4, 64, 24, 24), (3, 300, 10, 12)])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_norm2d(fn, shape, fmt, dtype):
+    x = _randn(*shape, dtype=dtype, memory_format=fmt, shift=0.5)
+    w = _randn(shape[1], dtype=dtype, shift=1.0)
+    _same_bits(getattr(F, fn), (x, w))

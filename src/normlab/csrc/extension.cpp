@@ -12,9 +12,11 @@
 
 #include "batch_norm.h"
 #include "dyt.h"
+#include "frn.h"
 #include "cpu/huge_pages.h"
 #include "group_norm.h"
 #include "layer_norm.h"
+#include "scale_norm.h"
 #include "numerics/vec.h"
 
 namespace {
@@ -132,6 +134,21 @@ void bind_dyt(py::module_& m) {
         py::arg("normalized_shape"), py::arg("alpha"), py::arg("weight"), py::arg("bias"));
 }
 
+void bind_frn(py::module_& m) {
+  using namespace normlab::frn;
+  // eps not converted (noconvert): an int or a bool is declined (TypeError), and Python's checks word it
+  m.def("frn_fast", &frn_fast, "filter_response_norm of arguments the checks accept, else None", py::arg("x"),
+        py::arg("weight"), py::arg("bias"), py::arg("tau"), py::arg("eps").noconvert());
+}
+
+void bind_scale_norm(py::module_& m) {
+  using namespace normlab::scale_norm;
+  // eps not converted (noconvert): an int or a bool is declined (TypeError), and Python's checks word it
+  m.def("scale_norm2d_fast", &scale_norm2d_fast,
+        "rms_norm2d (simple=False) / simple_norm2d (simple=True) of arguments the checks accept, else None",
+        py::arg("x"), py::arg("weight"), py::arg("eps").noconvert(), py::arg("simple"));
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "normlab's compiled CPU kernels (the \"cpu\" backend); ops registered as torch.ops.normlab.*";
   m.attr("vec_bytes") = NORMLAB_VEC_BYTES;
@@ -142,4 +159,6 @@ PYBIND11_MODULE(_C, m) {
   bind_batch_norm(m);
   bind_group_norm(m);
   bind_dyt(m);
+  bind_frn(m);
+  bind_scale_norm(m);
 }

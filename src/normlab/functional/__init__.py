@@ -17,9 +17,12 @@ True
 
 from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
 from .dyt import dyt
+from .evo_norms import evo_norm2d_b0, evo_norm2d_s0
+from .frn import filter_response_norm
 from .group_norms import group_norm, instance_norm
 from .local_response_norms import local_response_norm
 from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
+from .scale_norms import rms_norm2d, simple_norm, simple_norm2d
 
 __all__ = [
     "layer_norm",
@@ -34,4 +37,10 @@ __all__ = [
     "ghost_batch_norm",
     "dyt",
     "local_response_norm",
+    "rms_norm2d",
+    "simple_norm",
+    "simple_norm2d",
+    "filter_response_norm",
+    "evo_norm2d_b0",
+    "evo_norm2d_s0",
 ]

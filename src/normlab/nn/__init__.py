@@ -8,6 +8,8 @@ runs through ``normlab.functional``.
 from .batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .batch_renorm import BatchRenorm1d, BatchRenorm2d, BatchRenorm3d
 from .dyt import DyT
+from .evo_norm import EvoNorm2dB0, EvoNorm2dS0
+from .frn import FilterResponseNormAct2d, FilterResponseNormTlu2d
 from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatchNorm3d
 from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
@@ -21,6 +23,7 @@ from .lazy import (
     LazyInstanceNorm3d,
 )
 from .local_response_norm import CrossMapLRN2d, LocalResponseNorm
+from .scale_norm import RmsNorm2d, SimpleNorm, SimpleNorm2d
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -53,4 +56,11 @@ __all__ = [
     "LazyInstanceNorm3d",
     "LocalResponseNorm",
     "CrossMapLRN2d",
+    "RmsNorm2d",
+    "SimpleNorm",
+    "SimpleNorm2d",
+    "FilterResponseNormTlu2d",
+    "FilterResponseNormAct2d",
+    "EvoNorm2dB0",
+    "EvoNorm2dS0",
 ]

@@ -3,30 +3,47 @@
 Imported only when ``convert`` or ``revert`` first meets a class defined in a ``timm``
 module (``tools/integrations.py`` registers the finder), so ``import normlab`` never
 imports timm, and this module does not either: a class is recognised by where it is
-defined (module ``timm.layers.norm``), its name and its base class, and each instance
+defined (module ``timm.layers.norm``, ``.evo_norm``, ``.filter_response_norm``), its name and its base class, and each instance
 by the attributes its ``forward`` reads. (By name rather than by its code, as
 ``tools/hf.py`` does for transformers: timm cannot be installed beside every torch --
 its torchvision dependency is built for one torch release -- so the code is not there
 to compare with in every environment normlab is tested in.)
 
-==============  ==================  =================================================  ===================
-timm class      base                its forward (timm 1.0)                             normlab module
-==============  ==================  =================================================  ===================
-``LayerNorm``   ``nn.LayerNorm``    ``F.layer_norm(x, normalized_shape, w, b, eps)``   ``LayerNorm``
-``LayerNorm2d`` ``nn.LayerNorm``    the same over dim 1: permute (0, 2, 3, 1),          ``LayerNorm2d``
+================  ================  ================================================  ================
+timm class        base              its forward (timm 1.0)                            normlab module
+================  ================  ================================================  ================
+``LayerNorm``     ``nn.LayerNorm``  ``F.layer_norm(x, normalized_shape, w, b, eps)``  ``LayerNorm``
+``LayerNorm2d``   ``nn.LayerNorm``  the same over dim 1: permute (0, 2, 3, 1),        ``LayerNorm2d``
                                     ``F.layer_norm``, permute back
-``RmsNorm``     ``nn.Module``       ``F.rms_norm(x, normalized_shape, w, eps)``        ``RMSNorm``
-==============  ==================  =================================================  ===================
+``RmsNorm``       ``nn.Module``     ``F.rms_norm(x, normalized_shape, w, eps)``       ``RMSNorm``
+``RmsNorm2d``     ``nn.Module``     ``x * rsqrt(mean_C(x^2) + eps) * w`` over dim 1   ``RmsNorm2d``
+``SimpleNorm``    ``nn.Module``     ``x * rsqrt(var(x) + eps) * w`` (``torch.var``,   ``SimpleNorm``
+                                    unbiased) over ``normalized_shape``
+``SimpleNorm2d``  ``nn.Module``     the same over dim 1, by permuting                 ``SimpleNorm2d``
+================  ================  ================================================  ================
 
-eps defaults to 1e-6 in all three and is read from the module. An instance whose
-``_fast_norm`` flag is set (``timm.layers.set_fast_norm()``: under autocast it computes
+eps defaults to 1e-6 in these and is read from the module. From ``timm.layers.evo_norm`` and
+``timm.layers.filter_response_norm`` (base ``nn.Module``; the attributes their forward reads:
+``eps``, ``weight``, ``bias`` and)
+
+- ``EvoNorm2dB0`` (``v``, ``momentum``, the buffer ``running_var``; ``v`` None: the affine alone)
+  becomes ``normlab.nn.EvoNorm2dB0``; ``EvoNorm2dS0`` (``v``, ``groups``) ``normlab.nn.EvoNorm2dS0``;
+- ``FilterResponseNormTlu2d`` (``tau``, None without the TLU) becomes
+  ``normlab.nn.FilterResponseNormTlu2d``; ``FilterResponseNormAct2d`` (its activation module
+  ``act``) ``normlab.nn.FilterResponseNormAct2d`` holding that very ``act`` module (so an
+  activation with parameters, a PReLU, keeps its ``act.weight``).
+
+An instance whose ``_fast_norm`` flag is set (``timm.layers.set_fast_norm()``: under autocast it computes
 in the autocast dtype, or with apex) is left alone, as is a ``LayerNorm2d`` with a
 weight and no bias (``normlab.nn.LayerNorm2d`` has both or neither). The twin holds the
 very same ``Parameter`` objects under the same names (``state_dict`` keys unchanged);
 the original module rides along on it (a plain attribute, no ``state_dict`` entry), and
-``revert`` gives it back with the twin's current parameters and ``eps``. The outputs
+``revert`` gives it back with the twin's current parameters, buffers, activation module, ``eps``
+(and ``momentum``). The outputs
 agree in value; one layout difference: timm's ``LayerNorm2d`` returns its permuted
-result (channels_last strides for an NCHW input), normlab's a contiguous tensor.
+result (channels_last strides for an NCHW input), normlab's a contiguous tensor (so for
+``SimpleNorm2d``). normlab's statistics are float32 (float64 for float64 input) where timm's
+RmsNorm2d and SimpleNorm(2d) compute in the input's dtype: bfloat16 outputs differ by rounding.
 """
 
 from __future__ import annotations
@@ -36,20 +53,30 @@ import numbers
 from torch import nn
 
 from .conversion import adopt
+from ..nn.evo_norm import EvoNorm2dB0, EvoNorm2dS0
+from ..nn.frn import FilterResponseNormAct2d, FilterResponseNormTlu2d
 from ..nn.layer_norm import LayerNorm, LayerNorm2d, RMSNorm
+from ..nn.scale_norm import RmsNorm2d, SimpleNorm, SimpleNorm2d
 
 MODULE = "timm.layers.norm"
-# class name -> the base class timm derives it from
-CLASSES = {"LayerNorm": nn.LayerNorm, "LayerNorm2d": nn.LayerNorm, "RmsNorm": nn.Module}
+# class name -> (the module timm defines it in, the base class timm derives it from)
+CLASSES = {
+    "LayerNorm": (MODULE, nn.LayerNorm), "LayerNorm2d": (MODULE, nn.LayerNorm), "RmsNorm": (MODULE, nn.Module),
+    "RmsNorm2d": (MODULE, nn.Module), "SimpleNorm": (MODULE, nn.Module), "SimpleNorm2d": (MODULE, nn.Module),
+    "EvoNorm2dB0": ("timm.layers.evo_norm", nn.Module), "EvoNorm2dS0": ("timm.layers.evo_norm", nn.Module),
+    "FilterResponseNormTlu2d": ("timm.layers.filter_response_norm", nn.Module),
+    "FilterResponseNormAct2d": ("timm.layers.filter_response_norm", nn.Module),
+}
+_ROW_KINDS = ("LayerNorm", "LayerNorm2d", "RmsNorm")
 _ORIGINAL = "_normlab_original"  # the converted module, kept on its twin for revert
 
 
 def kind_of(cls: type) -> str | None:
-    """``"LayerNorm"``, ``"LayerNorm2d"``, ``"RmsNorm"`` for those timm classes, else None."""
-    if not isinstance(cls, type) or cls.__module__ != MODULE:
+    """The class's name (``"LayerNorm"``, ``"EvoNorm2dB0"``, ...) for the timm classes above, else None."""
+    if not isinstance(cls, type):
         return None
-    base = CLASSES.get(cls.__qualname__)
-    if base is None or cls.__bases__ != (base,):
+    where = CLASSES.get(cls.__qualname__)
+    if where is None or cls.__module__ != where[0] or cls.__bases__ != (where[1],):
         return None
     return cls.__qualname__
 
@@ -71,6 +98,11 @@ def _param(m: nn.Module, name: str):
 def to_normlab(m: nn.Module) -> nn.Module | None:
     """The normlab module computing what ``m`` computes, with ``m``'s own parameters (None: left alone)."""
     kind = type(m).__qualname__
+    if kind not in _ROW_KINDS:
+        twin = _other_to_normlab(kind, m)
+        if twin is not None:
+            twin.__dict__[_ORIGINAL] = m
+        return twin
     shape = getattr(m, "normalized_shape", None)
     eps = getattr(m, "eps", None)
     w, b = _param(m, "weight"), _param(m, "bias")
@@ -103,5 +135,68 @@ def from_normlab(twin: nn.Module) -> nn.Module | None:
         return None
     for name, p in twin._parameters.items():  # the twin's Parameters (a .to() may have made new ones)
         old._parameters[name] = p
+    for name, t in twin._buffers.items():
+        old._buffers[name] = t
+    if "act" in twin._modules:
+        old._modules["act"] = twin._modules["act"]
     old.eps = twin.eps
+    if hasattr(twin, "momentum"):
+        old.momentum = twin.momentum
     return old
+
+
+def _per_channel(m: nn.Module, names) -> int | None:
+    """The channel count when each of ``m``'s Parameters ``names`` (None allowed after the first) is
+    a 1-D Parameter of one length and ``m.eps`` a number; else None."""
+    ps = [_param(m, n) for n in names]
+    if ps[0] is None or any(p is False for p in ps) or not isinstance(getattr(m, "eps", None), numbers.Real):
+        return None
+    c = ps[0].shape
+    if len(c) != 1 or any(p is not None and p.shape != c for p in ps):
+        return None
+    return c[0]
+
+
+def _other_to_normlab(kind: str, m: nn.Module) -> nn.Module | None:
+    """The twins of timm's RmsNorm2d, SimpleNorm(2d), EvoNorm2dB0/S0 and FilterResponseNorm*2d."""
+    eps = getattr(m, "eps", None)
+    if kind in ("RmsNorm2d", "SimpleNorm", "SimpleNorm2d"):
+        shape, w = getattr(m, "normalized_shape", None), _param(m, "weight")
+        if getattr(m, "_fast_norm", False) or len(m._buffers) or w is False or "bias" in m._parameters \
+                or not isinstance(shape, tuple) or not isinstance(eps, numbers.Real) \
+                or (w is not None and tuple(w.shape) != shape):
+            return None
+        if kind == "SimpleNorm":
+            return adopt(m, SimpleNorm, channels=shape, eps=float(eps), affine=w is not None)
+        if len(shape) != 1:
+            return None
+        cls = RmsNorm2d if kind == "RmsNorm2d" else SimpleNorm2d
+        return adopt(m, cls, channels=shape[0], eps=float(eps), affine=w is not None)
+    if kind.startswith("FilterResponseNorm"):
+        act = m._modules.get("act")
+        c = _per_channel(m, ("weight", "bias", "tau"))
+        if c is None or len(m._buffers) or not isinstance(getattr(m, "rms", True), bool):
+            return None
+        if kind == "FilterResponseNormTlu2d":
+            return adopt(m, FilterResponseNormTlu2d, num_features=c, apply_act=_param(m, "tau") is not None,
+                         eps=float(eps), rms=getattr(m, "rms", True))
+        if not isinstance(act, nn.Module) or "tau" in m._parameters:
+            return None
+        twin = adopt(m, FilterResponseNormAct2d, num_features=c, act_layer=None, eps=float(eps),
+                     rms=getattr(m, "rms", True))
+        twin._modules["act"] = act  # timm's own activation module: its parameters and state_dict keys
+        return twin
+    c = _per_channel(m, ("weight", "bias", "v"))
+    if c is None:
+        return None
+    apply_act = _param(m, "v") is not None
+    if kind == "EvoNorm2dB0":
+        momentum, rv = getattr(m, "momentum", None), m._buffers.get("running_var")
+        if not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1 or rv is None \
+                or tuple(rv.shape) != (c,) or set(m._buffers) != {"running_var"}:
+            return None
+        return adopt(m, EvoNorm2dB0, num_features=c, apply_act=apply_act, momentum=float(momentum), eps=float(eps))
+    groups = getattr(m, "groups", None)
+    if len(m._buffers) or not isinstance(groups, int) or groups < 1 or (apply_act and c % groups):
+        return None
+    return adopt(m, EvoNorm2dS0, num_features=c, groups=groups, apply_act=apply_act, eps=float(eps))
