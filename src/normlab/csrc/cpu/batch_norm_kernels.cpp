@@ -370,8 +370,10 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
 
 // sum_j (x[j] - shift) over k values in float64 (shifted_sum64), added into the four float64
 // chains s (their hsum is the sum; float32: minus k * shift): from x for float32, whose
-// differences round; from the exact differences d (accumulation dtype) otherwise (half precision:
-// in float32 chains of 16 terms a lane first). One loop that also writes d[j] = x[j] - shift,
+// differences round; from the exact differences d (accumulation dtype) otherwise, each widened to
+// float64 (half precision summed in float32 chains of 16 terms first put the running mean of
+// zero-mean channels at up to 2.4x its rounding error: float32 additions of differences of
+// mixed exponents round). One loop that also writes d[j] = x[j] - shift,
 // with four float64 chains (the adds of one overlap the others'; two chains left the loop waiting
 // on add latency).  x: (k,) storage; d: (k,) scratch.
 template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<S> shift, vec<double>* s) {
@@ -385,26 +387,6 @@ template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<
   };
   const vec<A> vs = vset1<A>(shift);
   int64_t j = 0;
-  if constexpr (!std::is_same_v<S, float> && std::is_same_v<A, float>) {
-    // half precision: the differences are exact in float32; two float32 chains of at most
-    // kHalfRun terms per lane, then widened into the float64 sums (a quarter of the float64 work)
-    constexpr int64_t kHalfRun = 16;
-    while (j + 2 * L <= k) {
-      vec<A> fa = vzero<A>(), fb = vzero<A>();
-      const int64_t end = std::min(k - 2 * L + 1, j + kHalfRun * 2 * L);
-      for (; j < end; j += 2 * L) {
-        const vec<A> da = vload(x + j) - vs, db = vload(x + j + L) - vs;
-        vstore(d + j, da);
-        vstore(d + j + L, db);
-        fa += da;
-        fb += db;
-      }
-      A tmp[2 * L];
-      vstore(tmp, fa);
-      vstore(tmp + L, fb);
-      for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(tmp + i * D);
-    }
-  }
   for (; j + 2 * L <= k; j += 2 * L) {
     const vec<A> xa = vload(x + j), xb = vload(x + j + L);
     const vec<A> da = xa - vs, db = xb - vs;
