@@ -7,9 +7,11 @@ thread (time spent descheduled on a busy machine is not counted), wall time with
 
 - ``DyT``: ``normlab.nn.DyT``; ``LN``: ``normlab.nn.LayerNorm``; ``torch``: the paper's module
   in torch ops, ``tanh(alpha * x) * weight + bias`` (``--torch``);
-- ``copy``: the copy limit, one read and one write per value: ``torch.empty_like(x).copy_(x)``
-  for the forward; for forward+backward that copy plus ``torch.add(dy, x, out=...)`` (two
-  reads and a write per value: the least the backward's dx can move).
+- ``copy``: the copy limit, one read and one write per value, into a tensor allocated before
+  (``y.copy_(x)``); for forward+backward that copy plus ``torch.add(dy, x, out=...)`` (two
+  reads and a write per value: the least the backward's dx can move);
+- ``alloc copy``: ``torch.empty_like(x).copy_(x)``, the copy with its output allocated per
+  call, as DyT's is (at tens of MB the fresh pages' first touch costs more than the copy);
 - ratios: ``DyT/LN`` (< 1: DyT faster) and ``copy/DyT`` (the fraction of the copy limit; 1 is
   the limit).
 
@@ -62,7 +64,8 @@ def case(rows, d, dt, repeats, with_torch):
     out = torch.empty_like(x)
     with torch.no_grad():
         fwd = {k: (lambda m=m: m(x)) for k, m in mods.items()}
-        fwd["copy"] = lambda: torch.empty_like(x).copy_(x)
+        fwd["copy"] = lambda: out.copy_(x)
+        fwd["alloc copy"] = lambda: torch.empty_like(x).copy_(x)
         f = interleaved(fwd, repeats, inner)
     xg = x.clone().requires_grad_()
 
@@ -70,12 +73,19 @@ def case(rows, d, dt, repeats, with_torch):
         xg.grad = None
         m(xg).backward(dy)
 
+    out2 = torch.empty_like(x)
+
     def copy_limit():
+        out.copy_(x)
+        torch.add(dy, x, out=out2)
+
+    def alloc_copy_limit():
         torch.empty_like(x).copy_(x)
-        torch.add(dy, x, out=out)
+        torch.add(dy, x)
 
     both = {k: (lambda m=m: step(m)) for k, m in mods.items()}
     both["copy"] = copy_limit
+    both["alloc copy"] = alloc_copy_limit
     b = interleaved(both, repeats, max(1, inner // 3))
     return f, b
 
@@ -89,9 +99,9 @@ def main():
     p.add_argument("--torch", action="store_true", help="also time torch's unfused DyT")
     a = p.parse_args()
     sizes = DEFAULT_SIZES if a.sizes is None else [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
-    print("| threads | size | dtype | pass | DyT us | LN us | copy us | DyT/LN | copy/DyT |"
+    print("| threads | size | dtype | pass | DyT us | LN us | copy us | alloc copy us | DyT/LN | copy/DyT |"
           + (" torch us |" if a.torch else ""))
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if a.torch else ""))
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if a.torch else ""))
     for threads in (int(t) for t in a.threads.split(",")):
         torch.set_num_threads(threads)
         for rows, d in sizes:
@@ -100,7 +110,7 @@ def main():
                 for name, r in (("fwd", f), ("fwd+bwd", b)):
                     extra = f" {r['torch']:.1f} |" if a.torch else ""
                     print(f"| {threads} | {rows}x{d} | {str(dt)[6:]} | {name} | {r['DyT']:.1f} | {r['LN']:.1f} | "
-                          f"{r['copy']:.1f} | {r['DyT'] / r['LN']:.2f} | {r['copy'] / r['DyT']:.2f} |{extra}",
+                          f"{r['copy']:.1f} | {r['alloc copy']:.1f} | {r['DyT'] / r['LN']:.2f} | {r['copy'] / r['DyT']:.2f} |{extra}",
                           flush=True)
 
 

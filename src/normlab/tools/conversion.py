@@ -357,8 +357,9 @@ def revert(model: nn.Module) -> nn.Module:
     BatchRenorm, GhostBatchNorm, FrozenBatchNorm) stay too. Returns ``model`` (or the module
     that replaced it).
 
-    A DyT that ``convert(model, to="dyt")`` made goes back to the norm it replaced (and that
-    on to its torch.nn class, as above), of the same class, ``eps`` and flags, with the DyT's
+    A DyT that ``convert(model, to="dyt")`` made goes back to the norm it replaced, of the same
+    class, ``eps`` and flags (a normlab LayerNorm or RMSNorm then goes on to its torch.nn class,
+    as every normlab twin does here), with the DyT's
     current ``weight`` and ``bias`` (the same Parameters where the DyT held the norm's own;
     else new ones: ``weight - 1`` for a Gemma-style norm). ``alpha`` has no place in a
     LayerNorm or RMSNorm and is dropped: when it has moved from the value convert gave it
