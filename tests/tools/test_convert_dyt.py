@@ -240,3 +240,22 @@ def test_hf_llama_and_gemma_norms_become_dyts_and_come_back():
     back = normlab.revert(d)
     assert back is g
     torch.testing.assert_close(back.weight, 2 * (1 + torch.linspace(-0.5, 0.5, 8)) - 1, rtol=0, atol=1e-7)
+
+
+def test_timm_norms_become_dyts_and_layer_norm_2d_stays():
+    from tests.tools import test_timm as t  # timm's classes written from their documented math
+
+    net = t._net()
+    params = dict(net.named_parameters())
+    norm2d = net.norm2d
+    normlab.convert(net, to="dyt")
+    assert net.norm2d is norm2d  # channels-first: not DyT's trailing dims
+    assert type(net.norm) is normlab.nn.DyT and type(net.rms) is normlab.nn.DyT
+    assert net.norm.weight is params["norm.weight"] and net.norm.bias is params["norm.bias"]
+    assert net.rms.weight is params["rms.weight"] and net.rms.bias is None
+    x = torch.randn(2, 3, 6, 5, generator=torch.Generator().manual_seed(5))
+    assert torch.isfinite(net(x)).all()
+    normlab.revert(net)
+    assert type(net.norm) is t.LayerNorm and type(net.rms) is t.RmsNorm
+    assert net.norm.eps == net.rms.eps == 1e-6
+    torch.testing.assert_close(net(x), t._net()(x), rtol=0, atol=0)
