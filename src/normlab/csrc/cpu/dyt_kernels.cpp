@@ -5,12 +5,14 @@
 //   dalpha = sum(du * x),  dw = sum_rows(dy * t),  db = sum_rows(dy)
 //
 // tanh (float32 lanes): |u| < 0.625, u + u^3 P(u^2) (a degree-4 odd minimax polynomial, Cephes'
-// tanhf); above, 1 - 2 / (e + 1) with e = exp(2|u|) (Cody-Waite reduction and a degree-6
-// polynomial; 2|u| capped at 88, where tanh is 1 in float32), sign copied from u: within 1.3
-// ulp of the exact tanh on every range tried (docs/derivations/dyt.md). s = 1 - t^2 where
-// |u| < 0.625 (no cancellation: t <= 0.56; rounded once, through float64), else (4 / (e + 1)) * (e / (e + 1)) -- 1 - t^2 from a
-// rounded t near 1 would lose most of its digits (at |u| = 5, thousands of ulp) -- and 0 past
-// 2|u| = 88, below float32's normal range. float64: std::tanh and std::exp per value.
+// tanhf); above, 1 - 2r, r = 1 / (e + 1), e = exp(2|u|) (a two-step reduction by ln 2 and a
+// degree-6 polynomial; 2|u| capped at 88, where tanh is 1 in float32), then u's sign bit: within
+// 1.33 ulp of the exact tanh over every float32 (scripts/dyt-tanh-ulp.py, docs/derivations/dyt.md).
+// Fused multiply-adds where the build level has them (v3, v4). s = 1 - t^2 where |u| < 0.625 (no
+// cancellation: t <= 0.56; rounded once: a fused multiply-add, or through float64), else
+// (4r)(1 - r) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
+// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp.
+// float64: std::tanh and std::exp per value.
 //
 // The forward is elementwise: rows split among threads as they come. The backward's sums run
 // over fixed tasks (Geometry: a chunk of rows by a block of columns, from the shape alone):
@@ -71,8 +73,12 @@ inline vf vfma(vf a, vf b, vf c) {
 inline vf vexp_pos(vf v) {
   const vf shifted = vfma(v, vset1(1.44269504088896341f), vset1(12582912.0f));
   const vf n = shifted - 12582912.0f;
-  vf r = vfma(n, vset1(-0.693147182464599609375f), v);
+#if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
+  vf r = vfma(n, vset1(-0.693147182464599609375f), v);  // (ln 2 rounded, and what it lacks)
   r = vfma(n, vset1(1.904654299957768e-09f), r);
+#else  // without fused steps: ln 2's first part with trailing zeros, so n * it is exact (Cody-Waite)
+  const vf r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
+#endif
   vf p = vset1(1.9875691500e-4f);
   p = vfma(p, r, vset1(1.3981999507e-3f));
   p = vfma(p, r, vset1(8.3334519073e-3f));
@@ -127,11 +133,12 @@ template <bool S> inline vf vtanh(vf u, vf* s = nullptr) {
   const vf t = vcopysign(a < 0.625f ? small : big, u);
   // (2|u| >= 88: s < 2^-126, flushed to 0 -- torch's 1 - t^2 is 0 already past |u| = 9)
   if constexpr (S) {
-    const vf from_e = a2 < 88.0f ? (4.0f * r) * (e * r) : vzero<float>();
+    // 1 - t^2 = (1 - t)(1 + t) = 2r (2 - 2r): r's own error once, e's not again
+    const vf from_e = a2 < 88.0f ? (4.0f * r) * (1.0f - r) : vzero<float>();
 #if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
-    *s = a < 1.0f ? vfma(-t, t, vset1(1.0f)) : from_e;
+    *s = a < 0.625f ? vfma(-t, t, vset1(1.0f)) : from_e;
 #else
-    *s = a < 1.0f ? one_minus_square(t) : from_e;
+    *s = a < 0.625f ? one_minus_square(t) : from_e;
 #endif
   }
   return t;
