@@ -153,3 +153,13 @@ def test_study_summary_from_store(tmp_path):
     assert again["study"]["cells"] == r["study"]["cells"]
     text = stability.render(again)
     assert "0.877" in text and "already in the store" in text
+
+
+def test_batched_dyt_members_have_their_own_alpha_and_train_it(data):
+    X, y = data
+    model = BatchedMLP("dyt", [123, 124])
+    assert len(model.norm_alpha) == 3 and all(a.shape == (2, 1) for a in model.norm_alpha)
+    assert all(torch.equal(a, torch.full((2, 1), 0.5)) for a in model.norm_alpha)  # the paper's alpha_init
+    loss = torch.nn.functional.cross_entropy(model(X)[0], y)  # member 0's loss only
+    grads = torch.autograd.grad(loss, list(model.norm_alpha))
+    assert all(g[0].abs().item() > 0 and g[1].item() == 0 for g in grads)  # members never mix

@@ -22,6 +22,10 @@
   ``rms``    ``normlab.functional.rms_norm`` the same way, with the member's own weight.
   ``group``  ``GroupNorm(8, 64, affine=False)`` on the (rows, 64) view, then the member's
              own weight and bias (8 groups of 8 units per member).
+  ``dyt``    ``normlab.functional.dyt`` (DyT, no statistic: ``tanh(alpha * h) * w + b``)
+             with the member's own alpha (the paper's alpha_init 0.5), weight and bias,
+             through ``torch.func.vmap`` as ``layer`` (vmap takes DyT's reference path,
+             torch ops with the hand-written backward).
 
 Subnormal floats: a member that diverges (lr 2 or 4 without a norm, say) drives its
 softmax and gradients to values below 1.2e-38, and every operation that meets them on
@@ -50,7 +54,7 @@ import torch.nn.functional as F
 import normlab.nn
 import normlab.functional as NF
 
-NORMS = ("none", "batch", "layer", "rms", "group")
+NORMS = ("none", "batch", "layer", "rms", "group", "dyt")
 WIDTHS = (2, 64, 64, 64, 2)
 GROUPS = 8           # GroupNorm(8, 64): 8 units per group
 EPOCHS = 30
@@ -76,7 +80,23 @@ def norm_layer(layers, norm: str, width: int) -> torch.nn.Module:
         return layers.RMSNorm(width)
     if norm == "group":
         return layers.GroupNorm(GROUPS, width)
+    if norm == "dyt":  # torch.nn has none: DyT in torch ops, the paper's module
+        return layers.DyT(width) if hasattr(layers, "DyT") else TorchDyT(width)
     raise ValueError(f"unknown norm {norm!r}; known norms are {', '.join(NORMS)}")
+
+
+class TorchDyT(torch.nn.Module):
+    """DyT as the paper writes it, in torch ops: ``tanh(alpha * x) * weight + bias``, alpha
+    one learned scalar starting at 0.5 (the chapter's loop runs it where torch.nn has no DyT)."""
+
+    def __init__(self, width: int, alpha_init: float = 0.5) -> None:
+        super().__init__()
+        self.alpha = torch.nn.Parameter(torch.full((1,), alpha_init))
+        self.weight = torch.nn.Parameter(torch.ones(width))
+        self.bias = torch.nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha * x) * self.weight + self.bias
 
 
 def chapter_mlp(norm: str = "batch", seed: int = CHAPTER_SEED, layers=torch.nn) -> torch.nn.Sequential:
@@ -172,6 +192,7 @@ class BatchedMLP(torch.nn.Module):
         self.norms = torch.nn.ModuleList()
         self.norm_weight = torch.nn.ParameterList()
         self.norm_bias = torch.nn.ParameterList()
+        self.norm_alpha = torch.nn.ParameterList()
         if norm == "none":
             return
         proto_norms = [[m for m in p if not isinstance(m, (torch.nn.Linear, torch.nn.Tanh))] for p in protos]
@@ -188,6 +209,9 @@ class BatchedMLP(torch.nn.Module):
                 continue
             if norm == "group":
                 self.norms.append(normlab.nn.GroupNorm(GROUPS, C, affine=False))
+            if norm == "dyt":
+                self.norm_alpha.append(torch.nn.Parameter(torch.stack([ns[k].alpha for ns in proto_norms])
+                                                          .detach().clone()))               # (M, 1)
             self.norm_weight.append(torch.nn.Parameter(w))
             if b is not None:
                 self.norm_bias.append(torch.nn.Parameter(b))
@@ -210,9 +234,12 @@ class BatchedMLP(torch.nn.Module):
         return torch.bmm(self.weight[last], a).add_(self.bias[last].unsqueeze(2)).transpose(1, 2)  # (M, N, 2)
 
     def _row_norm(self, h: torch.Tensor, k: int) -> torch.Tensor:
-        """LayerNorm / RMSNorm of each member's (N, C) rows with its own weight (and bias):
+        """LayerNorm / RMSNorm / DyT of each member's (N, C) rows with its own weight (and bias):
         vmap over the members, so the kernel gets the stacked weights (see the module docstring)."""
         C = self.width
+        if self.norm == "dyt":
+            return torch.func.vmap(lambda hm, a, w, b: NF.dyt(hm, (C,), a, w, b))(
+                h, self.norm_alpha[k], self.norm_weight[k], self.norm_bias[k])
         if self.norm == "layer":
             return torch.func.vmap(lambda hm, w, b: NF.layer_norm(hm, (C,), w, b))(
                 h, self.norm_weight[k], self.norm_bias[k])
@@ -225,7 +252,7 @@ class BatchedMLP(torch.nn.Module):
         last = len(self.weight) - 1
         for k in range(last):
             h = torch.bmm(a, self.weight[k].transpose(1, 2)).add_(self.bias[k].unsqueeze(1))      # (M, N, C)
-            if self.norm in ("layer", "rms"):
+            if self.norm in ("layer", "rms", "dyt"):
                 h = self._row_norm(h, k)
             elif self.norm == "group":
                 h = self.norms[k](h.view(M * N, C)).view(M, N, C)

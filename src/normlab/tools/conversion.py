@@ -16,6 +16,11 @@ left alone too. The ``Lazy*`` modules are converted once materialised: their
 first call makes them torch's ``BatchNorm*``/``InstanceNorm*``, which convert
 swaps; before it they are left alone (run the model once, then convert).
 
+``convert(model, to="dyt")`` swaps the LayerNorms and RMSNorms instead for
+``normlab.nn.DyT`` (Zhu et al., "Transformers without Normalization", CVPR 2025):
+outputs change (a different layer), ``revert`` gives the norms back
+(``docs/derivations/dyt.md``, "Converting a model").
+
 >>> import torch, normlab
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
 >>> model = normlab.convert(model)
@@ -25,11 +30,16 @@ True
 
 from __future__ import annotations
 
+import math
+import numbers
+import warnings
 from typing import Callable
 
+import torch
 from torch import nn
 
 from ..nn import batch_norm as _bn
+from ..nn import dyt as _dyt
 from ..nn import group_norm as _gn
 from ..nn import layer_norm as _ln
 from ..nn import local_response_norm as _lrn
@@ -182,13 +192,13 @@ def _conversion_for(cls: type):
 def _replace_all(fn: str, model: nn.Module, replace: Callable) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"{fn}: expected model to be a torch.nn.Module, got {type(model).__name__}")
-    new = replace(model)
+    new = replace(model, "")
     if new is not None:  # the model is itself a norm layer: return its twin
         return new
-    for parent in list(model.modules()):
+    for prefix, parent in list(model.named_modules()):
         for name, child in list(parent._modules.items()):
             if child is not None:
-                new = replace(child)
+                new = replace(child, f"{prefix}.{name}" if prefix else name)
                 if new is not None:
                     parent._modules[name] = new
     return model
@@ -200,9 +210,92 @@ def _checked(new, fn: str, cls: type):
                         f"(or None to leave the module as it is)")
     return new
 
+# --------------------------------------------------------------------------
+# to="dyt": LayerNorm / RMSNorm -> DyT, and back
+# --------------------------------------------------------------------------
 
-def convert(model: nn.Module) -> nn.Module:
-    """Replace every normalization module in ``model`` with its normlab twin, in place.
+TARGETS = ("normlab", "dyt")
+DYT_ALPHA_INIT = 0.5  # the paper's default (Section 7)
+_DYT_SOURCE = "_normlab_dyt_source"  # on a DyT made by convert: (the norm it replaced, offset, alpha_init)
+
+
+def _as_norm_twin(m: nn.Module):
+    """``m`` as a normlab LayerNorm / RMSNorm computing the same thing, or None (not one, or one
+    over other dims: LayerNorm2d)."""
+    cls = type(m)
+    if cls in (_ln.LayerNorm, _ln.RMSNorm):
+        return m
+    if cls is nn.LayerNorm:
+        return adopt(m, _ln.LayerNorm, **_layer_norm_args(m))
+    if cls is nn.RMSNorm:
+        return adopt(m, _ln.RMSNorm, **_rms_norm_args(m))
+    if cls in (t for t, _, _ in _twins()):  # BatchNorm, GroupNorm, InstanceNorm: not DyT's place
+        return None
+    conv = _conversion_for(cls)
+    if conv is None:
+        return None
+    twin = _checked(conv[0](m), "to_normlab", cls)
+    return twin if type(twin) in (_ln.LayerNorm, _ln.RMSNorm) else None
+
+
+def _alpha_value(alpha_init, name: str, m: nn.Module) -> float:
+    a = alpha_init(name, m) if callable(alpha_init) else alpha_init
+    if not isinstance(a, numbers.Real) or isinstance(a, bool) or not math.isfinite(a):
+        where = f" (alpha_init({name!r}, {type(m).__name__}) returned it)" if callable(alpha_init) else ""
+        raise (TypeError if not isinstance(a, numbers.Real) or isinstance(a, bool) else ValueError)(
+            f"convert: expected alpha_init to be a finite float, got {a!r}{where}; the paper's default is "
+            f"{DYT_ALPHA_INIT}")
+    return float(a)
+
+
+def _to_dyt_replacer(alpha_init):
+    if alpha_init is None:
+        alpha_init = DYT_ALPHA_INIT
+    if not callable(alpha_init):
+        _alpha_value(alpha_init, "", nn.Module())  # checked before any work
+
+    def replace(m, name):
+        twin = _as_norm_twin(m)
+        if twin is None:
+            return None
+        a = _alpha_value(alpha_init, name, m)
+        w, b = twin._parameters.get("weight"), twin._parameters.get("bias")
+        offset = float(getattr(twin, "offset", 0.0))
+        ref = next(iter([*m.parameters(recurse=False), *m.buffers(recurse=False)]), None)
+        kw = {} if ref is None else dict(device=ref.device, dtype=ref.dtype)
+        dyt = _dyt.DyT(twin.normalized_shape, alpha_init=a, elementwise_affine=w is not None,
+                       bias=b is not None, **kw)
+        if w is not None:
+            dyt.weight = w if offset == 0.0 else nn.Parameter(w.detach() + offset, requires_grad=w.requires_grad)
+        if b is not None:
+            dyt.bias = b
+        dyt.__dict__[_DYT_SOURCE] = (m, offset, a)
+        return _carry_over(m, dyt)
+
+    return replace
+
+
+def _from_dyt(dyt: nn.Module, name: str) -> nn.Module:
+    old, offset, a0 = dyt.__dict__[_DYT_SOURCE]
+    alpha = dyt.alpha.detach()
+    if alpha.numel() == 1 and float(alpha) != float(torch.tensor(a0, dtype=alpha.dtype)):
+        warnings.warn(f"revert: the DyT at {name or 'the top'!r} has alpha = {float(alpha):.6g}, moved from the "
+                      f"{a0:g} convert gave it; the {type(old).__name__} it goes back to has no alpha, so it is "
+                      f"dropped and the layer computes something else than the one trained", UserWarning,
+                      stacklevel=3)
+    for pname, off in (("weight", offset), ("bias", 0.0)):
+        p, q = dyt._parameters.get(pname), old._parameters.get(pname)
+        if p is None or q is None or p is q:
+            continue
+        old._parameters[pname] = nn.Parameter(p.detach() - off if off else p.detach().clone(),
+                                              requires_grad=p.requires_grad)
+    del dyt.__dict__[_DYT_SOURCE]
+    return _carry_over(dyt, old)
+
+
+def convert(model: nn.Module, to: str = "normlab", *, alpha_init=None) -> nn.Module:
+    """Replace every normalization module in ``model`` with its normlab twin, in place
+    (``to="normlab"``, the default), or every LayerNorm and RMSNorm with a DyT (``to="dyt"``).
 
     Swapped: torch.nn's norm classes by exact type (LayerNorm, RMSNorm, GroupNorm,
     BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LocalResponseNorm, CrossMapLRN2d; subclasses,
@@ -220,10 +313,39 @@ def convert(model: nn.Module) -> nn.Module:
     >>> model = normlab.convert(model)
     >>> type(model[1]) is normlab.nn.LayerNorm, model[1].weight is w
     (True, True)
+
+    ``to="dyt"``: every LayerNorm and RMSNorm -- torch.nn's, normlab's, and the Hugging Face
+    and timm classes that convert knows (a channels-first LayerNorm2d excepted) -- becomes a
+    ``normlab.nn.DyT`` with the same ``normalized_shape`` and affine/bias flags, holding the
+    norm's very ``weight`` and ``bias`` Parameters (a norm without bias gives a DyT without
+    bias; an RMSNorm has none; a Gemma-style ``1 + weight`` scale gives a DyT weight of
+    ``1 + weight``, a new Parameter), on the norm's device and dtype, with a new ``alpha``.
+    ``eps`` has no place in DyT. BatchNorm, GroupNorm and InstanceNorm are left untouched
+    (the paper replaces LayerNorm and RMSNorm only), as are modules convert does not know.
+    The outputs change: DyT is another layer, not a twin. ``alpha_init``: the paper's
+    default 0.5 (its Section 7, "Initialization of alpha": non-LLM Transformers are
+    insensitive to it and 0.5 serves them all); a float for every DyT, or a function
+    ``alpha_init(name, module) -> float`` of each norm's qualified name and module, for
+    LLMs, whose best alpha_init the paper finds depends on the width and differs between
+    the norm before attention and the others (FFN and final norm): LLaMA 2 7B (width
+    4096): 0.8 and 0.2; 13B (5120): 0.6 and 0.15; 34B and 70B (8192): 0.2 and 0.05.
+    :func:`revert` gives the norms back.
+
+    >>> model = normlab.convert(torch.nn.Sequential(torch.nn.LayerNorm(4)), to="dyt")
+    >>> model[0]
+    DyT((4,), alpha_init=0.5, elementwise_affine=True, bias=True)
     """
+
+    if to not in TARGETS:
+        raise ValueError(f"convert: expected to to be one of {', '.join(map(repr, TARGETS))}, got {to!r}")
+    if to == "dyt":
+        return _replace_all("convert", model, _to_dyt_replacer(alpha_init))
+    if alpha_init is not None:
+        raise ValueError(f"convert: alpha_init={alpha_init!r} is DyT's, given with to={to!r}; pass to=\"dyt\" "
+                         f"or leave alpha_init out")
     table = {t: (n, a) for t, n, a in _twins()}
 
-    def replace(m):
+    def replace(m, name):
         cls = type(m)
         if cls in table:
             new_cls, args = table[cls]
@@ -250,6 +372,15 @@ def revert(model: nn.Module) -> nn.Module:
     BatchRenorm, GhostBatchNorm, FrozenBatchNorm) stay too. Returns ``model`` (or the module
     that replaced it).
 
+    A DyT that ``convert(model, to="dyt")`` made goes back to the norm it replaced, of the same
+    class, ``eps`` and flags (a normlab LayerNorm or RMSNorm then goes on to its torch.nn class,
+    as every normlab twin does here), with the DyT's
+    current ``weight`` and ``bias`` (the same Parameters where the DyT held the norm's own;
+    else new ones: ``weight - 1`` for a Gemma-style norm). ``alpha`` has no place in a
+    LayerNorm or RMSNorm and is dropped: when it has moved from the value convert gave it
+    (training changed it), revert warns (UserWarning), for the layer is then no longer what
+    was trained. A DyT that convert did not make stays.
+
     >>> import torch, normlab
     >>> model = torch.nn.Sequential(normlab.nn.GroupNorm(2, 4))
     >>> type(normlab.revert(model)[0]) is torch.nn.GroupNorm
@@ -257,7 +388,10 @@ def revert(model: nn.Module) -> nn.Module:
     """
     table = {n: (t, a) for t, n, a in _twins()}
 
-    def replace(m):
+    def replace(m, name):
+        if type(m) is _dyt.DyT and _DYT_SOURCE in m.__dict__:
+            old = _from_dyt(m, name)
+            return replace(old, name) or old  # a normlab twin it came from goes on back
         source = m.__dict__.get(_SOURCE)
         if source is not None:
             conv = _conversion_for(source)

@@ -5,12 +5,14 @@
 //   dalpha = sum(du * x),  dw = sum_rows(dy * t),  db = sum_rows(dy)
 //
 // tanh (float32 lanes): |u| < 0.625, u + u^3 P(u^2) (a degree-4 odd minimax polynomial, Cephes'
-// tanhf); above, 1 - 2 / (e + 1) with e = exp(2|u|) (Cody-Waite reduction and a degree-6
-// polynomial; 2|u| capped at 88, where tanh is 1 in float32), sign copied from u: within 1.3
-// ulp of the exact tanh on every range tried (docs/derivations/dyt.md). s = 1 - t^2 where
-// |u| < 0.625 (no cancellation: t <= 0.56; rounded once, through float64), else (4 / (e + 1)) * (e / (e + 1)) -- 1 - t^2 from a
-// rounded t near 1 would lose most of its digits (at |u| = 5, thousands of ulp) -- and 0 past
-// 2|u| = 88, below float32's normal range. float64: std::tanh and std::exp per value.
+// tanhf); above, 1 - 2r, r = 1 / (e + 1), e = exp(2|u|) (a two-step reduction by ln 2 and a
+// degree-6 polynomial; 2|u| capped at 88, where tanh is 1 in float32), then u's sign bit: within
+// 1.33 ulp of the exact tanh over every float32 (scripts/dyt-tanh-ulp.py, docs/derivations/dyt.md).
+// Fused multiply-adds where the build level has them (v3, v4). s = 1 - t^2 where |u| < 0.625 (no
+// cancellation: t <= 0.56; rounded once: a fused multiply-add, or through float64), else
+// (4r)(1 - r) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
+// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp.
+// float64: std::tanh and std::exp per value.
 //
 // The forward is elementwise: rows split among threads as they come. The backward's sums run
 // over fixed tasks (Geometry: a chunk of rows by a block of columns, from the shape alone):
@@ -51,26 +53,52 @@ inline vf vcopysign(vf mag, vf sign) {  // mag >= 0
   vf r; std::memcpy(&r, &m, sizeof r); return r;
 }
 
-// exp(v) for 0 <= v <= 88 (and NaN): Cody-Waite reduction by ln 2 in two parts, a degree-6
-// polynomial for exp(r), |r| <= ln2 / 2, and the power of two put in the exponent bits.
-inline vf vexp_pos(vf v) {
-  const vf n = __builtin_convertvector(__builtin_convertvector(v * 1.44269504088896341f + 0.5f, i32v), vf);
-  const vf r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
-  vf p = vset1(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
-  vf scale; std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
+// a * b + c rounded once where the build has fused multiply-add (x86-64-v3, v4); on the baseline
+// level (SSE2: none), a * b rounded, then + c (the accuracy scan of docs/derivations/dyt.md holds
+// for both).
+inline vf vfma(vf a, vf b, vf c) {
+#if NORMLAB_VEC_BYTES == 64
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif NORMLAB_VEC_BYTES == 32 && defined(__FMA__)
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
 }
 
-// 1 - t^2 rounded once: t * t is exact in float64 (24-bit by 24-bit), 1 - t^2 rounded to
-// float64 and then to float32 -- one fused rounding, as a fused multiply-add would give, on every
-// build level.
+// exp(v) for 0 <= v <= 88 (and NaN): n = round(v / ln 2) by the 1.5 * 2^23 shifter (its low
+// bits then hold n), r = v - n ln 2 by two fused steps (ln 2 as float and its remainder),
+// |r| <= ln2 / 2, a degree-6 polynomial for exp(r), and 2^n: vscalefps on AVX-512, else n + 127
+// put in the exponent bits.
+inline vf vexp_pos(vf v) {
+  const vf shifted = vfma(v, vset1(1.44269504088896341f), vset1(12582912.0f));
+  const vf n = shifted - 12582912.0f;
+#if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
+  vf r = vfma(n, vset1(-0.693147182464599609375f), v);  // (ln 2 rounded, and what it lacks)
+  r = vfma(n, vset1(1.904654299957768e-09f), r);
+#else  // without fused steps: ln 2's first part with trailing zeros, so n * it is exact (Cody-Waite)
+  const vf r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
+#endif
+  vf p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, r * r, r) + 1.0f;
+#if NORMLAB_VEC_BYTES == 64
+  return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
+  i32v e; std::memcpy(&e, &shifted, sizeof e);
+  e = (e << 23) + (127 << 23);  // (the shifter's own bits leave through the top)
+  vf scale; std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+#endif
+}
+
+#if !(NORMLAB_VEC_BYTES == 64 || defined(__FMA__))
+// 1 - t^2 rounded once without fused multiply-add: t * t is exact in float64 (24-bit by 24-bit),
+// 1 - t^2 rounded to float64 and then to float32.
 inline vf one_minus_square(vf t) {
   typedef float half_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
   half_t lo, hi;
@@ -83,29 +111,37 @@ inline vf one_minus_square(vf t) {
   std::memcpy(reinterpret_cast<char*>(&r) + sizeof rl, &rh, sizeof rh);
   return r;
 }
+#endif
 
-// t = tanh(u); with S, also s = 1 - tanh(u)^2.
+// t = tanh(u); with S, also s = 1 - tanh(u)^2. Both branches are computed for every lane and
+// one picked (|u| < 0.625: the polynomial); a NaN u gives NaN in both (the cap 88 is taken with
+// the NaN as min's second operand, which min returns).
 template <bool S> inline vf vtanh(vf u, vf* s = nullptr) {
   const vf a = vabs(u);
   const vf z = u * u;
   vf q = vset1(-5.70498872745e-3f);
-  q = q * z + 2.06390887954e-2f;
-  q = q * z - 5.37397155531e-2f;
-  q = q * z + 1.33314422036e-1f;
-  q = q * z - 3.33332819422e-1f;
-  const vf small = q * z * u + u;
-  const vf e = vexp_pos(a + a < 88.0f ? a + a : vset1(88.0f));  // (NaN: the comparison is false -> 88; a NaN
-  const vf e1 = e + 1.0f;                                     //  u stays NaN through small and big alike)
-  const vf r = 1.0f / e1;                                     // (2 * r is 2 / e1 exactly)
-  const vf big = vcopysign(1.0f - 2.0f * r, u);
-  const auto near0 = a < 0.625f;
-  const vf t = near0 ? small : big;
+  q = vfma(q, z, vset1(2.06390887954e-2f));
+  q = vfma(q, z, vset1(-5.37397155531e-2f));
+  q = vfma(q, z, vset1(1.33314422036e-1f));
+  q = vfma(q, z, vset1(-3.33332819422e-1f));
+  const vf small = vfma(q * z, u, u);
+  const vf a2 = a + a;
+  const vf e = vexp_pos(vset1(88.0f) < a2 ? vset1(88.0f) : a2);
+  const vf r = 1.0f / (e + 1.0f);
+  const vf big = vfma(vset1(-2.0f), r, vset1(1.0f));
+  // (u's sign bit put on either: small has it already, but for u = -0, where small is +0)
+  const vf t = vcopysign(a < 0.625f ? small : big, u);
   // (2|u| >= 88: s < 2^-126, flushed to 0 -- torch's 1 - t^2 is 0 already past |u| = 9)
   if constexpr (S) {
-    const vf from_e = a + a < 88.0f ? (4.0f * r) * (e * r) : vzero<float>();
-    *s = a < 1.0f ? one_minus_square(t) : from_e;
+    // 1 - t^2 = (1 - t)(1 + t) = 2r (2 - 2r): r's own error once, e's not again
+    const vf from_e = a2 < 88.0f ? (4.0f * r) * (1.0f - r) : vzero<float>();
+#if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
+    *s = a < 0.625f ? vfma(-t, t, vset1(1.0f)) : from_e;
+#else
+    *s = a < 0.625f ? one_minus_square(t) : from_e;
+#endif
   }
-  return (u != u) ? u : t;
+  return t;
 }
 
 inline double tanh_sech2(double u, double* s) {
@@ -122,23 +158,32 @@ inline double tanh_sech2(double u, double* s) {
 
 template <class S> inline const acc_t<S>* col(const acc_t<S>* p, int64_t j) { return p ? p + j : nullptr; }
 
-// y for columns [0, n) of one row; float32 lanes (float, bf16, f16 storage).
-template <class S> void fwd_row(const S* x, float a, const float* w, const float* b, S* y, int64_t n) {
+// y for columns [0, n) of one row; float32 lanes (float, bf16, f16 storage); W, B: whether there
+// is a weight, a bias (t * w + b in one fused step where the build has it).
+template <bool W, bool B, class S>
+void fwd_row_of(const S* x, float a, const float* w, const float* b, S* y, int64_t n) {
   constexpr int64_t L = vlanes<S>;
+  const auto affine = [&](vf t, int64_t j, int64_t m) {
+    const vf wv = W ? (m == L ? vload(w + j) : vload_n(w + j, m)) : vf{};
+    const vf bv = B ? (m == L ? vload(b + j) : vload_n(b + j, m)) : vf{};
+    if constexpr (W && B) return vfma(t, wv, bv);
+    else if constexpr (W) return t * wv;
+    else if constexpr (B) return t + bv;
+    else return t;
+  };
   int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    vf t = vtanh<false>(vload(x + j) * a);
-    if (w) t = t * vload(w + j);
-    if (b) t = t + vload(b + j);
-    vstore(y + j, t);
-  }
+  for (; j + L <= n; j += L) vstore(y + j, affine(vtanh<false>(vload(x + j) * a), j, L));
   if (j < n) {
     const int64_t m = n - j;
-    vf t = vtanh<false>(vload_n(x + j, m) * a);
-    if (w) t = t * vload_n(w + j, m);
-    if (b) t = t + vload_n(b + j, m);
-    vstore_n(y + j, t, m);
+    vstore_n(y + j, affine(vtanh<false>(vload_n(x + j, m) * a), j, m), m);
   }
+}
+
+template <class S> void fwd_row(const S* x, float a, const float* w, const float* b, S* y, int64_t n) {
+  if (w && b) fwd_row_of<true, true>(x, a, w, b, y, n);
+  else if (w) fwd_row_of<true, false>(x, a, w, b, y, n);
+  else if (b) fwd_row_of<false, true>(x, a, w, b, y, n);
+  else fwd_row_of<false, false>(x, a, w, b, y, n);
 }
 
 void fwd_row(const double* x, double a, const double* w, const double* b, double* y, int64_t n) {
@@ -172,8 +217,23 @@ void forward(const S* x, acc_t<S> alpha, const acc_t<S>* w, const acc_t<S>* b, S
 }
 
 namespace {
-// acc[0, m) += v's first m lanes, each widened to float64.
+// acc[0, m) += v's first m lanes, each widened to float64 (a full vector: two float64 vectors,
+// the same additions lane by lane).
 inline void add_widened(double* acc, vf v, int64_t m) {
+  if (m == lanes<float>) {
+    typedef float half_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
+    half_t lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    vec<double> a0, a1;
+    std::memcpy(&a0, acc, sizeof a0);
+    std::memcpy(&a1, acc + lanes<double>, sizeof a1);
+    a0 += __builtin_convertvector(lo, vec<double>);
+    a1 += __builtin_convertvector(hi, vec<double>);
+    std::memcpy(acc, &a0, sizeof a0);
+    std::memcpy(acc + lanes<double>, &a1, sizeof a1);
+    return;
+  }
   float t[lanes<float>];
   std::memcpy(t, &v, sizeof t);
   for (int64_t i = 0; i < m; ++i) acc[i] += double(t[i]);
