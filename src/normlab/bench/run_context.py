@@ -127,7 +127,7 @@ def run_meta(options: dict) -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "options": options,
         "normlab": __version__, "torch": torch.__version__,
-        "extension": extension.build_info().get("level"), "python": platform.python_version(),
+        "extension": (extension.cpu_level() or {}).get("level"), "python": platform.python_version(),
         "backends": available_backends(),
         "machine": platform.machine(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
