@@ -84,7 +84,7 @@ QEMU = shutil.which("qemu-x86_64")
 @pytest.mark.skipif(QEMU is None or platform.machine() != "x86_64", reason="needs qemu-user (qemu-x86_64)")
 def test_on_an_emulated_cpu_without_avx_v1_is_chosen_and_a_forced_v4_is_refused_with_what_it_lacks():
     # Nehalem (2008): SSE4.2, no AVX. The emulator reports its cpuid; /proc/cpuinfo shows the host's.
-    code = ("from normlab.ops import extension\nimport json\ntry:\n    print(json.dumps(extension.cpu_level()))\n"
+    code = ("import json\ntry:\n    from normlab.ops import extension\n    print(json.dumps(extension.cpu_level()))\n"
             "except ImportError as e:\n    print('refused:', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "NORMLAB_CPU_LEVEL"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -119,3 +119,37 @@ def test_the_op_tests_pass_at_a_forced_level(level):
                        env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-4000:]
     assert " passed" in r.stdout
+
+
+# Bits across levels. BatchNorm sums in float64 over chunks fixed by the shape, and DyT is
+# elementwise: the same bits at every level. LayerNorm, RMSNorm and GroupNorm sum float32 rows over
+# a vector's lanes (16, 8 or 4 chains: another order of additions), so their last bits differ
+# between levels, each level within the accuracy rule (the op tests above, per level). No level
+# contracts a multiply and an add into a fused multiply-add (-ffp-contract=off everywhere).
+_BITS = r"""
+import hashlib, torch, normlab
+import normlab.functional as F
+torch.manual_seed(0)
+out = []
+with normlab.use_backend("cpu"):
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        x0 = (2 * torch.randn(64, 1000, dtype=torch.float64) + 0.5).to(dt)
+        for name, f in (("batch_norm", lambda x: F.batch_norm(x, None, None, training=True)),
+                        ("dyt", lambda x: normlab.nn.DyT(1000).to(x.dtype)(x))):
+            x = x0.clone().requires_grad_()
+            y = f(x)
+            g, = torch.autograd.grad(y, x, torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(dt))
+            out.append(name + str(dt) + hashlib.sha256(y.detach().contiguous().view(torch.uint8).numpy().tobytes()
+                                                       + g.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest())
+print("\n".join(out))
+"""
+
+
+def test_batch_norm_and_dyt_give_the_same_bits_at_every_level():
+    got = {}
+    for level in _runs():
+        r = _child(_BITS, level)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[level] = r.stdout.split()
+    assert len(got["v1"]) == 6
+    assert all(v == got["v1"] for v in got.values()), {k: v[:2] for k, v in got.items()}
