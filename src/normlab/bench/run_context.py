@@ -128,6 +128,7 @@ def run_meta(options: dict) -> dict:
         "options": options,
         "normlab": __version__, "torch": torch.__version__,
         "extension": (extension.cpu_level() or {}).get("level"), "python": platform.python_version(),
+        "extension_level_reason": (extension.cpu_level() or {}).get("reason"),
         "backends": available_backends(),
         "machine": platform.machine(), "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
