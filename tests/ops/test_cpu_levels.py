@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
+import normlab
 from normlab.ops import extension
 
 ROOT = Path(__file__).resolve().parents[2]
+HOME = str(Path(normlab.__file__).resolve().parents[1])  # the children import the normlab this process tests
 DISPATCHED = extension.available() and extension.build_info().get("level") == "dispatch"
 pytestmark = pytest.mark.skipif(not DISPATCHED, reason="needs the dispatched build of the C++ extension")
 
@@ -36,7 +37,7 @@ def _child(code: str, level: str | None, **kw) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NORMLAB_CPU_LEVEL"}
     if level is not None:
         env["NORMLAB_CPU_LEVEL"] = level
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([HOME, env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, **kw)
 
 
@@ -87,7 +88,7 @@ def test_on_an_emulated_cpu_without_avx_v1_is_chosen_and_a_forced_v4_is_refused_
     code = ("import json\ntry:\n    from normlab.ops import extension\n    print(json.dumps(extension.cpu_level()))\n"
             "except ImportError as e:\n    print('refused:', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "NORMLAB_CPU_LEVEL"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([HOME, env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     cmd = [QEMU, "-cpu", "Nehalem", sys.executable, "-c", code]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -114,7 +115,7 @@ def test_the_op_tests_pass_at_a_forced_level(level):
         pytest.skip(f"this CPU does not run {level}")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["NORMLAB_CPU_LEVEL"] = level
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([HOME, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *FOCUSED],
                        env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-4000:]
