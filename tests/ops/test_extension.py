@@ -26,9 +26,10 @@ def test_a_library_built_for_another_torch_is_refused_with_both_versions_and_the
     assert "2.4.0" in msg and "2.13.0" in msg and "pip install --no-build-isolation" in msg
 
 
-def test_a_library_built_for_instructions_this_cpu_lacks_is_refused_naming_them():
-    info = {"torch": "2.13.0", "level": "v4", "cpu_flags": ["avx2", "avx512f", "avx512bw"]}
-    with pytest.raises(ImportError, match=r"x86-64-v4.*avx512bw, avx512f.*NORMLAB_CPU_LEVEL"):
+def test_a_native_library_on_a_cpu_lacking_its_instructions_is_refused_naming_them():
+    # NORMLAB_NATIVE=1: one copy for the build machine, its flags recorded
+    info = {"torch": "2.13.0", "level": "native", "cpu_flags": ["avx2", "avx512f", "avx512bw"]}
+    with pytest.raises(ImportError, match=r"native.*avx512bw, avx512f.*without NORMLAB_NATIVE=1"):
         extension.check(info, "2.13.0", {"avx2", "sse2"})
     extension.check(info, "2.13.0", {"avx2", "avx512f", "avx512bw", "sse2"})  # all there: loads
     extension.check(info, "2.13.0", None)  # flags unknown (not Linux): not refused
@@ -38,6 +39,7 @@ def test_a_library_built_for_instructions_this_cpu_lacks_is_refused_naming_them(
 def test_the_installed_library_matches_this_torch_and_this_cpu():
     info = extension.build_info()
     assert info["torch"] == torch.__version__
+    assert info["level"] in ("dispatch", "native", "default")
     flags = extension._cpu_flags()
     if flags is not None:
         assert set(info["cpu_flags"]) <= flags

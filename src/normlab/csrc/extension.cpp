@@ -17,7 +17,7 @@
 #include "group_norm.h"
 #include "layer_norm.h"
 #include "scale_norm.h"
-#include "numerics/vec.h"
+#include "cpu/levels.h"
 
 namespace {
 
@@ -151,7 +151,21 @@ void bind_scale_norm(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "normlab's compiled CPU kernels (the \"cpu\" backend); ops registered as torch.ops.normlab.*";
-  m.attr("vec_bytes") = NORMLAB_VEC_BYTES;
+  m.attr("vec_bytes") = normlab::levels::vec_bytes();  // the bound level's (cpu/levels.h)
+  m.def("cpu_level", [] {
+    const auto& c = normlab::levels::choice();
+    py::dict d;
+    d["level"] = c.level;
+    d["reason"] = c.reason;
+    d["error"] = c.error;
+    py::list runs, built;
+    for (const auto& lv : c.cpu_runs) runs.append(lv);
+    for (const auto& lv : c.built) built.append(lv);
+    d["cpu_runs"] = runs;
+    d["built"] = built;
+    return d;
+  }, "the x86-64 level whose kernels this process runs, chosen at load (cpu/levels.h): level, reason, error "
+     "(a refused NORMLAB_CPU_LEVEL), the levels this CPU runs and the levels built");
   m.def("advise_huge_pages", [](const at::Tensor& t) {
     normlab::advise_huge_pages(t.data_ptr(), int64_t(t.numel()) * int64_t(t.element_size()));
   }, "advise a large tensor's pages onto transparent huge pages, as the kernels do for their outputs");

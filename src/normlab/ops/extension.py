@@ -1,9 +1,13 @@
 """``normlab._C``, the compiled "cpu" backend: found, checked against this torch and this CPU, loaded.
 
 :func:`load` returns the module or None (a pure-Python install, ``NORMLAB_NO_EXTENSION=1``).
-A library built for another torch, or for instructions this CPU lacks, is refused with an
-``ImportError`` naming both sides and the command that rebuilds it -- before the library is
-loaded, so that no instruction of it runs on a CPU that lacks it.
+A library built for another torch is refused with an ``ImportError`` naming both versions and
+the command that rebuilds it. The library holds the kernels once per x86-64 level (v1, v3, v4)
+and binds, when it loads, the best one this CPU runs (``csrc/cpu/levels.h``);
+``NORMLAB_CPU_LEVEL=v1|v3|v4`` forces one, and a level the CPU lacks is refused with an
+``ImportError`` saying what it lacks (:func:`cpu_level` reports the choice). A one-copy build
+(``NORMLAB_NATIVE=1``: ``-march=native``) is refused on a CPU without the build machine's
+instructions -- before the library is loaded, so that no instruction of it runs there.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def _cpu_flags() -> Optional[set]:
 
 
 def build_info() -> dict:
-    """What the library was built for: ``{"torch": version, "level": "v4"|"v3"|"v1"|"",
-    "cpu_flags": [...], "sanitize": bool}``; ``{}`` without a library."""
+    """What the library was built for: ``{"torch": version, "level": "dispatch"|"native"|...,
+    "levels": ["v1", "v3", "v4"], "cpu_flags": [...] (a native build's: the build machine's),
+    "sanitize": bool}``; ``{}`` without a library."""
     path = _PACKAGE / "_C_build.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -57,9 +62,9 @@ def check(info: dict, torch_version: str, cpu_flags: Optional[set]) -> None:
     missing = sorted(set(info.get("cpu_flags", [])) - cpu_flags) if cpu_flags is not None else []
     if missing:
         raise ImportError(
-            f"normlab: the C++ extension was built for x86-64-{info.get('level')} and this CPU lacks "
-            f"{', '.join(missing)}; rebuild it on this machine ({REBUILD}), or build for a lower level "
-            f"with NORMLAB_CPU_LEVEL=v3 or v1")
+            f"normlab: the C++ extension was built for one machine's instructions "
+            f"(level {info.get('level')!r}) and this CPU lacks {', '.join(missing)}; rebuild it on this "
+            f"machine ({REBUILD}), without NORMLAB_NATIVE=1 for the build that runs on every x86-64 CPU")
 
 
 def load():
@@ -70,8 +75,24 @@ def load():
         if _library() is not None:
             check(build_info(), torch.__version__, _cpu_flags())
             import normlab._C as _C  # the compiled library: below every Python module
+            error = _C.cpu_level()["error"] if hasattr(_C, "cpu_level") else ""
+            if error:  # NORMLAB_CPU_LEVEL asked for a level this CPU (or this library) cannot run
+                raise ImportError(f"normlab: {error}")
             _module = _C
     return _module
+
+
+def cpu_level() -> Optional[dict]:
+    """The kernels' x86-64 level bound in this process and why: ``{"level": "v4", "reason": ...,
+    "cpu_runs": [levels this CPU runs], "built": [levels in the library], "vec_bytes": 64}``;
+    None without the extension."""
+    mod = load()
+    if mod is None:
+        return None
+    info = dict(mod.cpu_level())
+    info.pop("error", None)
+    info["vec_bytes"] = int(mod.vec_bytes)
+    return info
 
 
 def available() -> bool:
