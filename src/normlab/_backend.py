@@ -39,7 +39,8 @@ COMPILE = 3
 
 # The ops every backend implements (the names backend_for and its error messages use)
 OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
-                 "group_norm", "instance_norm", "sync_batch_norm", "dyt"})
+                 "group_norm", "instance_norm", "sync_batch_norm", "dyt",
+                 "batch_norm_act", "group_norm_act", "layer_norm_act", "layer_norm_act2d"})
 
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the "cpu" kernels' dtypes
 # "cpu" joins when normlab.ops finds the C++ extension installed (install_cpu, at import)

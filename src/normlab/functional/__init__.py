@@ -18,6 +18,7 @@ True
 from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
 from .dyt import dyt
 from .group_norms import group_norm, instance_norm
+from .norm_act import batch_norm_act, group_norm_act, layer_norm_act, layer_norm_act2d
 from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
 
 __all__ = [
@@ -32,4 +33,8 @@ __all__ = [
     "batch_renorm",
     "ghost_batch_norm",
     "dyt",
+    "batch_norm_act",
+    "group_norm_act",
+    "layer_norm_act",
+    "layer_norm_act2d",
 ]

@@ -12,6 +12,7 @@ from .frozen_batch_norm import FrozenBatchNorm1d, FrozenBatchNorm2d, FrozenBatch
 from .ghost_batch_norm import GhostBatchNorm1d, GhostBatchNorm2d, GhostBatchNorm3d
 from .group_norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layer_norm import LayerNorm, LayerNorm2d, RMSNorm
+from .norm_act import BatchNormAct2d, FrozenBatchNormAct2d, GroupNormAct, LayerNormAct, LayerNormAct2d
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -36,4 +37,9 @@ __all__ = [
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
     "DyT",
+    "BatchNormAct2d",
+    "FrozenBatchNormAct2d",
+    "GroupNormAct",
+    "LayerNormAct",
+    "LayerNormAct2d",
 ]
