@@ -18,6 +18,7 @@ import torch
 from .. import extension
 
 _C = extension.load()
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # (a subclass with its own __torch_function__: not ours)
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -53,7 +54,7 @@ class BatchNormActFunction(torch.autograd.Function):
 
 
 def _chan(t, c: int) -> bool:
-    return t is None or (type(t) is torch.Tensor and t.is_cpu and t.dim() == 1 and t.shape[0] == c
+    return t is None or (type(t) in _PLAIN and t.is_cpu and t.dim() == 1 and t.shape[0] == c
                          and t.dtype in _SERVED)
 
 
