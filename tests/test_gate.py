@@ -43,6 +43,11 @@ FUNCTIONS = {
                                               torch.ones(3, device=d), training=True),
     "ghost_batch_norm": lambda d: NF.ghost_batch_norm(_t(8, 3, device=d), 4),
     "dyt": lambda d: NF.dyt(_t(4, 8, device=d), (8,), _t(1, device=d), _t(8, device=d), _t(8, device=d)),
+    "batch_norm_act": lambda d: NF.batch_norm_act(_t(4, 3, 5, device=d), None, None, _t(3, device=d),
+                                                  _t(3, device=d), training=True, act="silu"),
+    "group_norm_act": lambda d: NF.group_norm_act(_t(2, 6, 5, device=d), 3, act="gelu"),
+    "layer_norm_act": lambda d: NF.layer_norm_act(_t(4, 8, device=d), (8,), act="relu"),
+    "layer_norm_act2d": lambda d: NF.layer_norm_act2d(_t(2, 3, 4, 4, device=d), act="tanh"),
 }
 
 # name -> (module, input shape)
@@ -68,6 +73,11 @@ MODULES = {
     "GhostBatchNorm2d": (lambda: NN.GhostBatchNorm2d(3, virtual_batch_size=2), (4, 3, 2, 2)),
     "GhostBatchNorm3d": (lambda: NN.GhostBatchNorm3d(3, virtual_batch_size=2), (4, 3, 2, 2, 2)),
     "DyT": (lambda: NN.DyT(8), (4, 8)),
+    "BatchNormAct2d": (lambda: NN.BatchNormAct2d(3, act_layer="silu"), (2, 3, 4, 4)),
+    "FrozenBatchNormAct2d": (lambda: NN.FrozenBatchNormAct2d(3), (2, 3, 4, 4)),
+    "GroupNormAct": (lambda: NN.GroupNormAct(4, 2), (2, 4, 5)),
+    "LayerNormAct": (lambda: NN.LayerNormAct(8, act_layer="gelu"), (4, 8)),
+    "LayerNormAct2d": (lambda: NN.LayerNormAct2d(3), (2, 3, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
 REFERENCE_ONLY: set[str] = set()

@@ -1,6 +1,7 @@
 """The activation table of the norm+act modules: what timm's ``act_layer`` / ``act_kwargs`` /
 ``apply_act`` arguments may be, resolved to the activation Module a norm+act layer holds
-(``.act``, as timm's do) and to the (id, parameter) pair its fused kernels read.
+(``.act``, as timm's do) and to the (name, parameter) pair ``normlab.functional``'s ``*_act``
+functions take (``act=``, ``negative_slope=``).
 
 Accepted, as timm's ``get_act_layer`` accepts them:
 
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..ops.activation import GELU, GELU_TANH, HARDSWISH, IDENTITY, LEAKY_RELU, RELU, SILU, TANH
-
+# the activation names of normlab.functional's *_act functions
+IDENTITY, RELU, LEAKY_RELU, SILU, GELU, GELU_TANH, HARDSWISH, TANH = (
+    "identity", "relu", "leaky_relu", "silu", "gelu", "gelu_tanh", "hardswish", "tanh")
 __all__ = ["KNOWN", "make_act", "act_of"]
 
 # name -> (torch class, constructor kwargs)
@@ -50,8 +52,8 @@ _KNOWN_WORDS = (f"names {', '.join(repr(n) for n in KNOWN)} (or None); classes o
                 f"{', '.join(_TIMM_CLASSES)}{_FIX}")
 
 
-def act_of(module) -> tuple[int, float] | None:
-    """``(activation id, parameter)`` of an activation Module the kernels can apply, else None."""
+def act_of(module) -> tuple[str, float] | None:
+    """``(activation name, parameter)`` of an activation Module the kernels can apply, else None."""
     cls = type(module)
     act = _TORCH_IDS.get(cls)
     if act is not None:

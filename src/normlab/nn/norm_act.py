@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops.activation import NAMES
 from ._activations import act_of, make_act
 from .batch_norm import BatchNorm2d
 from .frozen_batch_norm import FrozenBatchNorm2d
@@ -39,7 +38,7 @@ def _fused(m: nn.Module):
     if type(m.drop) is not nn.Identity:
         return None
     a = act_of(m.act)
-    return None if a is None else (NAMES[a[0]], a[1])
+    return a
 
 
 def _finish(m: nn.Module, z: torch.Tensor) -> torch.Tensor:
