@@ -318,3 +318,50 @@ def test_bad_input_words_the_norms_error():
         NN.LayerNormAct2d(3)(torch.randn(2, 4, 2, 2))
     with pytest.raises(RuntimeError, match=r"FrozenBatchNormAct2d: expected input with 3 channels"):
         NN.FrozenBatchNormAct2d(3)(torch.randn(2, 4, 2, 2))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("fmt", [None, torch.channels_last])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_group_norm_act_bits_of_the_unfused_normlab_path(act, fmt, dtype):
+    """The fused GroupNorm+act applies the activation to GroupNorm's own output as torch would (the
+    piecewise-linear ones: the same bits in every dtype); its gradients within the accuracy rule."""
+    x = _x((3, 16, 7, 9), dtype, fmt=fmt).requires_grad_()
+    w, b = (_x((16,), dtype, seed=1).abs() + 0.5).requires_grad_(), _x((16,), dtype, seed=2).requires_grad_()
+    g = _x((3, 16, 7, 9), dtype, seed=6)
+    y = NF.group_norm_act(x, 4, w, b, 1e-5, act, 0.2)
+    z = NF.group_norm(x, 4, w, b, 1e-5)
+    unfused = A.act_forward(z, A.ID[act], 0.2)
+    if act in EXACT:
+        assert torch.equal(y, unfused)
+    with normlab.use_backend("ref"):
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+        y64 = NF.group_norm_act(x64, 4, w64, b64, 1e-5, act, 0.2)
+        g64 = torch.autograd.grad((y64 * g.double()).sum(), (x64, w64, b64))
+    _rule(y, y64, unfused, act)
+    gu = torch.autograd.grad((unfused * g).sum(), (x, w, b))
+    for i, (a, r, u) in enumerate(zip(torch.autograd.grad((y * g).sum(), (x, w, b)), g64, gu)):
+        _rule(a, r, u, f"{act} gradient {i}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("fmt", [None, torch.channels_last])
+def test_group_norm_act_fused_and_thread_independent(fmt):
+    from tests.oracle import ops_dispatched
+
+    x = _x((4, 32, 20, 20), fmt=fmt).requires_grad_()
+    m = NN.GroupNormAct(32, 8, act_layer="silu")
+    ops, err = ops_dispatched(lambda: m(x))
+    assert err is None and "normlab.group_norm_act_fwd.default" in ops, ops
+    g = _x((4, 32, 20, 20), seed=3)
+    out = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = m(x)
+            out.append((y, *torch.autograd.grad((y * g).sum(), (x, m.weight, m.bias))))
+    finally:
+        torch.set_num_threads(threads)
+    for a, c in zip(*out):
+        assert torch.equal(a, c)

@@ -11,6 +11,12 @@
 //                      need_db) -> (dx, dw, db)
 //     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
 //     into a scratch of x's size, then BatchNorm's backward of dz.
+//   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
+//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time, each sample's output
+//     passed through the activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
+//   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
+//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into a scratch of x's size, then
+//     GroupNorm's backward of dz.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -19,6 +25,8 @@
 #include "args.h"
 #include "cpu/batch_norm.h"
 #include "cpu/batch_norm_kernels.h"
+#include "cpu/group_norm_kernels.h"
+#include "group_norm.h"
 #include "cpu/norm_act_kernels.h"
 
 namespace normlab::norm_act {
@@ -126,6 +134,106 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   return batch_norm::bwd_typed(dz, x, w, st, training, need_dx, need_dw, need_db, wt, bt);
 }
 
+// ---- GroupNorm + act ----
+
+namespace {
+
+constexpr const char* kWhoGn = "normlab group_norm_act";
+
+struct GnShape {
+  int64_t n, c, s;
+  at::MemoryFormat fmt;
+  bool nhwc;
+};
+
+GnShape gn_shape(const at::Tensor& x, int64_t g) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() >= 2, kWhoGn, ": expected a CPU input of shape (N, C, *), got ",
+              x.sizes(), " on ", x.device());
+  const int64_t n = x.size(0), c = x.size(1);
+  TORCH_CHECK(g > 0 && c % g == 0, kWhoGn, ": expected num_groups (", g, ") to divide the channels (", c, ")");
+  const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
+  const at::MemoryFormat fmt = x.suggest_memory_format();
+  return {n, c, s, fmt, fmt != at::MemoryFormat::Contiguous && s > 1};
+}
+
+template <class A> std::vector<A> values(const std::optional<at::Tensor>& t, int64_t c, A absent) {
+  std::vector<A> v(c, absent);
+  if (t.has_value() && t->defined()) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == c, kWhoGn, ": expected a per-channel tensor of shape (", c, ",), got ",
+                t->sizes());
+    const at::Tensor d = t->to(at::kDouble).contiguous();
+    for (int64_t i = 0; i < c; ++i) v[i] = A(d.const_data_ptr<double>()[i]);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::Tensor& x_in,
+                                                                      const std::optional<at::Tensor>& w,
+                                                                      const std::optional<at::Tensor>& b, int64_t g,
+                                                                      double eps, int64_t act, double act_param) {
+  const GnShape sh = gn_shape(x_in, g);
+  TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
+  TORCH_CHECK(x_in.numel() > 0 && x_in.numel() / (sh.n * g) > 1, kWhoGn,
+              ": expected more than one value per group, got input size ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(sh.fmt);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(sh.fmt));
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  at::Tensor mean = at::empty({sh.n, g}, x.options().dtype(acc)), var = at::empty({sh.n, g}, x.options().dtype(acc)),
+             rstd = at::empty({sh.n, g}, x.options().dtype(acc));
+  const Dtype dt = dt_of(x, "the input");
+  visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const auto wv = values<A>(w, sh.c, A(1)), bv = values<A>(b, sh.c, A(0));
+    const S* px = static_cast<const S*>(x.const_data_ptr());
+    S* py = static_cast<S*>(y.data_ptr());
+    A *pm = mean.data_ptr<A>(), *pv = var.data_ptr<A>(), *pr = rstd.data_ptr<A>();
+    const int64_t per = sh.c * sh.s;
+    for (int64_t i = 0; i < sh.n; ++i) {  // a sample: GroupNorm's pass, then the activation in cache
+      if (sh.nhwc)
+        group_norm::fwd_nhwc<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
+                                1, sh.c, g, sh.s, eps);
+      else
+        group_norm::fwd_rows<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
+                                1, sh.c, g, sh.s, eps, false);
+      nact::apply_inplace(dt, py + i * per, per, int(act), act_param);
+    }
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t g, int64_t act,
+    double act_param, bool need_dx) {
+  const GnShape sh = gn_shape(x_in, g);
+  TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
+  TORCH_CHECK(mean.numel() == sh.n * g && rstd.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
+              sh.n * g, " values, got ", mean.numel(), " and ", rstd.numel());
+  const at::MemoryFormat fmt = sh.nhwc ? sh.fmt : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
+  const at::Tensor m64 = mean.to(at::kDouble).contiguous(), r64 = rstd.to(at::kDouble).contiguous();
+  const auto wv = values<double>(w, sh.c, 1.0), bv = values<double>(b, sh.c, 0.0);
+  const int64_t cg = sh.c / g;
+  std::vector<double> hi(sh.n * sh.c), a(sh.n * sh.c), b2(sh.n * sh.c);
+  for (int64_t i = 0; i < sh.n; ++i)
+    for (int64_t c = 0; c < sh.c; ++c) {
+      const int64_t k = i * g + c / cg;
+      hi[i * sh.c + c] = m64.const_data_ptr<double>()[k];
+      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wv[c];
+      b2[i * sh.c + c] = bv[c];
+    }
+  const nact::Layout l = sh.nhwc || sh.s == 1 ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
+                                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
+  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
+  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
+               b2.data(), sh.n * sh.c, l, int(act), act_param);
+  return group_norm::group_norm_bwd(dz, x, w, mean, rstd, g, need_dx);
+}
+
 }  // namespace normlab::norm_act
 
 TORCH_LIBRARY_FRAGMENT(normlab, m) {
@@ -134,9 +242,15 @@ TORCH_LIBRARY_FRAGMENT(normlab, m) {
         "-> (Tensor, Tensor)");
   m.def("batch_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor stats, bool training, "
         "int act, float act_param, bool need_dx, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps, int act, "
+        "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+        "int num_groups, int act, float act_param, bool need_dx) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(normlab, CPU, m) {
   m.impl("batch_norm_act_fwd", &normlab::norm_act::batch_norm_act_fwd_cpu);
   m.impl("batch_norm_act_bwd", &normlab::norm_act::batch_norm_act_bwd_cpu);
+  m.impl("group_norm_act_fwd", &normlab::norm_act::group_norm_act_fwd_cpu);
+  m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
 }

@@ -99,8 +99,12 @@ def group_norm_act(
     tensor([[0.0000, 1.0000, 0.0000, 1.0000]])
     """
     fn = "group_norm_act"
-    route(input, fn)
+    path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
+    if path == EAGER:
+        y = _op.group_norm_act_fused(input, num_groups, weight, bias, eps, a, p)
+        if y is not None:
+            return y
     return _act.act_forward(group_norm(input, num_groups, weight, bias, eps), a, p)
 
 

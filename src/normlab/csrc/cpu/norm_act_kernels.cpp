@@ -120,4 +120,24 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
   });
 }
 
+void apply_inplace(Dtype dt, void* yv, int64_t n, int act_id, double param) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    constexpr int64_t L = vlanes<S>;
+    S* y = static_cast<S*>(yv);
+    const A p = A(param);
+    act::visit(act_id, [&]<int Act>() {
+      if constexpr (Act != act::kIdentity) {
+        at::parallel_for(0, n, kTaskValues, [&](int64_t i0, int64_t i1) {
+          for (int64_t t = i0; t < i1; t += L) {
+            const int64_t k = std::min(L, i1 - t);
+            store_n(y + t, act::apply<Act, A>(load_n(y + t, k), p), k);
+          }
+        });
+      }
+    });
+  });
+}
+
 }  // namespace normlab::nact

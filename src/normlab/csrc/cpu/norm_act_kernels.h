@@ -34,4 +34,7 @@ void forward_out(Dtype dt, const void* x, void* y, const double* hi, const doubl
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
             int64_t n_consts, Layout l, int act, double param);
 
+// y = act(y) over n values in place (the pass after a norm kernel that wrote y, while y is in cache).
+void apply_inplace(Dtype dt, void* y, int64_t n, int act, double param);
+
 }  // namespace normlab::nact

@@ -11,8 +11,9 @@
 //   gelu       z * 0.5 * (1 + erf(z / sqrt 2))          act' = Phi(z) + z * exp(-z^2 / 2) / sqrt(2 pi)
 //   gelu_tanh  0.5 z (1 + tanh(k (z + 0.044715 z^3)))   act' as ops/activation.py
 // The first three are exact (the same bits as torch's). float32 silu uses exp by Cody-Waite
-// reduction and a degree-6 polynomial (within 2 ulp of the exact exp); tanh, erf and the
-// float64 transcendental ones are the C library's, lane by lane.
+// reduction and a degree-6 polynomial (within 2 ulp of the exact exp); float32 tanh (and
+// gelu_tanh's) an odd polynomial near 0 and 1 - 2 / (exp(2|z|) + 1) beyond; erf and the float64
+// transcendental ones are the C library's, lane by lane (slower: see docs/derivations/norm_act.md).
 #pragma once
 
 #include <cmath>
@@ -50,6 +51,42 @@ inline vec<float> vexp(vec<float> v) {
   return p * scale;
 }
 
+inline vec<float> vabs(vec<float> v) {
+  i32v u;
+  std::memcpy(&u, &v, sizeof u);
+  u &= 0x7FFFFFFF;
+  vec<float> r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+inline vec<float> vcopysign(vec<float> mag, vec<float> sign) {  // mag >= 0
+  i32v m, s;
+  std::memcpy(&m, &mag, sizeof m);
+  std::memcpy(&s, &sign, sizeof s);
+  m |= s & int32_t(0x80000000u);
+  vec<float> r;
+  std::memcpy(&r, &m, sizeof r);
+  return r;
+}
+
+// tanh(u), float32 lanes: |u| < 0.625, u + u^3 P(u^2) (an odd minimax polynomial of degree 11,
+// Cephes' tanhf); above, 1 - 2 / (exp(2|u|) + 1), 2|u| capped at 88 (tanh is 1 in float32 there),
+// the sign copied from u; NaN stays NaN (the same form as the DyT kernel's, cpu/dyt_kernels.cpp)
+inline vec<float> vtanh(vec<float> u) {
+  const vec<float> a = vabs(u);
+  const vec<float> z = u * u;
+  vec<float> q = vset1(-5.70498872745e-3f);
+  q = q * z + 2.06390887954e-2f;
+  q = q * z - 5.37397155531e-2f;
+  q = q * z + 1.33314422036e-1f;
+  q = q * z - 3.33332819422e-1f;
+  const vec<float> small = q * z * u + u;
+  const vec<float> e = vexp(a + a < 88.0f ? a + a : vset1(88.0f));
+  const vec<float> big = vcopysign(1.0f - 2.0f / (e + 1.0f), u);
+  const vec<float> t = a < 0.625f ? small : big;
+  return (u != u) ? u : t;
+}
+
 template <class A, class F> inline vec<A> lanewise(vec<A> z, const F& f) {
   vec<A> r;
   for (int64_t i = 0; i < lanes<A>; ++i) r[i] = f(z[i]);
@@ -84,12 +121,18 @@ template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
       return detail::lanewise<A>(z, [](A v) { return v / (A(1) + std::exp(-v)); });
     }
   } else if constexpr (Act == kTanh) {
-    return detail::lanewise<A>(z, [](A v) { return std::tanh(v); });
+    if constexpr (sizeof(A) == 4) return detail::vtanh(z);
+    else return detail::lanewise<A>(z, [](A v) { return std::tanh(v); });
   } else if constexpr (Act == kGelu) {
     return detail::lanewise<A>(z, [](A v) { return v * A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476))); });
   } else {
     static_assert(Act == kGeluTanh);
-    return detail::lanewise<A>(z, [](A v) { return A(0.5) * v * (A(1) + std::tanh(detail::gelu_tanh_inner(v))); });
+    if constexpr (sizeof(A) == 4) {
+      const vec<float> u = A(0.7978845608028654) * (z + A(0.044715) * (z * z * z));
+      return A(0.5) * z * (A(1) + detail::vtanh(u));
+    } else {
+      return detail::lanewise<A>(z, [](A v) { return A(0.5) * v * (A(1) + std::tanh(detail::gelu_tanh_inner(v))); });
+    }
   }
 }
 
@@ -115,7 +158,12 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
     }
     return s * (one + z * (one - s));
   } else if constexpr (Act == kTanh) {
-    return detail::lanewise<A>(z, [](A v) { const A t = std::tanh(v); return A(1) - t * t; });
+    if constexpr (sizeof(A) == 4) {
+      const vec<float> t = detail::vtanh(z);
+      return one - t * t;
+    } else {
+      return detail::lanewise<A>(z, [](A v) { const A t = std::tanh(v); return A(1) - t * t; });
+    }
   } else if constexpr (Act == kGelu) {
     return detail::lanewise<A>(z, [](A v) {
       const A cdf = A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476)));
@@ -124,11 +172,16 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
     });
   } else {
     static_assert(Act == kGeluTanh);
-    return detail::lanewise<A>(z, [](A v) {
-      const A t = std::tanh(detail::gelu_tanh_inner(v));
-      const A k = A(0.7978845608028654);
-      return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k * (A(1) + A(3 * 0.044715) * v * v);
-    });
+    const A k = A(0.7978845608028654);
+    if constexpr (sizeof(A) == 4) {
+      const vec<float> t = detail::vtanh(k * (z + A(0.044715) * (z * z * z)));
+      return A(0.5) * (one + t) + A(0.5) * z * (one - t * t) * k * (one + A(3 * 0.044715) * z * z);
+    } else {
+      return detail::lanewise<A>(z, [k](A v) {
+        const A t = std::tanh(detail::gelu_tanh_inner(v));
+        return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k * (A(1) + A(3 * 0.044715) * v * v);
+      });
+    }
   }
 }
 
