@@ -12,13 +12,16 @@
 //     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
 //     into a scratch of x's size, then BatchNorm's backward of dz.
 //   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
-//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time, each sample's output
-//     passed through the activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
+//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time (samples split across the
+//     threads when there are two a thread or more), each sample's output passed through the
+//     activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
 //   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
 //     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into a scratch of x's size, then
 //     GroupNorm's backward of dz.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+
+#include <ATen/Parallel.h>
 
 #include <vector>
 
@@ -191,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
     S* py = static_cast<S*>(y.data_ptr());
     A *pm = mean.data_ptr<A>(), *pv = var.data_ptr<A>(), *pr = rstd.data_ptr<A>();
     const int64_t per = sh.c * sh.s;
-    for (int64_t i = 0; i < sh.n; ++i) {  // a sample: GroupNorm's pass, then the activation in cache
+    auto sample = [&](int64_t i) {  // GroupNorm's pass over one sample, then the activation in cache
       if (sh.nhwc)
         group_norm::fwd_nhwc<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
                                 1, sh.c, g, sh.s, eps);
@@ -199,6 +202,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
         group_norm::fwd_rows<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
                                 1, sh.c, g, sh.s, eps, false);
       nact::apply_inplace(dt, py + i * per, per, int(act), act_param);
+    };
+    // Samples split across threads when there are at least two per thread (the kernels inside run
+    // on the calling thread: one parallel region a call), else one sample after another with the
+    // threads inside each. Each sample's results are the same either way (its own chunks).
+    if (sh.n >= 2 * at::get_num_threads()) {
+      at::parallel_for(0, sh.n, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) sample(i);
+      });
+    } else {
+      for (int64_t i = 0; i < sh.n; ++i) sample(i);
     }
   });
   return {y, mean, rstd};
