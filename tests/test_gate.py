@@ -52,6 +52,11 @@ FUNCTIONS = {
     "evo_norm2d_b0": lambda d: NF.evo_norm2d_b0(_t(2, 3, 4, 4, device=d), torch.ones(3, device=d), v=_t(3, device=d),
                                                 training=True),
     "evo_norm2d_s0": lambda d: NF.evo_norm2d_s0(_t(2, 4, 4, 4, device=d), 2, v=_t(4, device=d)),
+    "batch_norm_act": lambda d: NF.batch_norm_act(_t(4, 3, 5, device=d), None, None, _t(3, device=d),
+                                                  _t(3, device=d), training=True, act="silu"),
+    "group_norm_act": lambda d: NF.group_norm_act(_t(2, 6, 5, device=d), 3, act="gelu"),
+    "layer_norm_act": lambda d: NF.layer_norm_act(_t(4, 8, device=d), (8,), act="relu"),
+    "layer_norm_act2d": lambda d: NF.layer_norm_act2d(_t(2, 3, 4, 4, device=d), act="tanh"),
 }
 
 # name -> (module, input shape)
@@ -93,6 +98,11 @@ MODULES = {
     "FilterResponseNormAct2d": (lambda: NN.FilterResponseNormAct2d(3), (2, 3, 4, 4)),
     "EvoNorm2dB0": (lambda: NN.EvoNorm2dB0(3), (2, 3, 4, 4)),
     "EvoNorm2dS0": (lambda: NN.EvoNorm2dS0(4, groups=2), (2, 4, 4, 4)),
+    "BatchNormAct2d": (lambda: NN.BatchNormAct2d(3, act_layer="silu"), (2, 3, 4, 4)),
+    "FrozenBatchNormAct2d": (lambda: NN.FrozenBatchNormAct2d(3), (2, 3, 4, 4)),
+    "GroupNormAct": (lambda: NN.GroupNormAct(4, 2), (2, 4, 5)),
+    "LayerNormAct": (lambda: NN.LayerNormAct(8, act_layer="gelu"), (4, 8)),
+    "LayerNormAct2d": (lambda: NN.LayerNormAct2d(3), (2, 3, 4, 4)),
 }
 # Entries whose every path runs the reference math (no C++ kernel): "auto" runs what "ref" runs
 REFERENCE_ONLY: set[str] = {"local_response_norm", "LocalResponseNorm", "CrossMapLRN2d", "simple_norm",

@@ -41,7 +41,8 @@ COMPILE = 3
 OPS = frozenset({"layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "layer_norm2d", "batch_norm",
                  "group_norm", "instance_norm", "sync_batch_norm", "dyt", "local_response_norm",
                  "rms_norm2d", "simple_norm", "simple_norm2d", "filter_response_norm", "evo_norm2d_b0",
-                 "evo_norm2d_s0"})
+                 "evo_norm2d_s0",
+                 "batch_norm_act", "group_norm_act", "layer_norm_act", "layer_norm_act2d"})
 # The ops with no C++ kernel: every path runs their reference math (backend_for says "ref")
 REFERENCE_ONLY_OPS = frozenset({"local_response_norm", "simple_norm", "evo_norm2d_b0", "evo_norm2d_s0"})
 

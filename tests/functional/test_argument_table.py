@@ -38,6 +38,7 @@ import torch.nn.functional as TF
 
 import normlab
 import normlab.functional as NF
+from tests.tools import timm_norm_act_standins as _timm_norm_act
 
 inf, nan = math.inf, math.nan
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -71,6 +72,14 @@ def _timm_simple_norm(x, shape, w=None, eps=1e-6):  # timm's fast_norm.simple_no
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     y = x * torch.rsqrt(torch.var(x, dim=tuple(range(-1, -len(shape) - 1, -1)), keepdim=True) + eps)
     return y * w if w is not None else y
+def _torch_act(act, negative_slope):
+    """torch's activation of that name (the composition the *_act functions equal)."""
+    acts = {"identity": lambda z: z, "relu": TF.relu, "leaky_relu": lambda z: TF.leaky_relu(z, negative_slope),
+            "silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda z: TF.gelu(z, approximate="tanh"),
+            "hardswish": TF.hardswish, "tanh": torch.tanh}
+    if act not in acts:
+        raise ValueError(f"unknown activation {act!r}")
+    return acts[act]
 
 
 _TorchF = types.SimpleNamespace(
@@ -97,6 +106,15 @@ _TorchF = types.SimpleNamespace(
     # one virtual batch (virtual_batch_size >= N): BatchNorm exactly
     ghost_batch_norm=lambda x, vbs, rm=None, rv=None, w=None, b=None, training=True, momentum=0.1, eps=1e-5:
         TF.batch_norm(x, rm, rv, w, b, training, momentum, eps),
+    # the norm, then the activation
+    batch_norm_act=lambda x, rm, rv, w=None, b=None, training=False, momentum=0.1, eps=1e-5, act="relu",
+        negative_slope=0.01: _torch_act(act, negative_slope)(TF.batch_norm(x, rm, rv, w, b, training, momentum, eps)),
+    group_norm_act=lambda x, g, w=None, b=None, eps=1e-5, act="relu", negative_slope=0.01:
+        _torch_act(act, negative_slope)(TF.group_norm(x, g, w, b, eps)),
+    layer_norm_act=lambda x, shape, w=None, b=None, eps=1e-5, act="relu", negative_slope=0.01:
+        _torch_act(act, negative_slope)(TF.layer_norm(x, shape, w, b, eps)),
+    layer_norm_act2d=lambda x, w=None, b=None, eps=1e-5, act="relu", negative_slope=0.01:
+        _torch_act(act, negative_slope)(_channels_last_ln(x, w, b, eps)),
 )
 
 
@@ -140,6 +158,8 @@ _TorchNN = types.SimpleNamespace(
     **{f"BatchRenorm{d}d": _renorm_twin(d) for d in (1, 2, 3)},
     **{f"GhostBatchNorm{d}d": _ghost_twin(d) for d in (1, 2, 3)},
     **{f"FrozenBatchNorm{d}d": _frozen_twin(d) for d in (1, 2, 3)},
+    # timm's norm+act classes (faithful stand-ins): the norm, then the activation
+    **{cls.__name__: cls for cls in _timm_norm_act.CLASSES},
 )
 
 TORCH = types.SimpleNamespace(F=_TorchF, nn=_TorchNN)
@@ -642,6 +662,34 @@ row("LazyBatchNorm1d no state channels changed",
 row("LazyInstanceNorm2d valid", lambda L: _lazy(L, "LazyInstanceNorm2d", X(2, 6, 3, 3), X(2, 6, 3, 3, seed=2)))
 row("LazyInstanceNorm1d channels changed", lambda L: _lazy(L, "LazyInstanceNorm1d", X(2, 6, 4), X(2, 5, 4)))
 row("LazyInstanceNorm3d momentum=1.5", lambda L: _lazy(L, "LazyInstanceNorm3d", X(2, 6, 2, 2, 2), momentum=1.5))
+# --- norm + activation (the oracle: the norm, then torch's activation; timm's classes) -------------
+row("batch_norm_act train silu", lambda L: L.F.batch_norm_act(X(4, 6, 3), Z(6), O(6), P(6), P(6, seed=2), True,
+                                                              act="silu"))
+row("batch_norm_act eval relu", lambda L: L.F.batch_norm_act(X(4, 6, 3), P(6, seed=3) - 1, P(6), P(6), None))
+row("batch_norm_act channels_last leaky", lambda L: L.F.batch_norm_act(X(2, 6, 3, 3, fmt=CL), None, None, P(6), None,
+                                                                       True, act="leaky_relu", negative_slope=0.2))
+row("batch_norm_act bf16 x f32 weight gelu", lambda L: L.F.batch_norm_act(X(4, 6, 3, dtype=BF16), None, None, P(6),
+                                                                          P(6, seed=2), True, act="gelu"))
+row("batch_norm_act weight wrong", lambda L: L.F.batch_norm_act(X(4, 6, 3), None, None, P(5), None, True))
+row("batch_norm_act one value per channel", lambda L: L.F.batch_norm_act(X(1, 6), None, None, training=True))
+row("batch_norm_act eval no running", lambda L: L.F.batch_norm_act(X(4, 6, 3), None, None, training=False))
+row("batch_norm_act act unknown", lambda L: L.F.batch_norm_act(X(4, 6, 3), None, None, training=True, act="mish"))
+row("group_norm_act gelu_tanh", lambda L: L.F.group_norm_act(X(2, 6, 5), 3, P(6), P(6, seed=2), act="gelu_tanh"))
+row("group_norm_act channels_last hardswish", lambda L: L.F.group_norm_act(X(2, 6, 3, 3, fmt=CL), 2, act="hardswish"))
+row("group_norm_act indivisible", lambda L: L.F.group_norm_act(X(2, 6, 5), 4))
+row("layer_norm_act tanh", lambda L: L.F.layer_norm_act(X(4, 8), (8,), P(8), P(8, seed=2), act="tanh"))
+row("layer_norm_act shape wrong", lambda L: L.F.layer_norm_act(X(4, 8), (7,)))
+row("layer_norm_act2d channels_last silu", lambda L: L.F.layer_norm_act2d(X(2, 6, 3, 3, fmt=CL), P(6), P(6), act="silu"))
+row("BatchNormAct2d train silu", lambda L: fwd(L.nn.BatchNormAct2d(6, act_layer="silu"), X(2, 6, 3, 3), steps=2))
+row("BatchNormAct2d eval leaky", lambda L: fwd(L.nn.BatchNormAct2d(6, act_layer="leaky_relu"), X(2, 6, 3, 3),
+                                                train=False))
+row("BatchNormAct2d channels_last momentum None", lambda L: fwd(L.nn.BatchNormAct2d(6, momentum=None),
+                                                                 X(2, 6, 3, 3, fmt=CL), steps=2))
+row("BatchNormAct2d no act", lambda L: fwd(L.nn.BatchNormAct2d(6, apply_act=False), X(2, 6, 3, 3)))
+row("FrozenBatchNormAct2d gelu", lambda L: fwd(L.nn.FrozenBatchNormAct2d(6, act_layer="gelu"), X(2, 6, 3, 3)))
+row("GroupNormAct silu", lambda L: fwd(L.nn.GroupNormAct(6, 3, act_layer="silu"), X(2, 6, 3, 3)))
+row("LayerNormAct tanh", lambda L: fwd(L.nn.LayerNormAct(6, act_layer="tanh"), X(3, 4, 6)))
+row("LayerNormAct2d channels_last", lambda L: fwd(L.nn.LayerNormAct2d(6), X(2, 6, 3, 3, fmt=CL)))
 
 
 # ----------------------------------------------------------------------------

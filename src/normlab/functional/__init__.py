@@ -21,6 +21,7 @@ from .evo_norms import evo_norm2d_b0, evo_norm2d_s0
 from .frn import filter_response_norm
 from .group_norms import group_norm, instance_norm
 from .local_response_norms import local_response_norm
+from .norm_act import batch_norm_act, group_norm_act, layer_norm_act, layer_norm_act2d
 from .row_norms import add_layer_norm, add_rms_norm, layer_norm, layer_norm2d, rms_norm
 from .scale_norms import rms_norm2d, simple_norm, simple_norm2d
 
@@ -43,4 +44,8 @@ __all__ = [
     "filter_response_norm",
     "evo_norm2d_b0",
     "evo_norm2d_s0",
+    "batch_norm_act",
+    "group_norm_act",
+    "layer_norm_act",
+    "layer_norm_act2d",
 ]

@@ -24,6 +24,7 @@ from .lazy import (
 )
 from .local_response_norm import CrossMapLRN2d, LocalResponseNorm
 from .scale_norm import RmsNorm2d, SimpleNorm, SimpleNorm2d
+from .norm_act import BatchNormAct2d, FrozenBatchNormAct2d, GroupNormAct, LayerNormAct, LayerNormAct2d
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -63,4 +64,9 @@ __all__ = [
     "FilterResponseNormAct2d",
     "EvoNorm2dB0",
     "EvoNorm2dS0",
+    "BatchNormAct2d",
+    "FrozenBatchNormAct2d",
+    "GroupNormAct",
+    "LayerNormAct",
+    "LayerNormAct2d",
 ]

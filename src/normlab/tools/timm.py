@@ -57,6 +57,8 @@ from ..nn.evo_norm import EvoNorm2dB0, EvoNorm2dS0
 from ..nn.frn import FilterResponseNormAct2d, FilterResponseNormTlu2d
 from ..nn.layer_norm import LayerNorm, LayerNorm2d, RMSNorm
 from ..nn.scale_norm import RmsNorm2d, SimpleNorm, SimpleNorm2d
+from ..nn import norm_act as na
+from ..nn._activations import act_of
 
 MODULE = "timm.layers.norm"
 # class name -> (the module timm defines it in, the base class timm derives it from)
@@ -85,7 +87,7 @@ def conversion_for(cls: type):
     """``(to_normlab, from_normlab)`` for a timm norm class, or None (the finder)."""
     kind = kind_of(cls)
     if kind is None:
-        return None
+        return norm_act_conversion_for(cls)
     return to_normlab, from_normlab
 
 
@@ -200,3 +202,104 @@ def _other_to_normlab(kind: str, m: nn.Module) -> nn.Module | None:
     if len(m._buffers) or not isinstance(groups, int) or groups < 1 or (apply_act and c % groups):
         return None
     return adopt(m, EvoNorm2dS0, num_features=c, groups=groups, apply_act=apply_act, eps=float(eps))
+
+# -- timm's norm + activation classes (timm.layers.norm_act) -------------------------------------
+#
+# ========================  ==================  =======================================  ========================
+# timm class                base                its forward: the norm, then drop, act    normlab module
+# ========================  ==================  =======================================  ========================
+# ``BatchNormAct2d``        ``nn.BatchNorm2d``  ``F.batch_norm`` (momentum, running      ``BatchNormAct2d``
+#                                               statistics, num_batches_tracked)
+# ``FrozenBatchNormAct2d``  ``nn.Module``       x * scale + shift from 4 buffers         ``FrozenBatchNormAct2d``
+# ``GroupNormAct``          ``nn.GroupNorm``    ``F.group_norm``                         ``GroupNormAct``
+# ``LayerNormAct``          ``nn.LayerNorm``    ``F.layer_norm``                         ``LayerNormAct``
+# ``LayerNormAct2d``        ``nn.LayerNorm``    permute, ``F.layer_norm``, permute back  ``LayerNormAct2d``
+# ========================  ==================  =======================================  ========================
+#
+# The twin holds the very Parameters and buffers (state_dict keys unchanged) and the very ``act``
+# and ``drop`` Modules; an ``act`` the fused kernels do not know (``normlab.nn._activations``), a
+# ``_fast_norm`` instance, or a LayerNormAct2d with a weight and no bias is left alone.
+
+NORM_ACT_MODULE = "timm.layers.norm_act"
+NORM_ACT_CLASSES = {"BatchNormAct2d": nn.BatchNorm2d, "FrozenBatchNormAct2d": nn.Module,
+                    "GroupNormAct": nn.GroupNorm, "LayerNormAct": nn.LayerNorm, "LayerNormAct2d": nn.LayerNorm}
+
+
+def norm_act_kind_of(cls: type) -> str | None:
+    """The timm norm+act class name (``"BatchNormAct2d"``, ...) for those classes, else None."""
+    if not isinstance(cls, type) or cls.__module__ != NORM_ACT_MODULE:
+        return None
+    base = NORM_ACT_CLASSES.get(cls.__qualname__)
+    if base is None or cls.__bases__ != (base,):
+        return None
+    return cls.__qualname__
+
+
+def norm_act_conversion_for(cls: type):
+    """``(to_normlab, from_normlab)`` for a timm norm+act class, or None."""
+    if norm_act_kind_of(cls) is None:
+        return None
+    return norm_act_to_normlab, norm_act_from_normlab
+
+
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def norm_act_to_normlab(m: nn.Module) -> nn.Module | None:
+    """The normlab norm+act module computing what ``m`` computes, with ``m``'s own tensors, ``act``
+    and ``drop`` (None: left alone)."""
+    kind = type(m).__qualname__
+    act, drop, eps = m._modules.get("act"), m._modules.get("drop"), getattr(m, "eps", None)
+    if act is None or drop is None or act_of(act) is None or not _real(eps) or getattr(m, "_fast_norm", False):
+        return None
+    w, b = _param(m, "weight"), _param(m, "bias")
+    if w is False or b is False:
+        return None
+    if kind == "BatchNormAct2d":
+        momentum = m.momentum
+        if not (momentum is None or _real(momentum)) or set(m._modules) != {"act", "drop"}:
+            return None
+        twin = adopt(m, na.BatchNormAct2d, num_features=m.num_features, eps=float(eps), momentum=momentum,
+                     affine=m.affine, track_running_stats=m.track_running_stats)
+    elif kind == "FrozenBatchNormAct2d":
+        if set(m._buffers) != {"weight", "bias", "running_mean", "running_var"} or len(m._parameters):
+            return None
+        twin = adopt(m, na.FrozenBatchNormAct2d, num_features=m.weight.shape[0], eps=float(eps))
+    elif kind == "GroupNormAct":
+        if len(m._buffers) or (w is None) != (b is None):
+            return None
+        twin = adopt(m, na.GroupNormAct, num_channels=m.num_channels, num_groups=m.num_groups, eps=float(eps),
+                     affine=w is not None)
+    else:
+        shape = getattr(m, "normalized_shape", None)
+        if len(m._buffers) or not isinstance(shape, tuple) or (w is not None and tuple(w.shape) != shape):
+            return None
+        if kind == "LayerNormAct":
+            twin = adopt(m, na.LayerNormAct, normalization_shape=shape, eps=float(eps), affine=w is not None,
+                         bias=b is not None or w is None)
+        else:
+            if len(shape) != 1 or (w is None) != (b is None):
+                return None
+            twin = adopt(m, na.LayerNormAct2d, num_channels=shape[0], eps=float(eps), affine=w is not None)
+    twin.drop, twin.act = drop, act
+    twin.__dict__[_ORIGINAL] = m
+    return twin
+
+
+def norm_act_from_normlab(twin: nn.Module) -> nn.Module | None:
+    """The timm module ``twin`` was converted from, holding ``twin``'s tensors, ``eps`` (and
+    ``momentum``), ``act`` and ``drop``."""
+    old = twin.__dict__.get(_ORIGINAL)
+    if old is None or norm_act_kind_of(type(old)) is None:
+        return None
+    for name, p in twin._parameters.items():
+        old._parameters[name] = p
+    for name, t in twin._buffers.items():
+        if name in old._buffers:
+            old._buffers[name] = t
+    old.eps = twin.eps
+    if hasattr(twin, "momentum") and hasattr(old, "momentum"):
+        old.momentum = twin.momentum
+    old.act, old.drop = twin.act, twin.drop
+    return old

@@ -1,0 +1,138 @@
+"""Norm + activation: normlab's fused layers against the unfused torch/timm path (timm's classes, as
+the faithful stand-ins in tests/tools/timm_norm_act_standins.py: torch's norm, then the activation
+Module, inplace as timm builds it) and against normlab's plain norm (no activation).
+
+Interleaved in one process on the same tensors: each repeat times normlab, then timm, then the
+plain norm, one after the other; wall time per call, the minimum of the repeats after warm-up (on a shared machine
+the minimum is the least disturbed call).
+Both layouts (NCHW, channels_last), float32 and bfloat16, 1 and 2 threads, forward (train mode,
+no grad) and forward+backward. ``speedup`` = timm / normlab; ``vs plain`` = normlab / plain norm.
+
+    python scripts/bench-norm-act.py                 # BatchNormAct2d and GroupNormAct, relu and silu
+    python scripts/bench-norm-act.py --memory        # the peak memory of one fwd+bwd call, each side in
+                                                     # a fresh process (VmHWM after clear_refs)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import normlab  # noqa: E402
+from tests.tools import timm_norm_act_standins as T  # noqa: E402
+
+SHAPES = [(16, 64, 56, 56), (32, 256, 14, 14)]
+
+
+def make(kind, side, act, c):
+    if kind == "BatchNormAct2d":
+        cls = {"normlab": normlab.nn.BatchNormAct2d, "timm": T.BatchNormAct2d}.get(side)
+        return cls(c, act_layer=act) if cls else normlab.nn.BatchNorm2d(c)
+    cls = {"normlab": normlab.nn.GroupNormAct, "timm": T.GroupNormAct}.get(side)
+    return cls(c, 32, act_layer=act) if cls else normlab.nn.GroupNorm(32, c)
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def cell(kind, act, shape, dt, fmt, threads, mode, reps):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x = torch.randn(shape).to(dt).contiguous(memory_format=fmt)
+    dy = torch.randn(shape).to(dt).contiguous(memory_format=fmt)
+    mods = {s: make(kind, s, act, shape[1]).to(dt if kind == "GroupNormAct" or dt == torch.float32 else torch.float32)
+            for s in ("normlab", "timm", "plain")}
+    if mode == "fwd":
+        def call(m):
+            with torch.no_grad():
+                m(x)
+    else:
+        xg = x.clone().requires_grad_()
+
+        def call(m):
+            m(xg).backward(dy)
+    for _ in range(2):
+        for m in mods.values():
+            call(m)
+    ts = {s: [] for s in mods}
+    for _ in range(reps):
+        for s, m in mods.items():
+            ts[s].append(timed(lambda: call(m)))
+    return {s: min(v) * 1e3 for s, v in ts.items()}
+
+
+def peak_child(kind, side, act, shape, dt, fmt):
+    """One fwd+bwd call in this (fresh) process: the peak resident memory above what it held before, MB."""
+    torch.set_num_threads(1)
+    m = make(kind, side, act, shape[1])
+    small = torch.randn(2, shape[1], 4, 4).requires_grad_()
+    m(small).backward(torch.randn_like(small))
+    x = torch.empty(shape, dtype=dt).normal_().contiguous(memory_format=fmt).requires_grad_()
+    dy = torch.empty(shape, dtype=dt).normal_().contiguous(memory_format=fmt)
+    m = m.to(dt if kind == "GroupNormAct" or dt == torch.float32 else torch.float32)
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = rss()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    m(x).backward(dy)
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+    print((hwm - before) / 2**20)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--child", nargs=6)
+    a = ap.parse_args()
+    dts = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    fmts = {"nchw": torch.contiguous_format, "cl": torch.channels_last}
+    if a.child:
+        kind, side, act, shape, dt, fmt = a.child
+        peak_child(kind, side, act, tuple(int(v) for v in shape.split("x")), dts[dt], fmts[fmt])
+        return
+    if a.memory:
+        print("| layer | act | shape | dtype | layout | normlab peak MB | timm peak MB |")
+        print("|---|---|---|---|---|---|---|")
+        for kind in ("BatchNormAct2d", "GroupNormAct"):
+            for shape in SHAPES:
+                for dt in dts:
+                    for fmt in fmts:
+                        got = {}
+                        for side in ("normlab", "timm"):
+                            out = subprocess.run([sys.executable, __file__, "--child", kind, side, "silu",
+                                                  "x".join(map(str, shape)), dt, fmt], capture_output=True, text=True)
+                            got[side] = float(out.stdout.strip().splitlines()[-1])
+                        print(f"| {kind} | silu | {shape} | {dt} | {fmt} | {got['normlab']:.1f} | {got['timm']:.1f} |",
+                              flush=True)
+        return
+    print("| layer | act | shape | dtype | layout | threads | mode | normlab ms | timm ms | plain ms | speedup | vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind in ("BatchNormAct2d", "GroupNormAct"):
+        for act in ("relu", "silu"):
+            for shape in SHAPES:
+                for dt in dts:
+                    for fmt in fmts:
+                        for threads in (1, 2):
+                            for mode in ("fwd", "fwd+bwd"):
+                                r = cell(kind, act, shape, dts[dt], fmts[fmt], threads, mode, a.reps)
+                                print(f"| {kind} | {act} | {shape} | {dt} | {fmt} | {threads} | {mode} | "
+                                      f"{r['normlab']:.2f} | {r['timm']:.2f} | {r['plain']:.2f} | "
+                                      f"{r['timm'] / r['normlab']:.2f}x | {r['normlab'] / r['plain']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

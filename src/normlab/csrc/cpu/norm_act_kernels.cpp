@@ -1,0 +1,143 @@
+// The norm+act elementwise passes (cpu/norm_act_kernels.h): one loop per layout, the activation a
+// template parameter (numerics/activation.h), the constants rounded to the accumulation type once.
+#include "cpu/norm_act_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "numerics/activation.h"
+#include "numerics/vec.h"
+
+namespace normlab::nact {
+
+namespace {
+
+constexpr int64_t kTaskValues = 32768;
+
+template <class S> inline vacc<S> load_n(const S* p, int64_t n) { return n == vlanes<S> ? vload(p) : vload_n(p, n); }
+template <class S> inline void store_n(S* p, vacc<S> v, int64_t n) {
+  if (n == vlanes<S>) vstore(p, v); else vstore_n(p, v, n);
+}
+template <class A> inline vec<A> loadc_n(const A* p, int64_t n) {
+  if (n == lanes<A>) return vload(p);
+  vec<A> v = vzero<A>();
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+
+// The constants in the accumulation type (hi = mean rounded, a = rstd * w rounded, b2 = b minus
+// what the rounding of hi moved, rounded: the norm's own forms)
+template <class A> struct Consts {
+  std::vector<A> hi, a, b2;
+  Consts(const double* h, const double* f, const double* b, int64_t n) : hi(n), a(n), b2(n) {
+    for (int64_t i = 0; i < n; ++i) { hi[i] = A(h[i]); a[i] = A(f[i]); b2[i] = A(b[i]); }
+  }
+};
+
+// body(p0, p1) over planes or rows in tasks of about kTaskValues values
+template <class F> void tasks(const Layout& l, const F& body) {
+  const int64_t per = std::max<int64_t>(1, kTaskValues / std::max<int64_t>(1, l.n_inner));
+  at::parallel_for(0, l.n_outer, per, [&](int64_t p0, int64_t p1) { body(p0, p1); });
+}
+
+// g(z, t, k) for every vector of z values: t = offset, k = lanes used; planes or rows alike
+template <class S, class G> inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t p0,
+                                              int64_t p1, const G& g) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  if (l.planes) {
+    const int64_t s = l.n_inner;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c = p % l.n_const;
+      const vec<A> h = vset1(k.hi[c]), a = vset1(k.a[c]), b = vset1(k.b2[c]);
+      const int64_t base = p * s;
+      for (int64_t t = 0; t < s; t += L) {
+        const int64_t n = std::min(L, s - t);
+        g((load_n(x + base + t, n) - h) * a + b, base + t, n);
+      }
+    }
+  } else {
+    const int64_t w = l.n_inner;
+    for (int64_t r = p0; r < p1; ++r) {
+      const int64_t c0 = (r / l.block_rows) * w, base = r * w;
+      for (int64_t t = 0; t < w; t += L) {
+        const int64_t n = std::min(L, w - t);
+        const vec<A> z = (load_n(x + base + t, n) - loadc_n(&k.hi[c0 + t], n)) * loadc_n(&k.a[c0 + t], n) +
+                         loadc_n(&k.b2[c0 + t], n);
+        g(z, base + t, n);
+      }
+    }
+  }
+}
+
+template <class F> void by_dtype(Dtype dt, const F& f) {
+  switch (dt) {
+    case Dtype::f32: f(float{}); break;
+    case Dtype::f64: f(double{}); break;
+    case Dtype::bf16: f(bf16{}); break;
+    case Dtype::f16: f(f16{}); break;
+  }
+}
+
+}  // namespace
+
+void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const double* a, const double* b2,
+                 int64_t n_consts, Layout l, int act_id, double param) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    const S* x = static_cast<const S*>(xv);
+    S* y = static_cast<S*>(yv);
+    const Consts<A> k(hi, a, b2, n_consts);
+    const A p = A(param);
+    act::visit(act_id, [&]<int Act>() {
+      tasks(l, [&](int64_t p0, int64_t p1) {
+        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, A>(z, p), n); });
+      });
+    });
+  });
+}
+
+void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* hi, const double* a, const double* b2,
+            int64_t n_consts, Layout l, int act_id, double param) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    const S* x = static_cast<const S*>(xv);
+    const S* dy = static_cast<const S*>(dyv);
+    S* dz = static_cast<S*>(dzv);
+    const Consts<A> k(hi, a, b2, n_consts);
+    const A p = A(param);
+    act::visit(act_id, [&]<int Act>() {
+      tasks(l, [&](int64_t p0, int64_t p1) {
+        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
+          store_n(dz + t, load_n(dy + t, n) * act::grad<Act, A>(z, p), n);
+        });
+      });
+    });
+  });
+}
+
+void apply_inplace(Dtype dt, void* yv, int64_t n, int act_id, double param) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    constexpr int64_t L = vlanes<S>;
+    S* y = static_cast<S*>(yv);
+    const A p = A(param);
+    act::visit(act_id, [&]<int Act>() {
+      if constexpr (Act != act::kIdentity) {
+        at::parallel_for(0, n, kTaskValues, [&](int64_t i0, int64_t i1) {
+          for (int64_t t = i0; t < i1; t += L) {
+            const int64_t k = std::min(L, i1 - t);
+            store_n(y + t, act::apply<Act, A>(load_n(y + t, k), p), k);
+          }
+        });
+      }
+    });
+  });
+}
+
+}  // namespace normlab::nact

@@ -1,0 +1,40 @@
+// The norm+act kernels' elementwise passes on raw pointers (docs/derivations/norm_act.md): the
+// output pass y = act(z) and the backward's dz = dy * act'(z), with z = (x - hi) * a + b2
+// recomputed from x and per-"constant" values (hi, a, b2) -- a BatchNorm channel, a GroupNorm
+// (sample, channel) -- rounded to the accumulation type as the norm's own output pass rounds them
+// (so the identity activation gives the norm's bits).
+//
+// Two layouts, each a loop with no reduction (the same bits for any thread count):
+//  - planes: n_planes runs of s_len values; plane p uses constant p % n_const (BatchNorm NCHW:
+//    p = n * C + c; GroupNorm NCHW: n_const = N * C);
+//  - rows: n_rows rows of n_cols values; row r, column c uses constant (r / block_rows) * n_cols + c
+//    (BatchNorm channels-last: block_rows = n_rows; GroupNorm channels-last: block_rows = S).
+// Tasks of about 32768 values: whole planes or whole rows.
+#pragma once
+
+#include <cstdint>
+
+#include "numerics/dtype.h"
+
+namespace normlab::nact {
+
+struct Layout {
+  bool planes;
+  int64_t n_outer;  // planes: n_planes; rows: n_rows
+  int64_t n_inner;  // planes: s_len; rows: n_cols
+  int64_t n_const;  // planes: constants cycle with this period; rows: unused
+  int64_t block_rows;  // rows: rows that share one row of constants
+};
+
+// hi, a, b2: float64 constants (rounded to the accumulation type inside).
+// y = act(z) over the layout; x, y in storage dtype dt.
+void forward_out(Dtype dt, const void* x, void* y, const double* hi, const double* a, const double* b2,
+                 int64_t n_consts, Layout l, int act, double param);
+// dz = dy * act'(z), rounded once to dt (dz may alias dy).
+void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
+            int64_t n_consts, Layout l, int act, double param);
+
+// y = act(y) over n values in place (the pass after a norm kernel that wrote y, while y is in cache).
+void apply_inplace(Dtype dt, void* y, int64_t n, int act, double param);
+
+}  // namespace normlab::nact

@@ -1,0 +1,269 @@
+// The norm+act ops (docs/derivations/norm_act.md): their schemas and CPU kernels in one file
+// (no Meta or Autograd kernels: the Python entry, normlab/ops/norm_act/op.py, holds the autograd
+// Function and takes these ops on the eager path only).
+//
+//   batch_norm_act_fwd(x, weight, bias, running_mean, running_var, training, momentum, eps, act,
+//                      act_param) -> (y, stats)
+//     the BatchNorm statistics pass (cpu/batch_norm_kernels: statistics only), the running
+//     statistics updated in training, then ONE output pass y = act((x - mean) * rstd * w + b)
+//     (cpu/norm_act_kernels). stats: (3, C) float64 mean, var, rstd (the running ones in eval).
+//   batch_norm_act_bwd(dy, x, weight, bias, stats, training, act, act_param, need_dx, need_dw,
+//                      need_db) -> (dx, dw, db)
+//     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
+//     into a scratch of x's size, then BatchNorm's backward of dz.
+//   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
+//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time (samples split across the
+//     threads when there are two a thread or more), each sample's output passed through the
+//     activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
+//   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
+//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into a scratch of x's size, then
+//     GroupNorm's backward of dz.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "args.h"
+#include "cpu/batch_norm.h"
+#include "cpu/batch_norm_kernels.h"
+#include "cpu/group_norm_kernels.h"
+#include "group_norm.h"
+#include "cpu/norm_act_kernels.h"
+
+namespace normlab::norm_act {
+
+namespace {
+
+constexpr const char* kWho = "normlab batch_norm_act";
+
+Dtype dt_of(const at::Tensor& t, const char* what) { return kernel_dtype(t.scalar_type(), kWho, what); }
+
+bn::Chan chan(const std::optional<at::Tensor>& t, int64_t c, const char* what) {
+  if (!t.has_value() || !t->defined()) return {};
+  TORCH_CHECK(t->device().is_cpu() && t->dim() == 1 && t->size(0) == c, kWho, ": expected ", what,
+              " of shape (", c, ",) on the CPU, got ", t->sizes(), " on ", t->device());
+  return {t->data_ptr(), dt_of(*t, what), t->stride(0)};
+}
+
+at::MemoryFormat fmt_of(const at::Tensor& x) { return x.suggest_memory_format(); }
+
+bool rows_form(const at::Tensor& x, at::MemoryFormat fmt) {
+  return fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d ||
+         x.numel() == x.size(0) * x.size(1);
+}
+
+// The per-channel constants of z = (x - hi) * a + b2 (BatchNorm's output pass: hi the mean
+// rounded to the accumulation type, b2 the bias less what that rounding moved)
+void consts(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
+            const double* stats, std::vector<double>& hi, std::vector<double>& a, std::vector<double>& b2) {
+  const int64_t c = x.size(1);
+  const bn::Chan wc = chan(w, c, "weight"), bc = chan(b, c, "bias");
+  const bool f64 = x.scalar_type() == at::kDouble;
+  hi.resize(c); a.resize(c); b2.resize(c);
+  for (int64_t i = 0; i < c; ++i) {
+    const double mean = stats[i], rstd = stats[2 * c + i];
+    const double h = f64 ? mean : double(float(mean));
+    const double f = rstd * (wc.p ? wc.at(i) : 1.0);
+    hi[i] = h;
+    a[i] = f;
+    b2[i] = (bc.p ? bc.at(i) : 0.0) - (mean - h) * f;
+  }
+}
+
+nact::Layout layout_of(const at::Tensor& x, at::MemoryFormat fmt) {
+  const int64_t c = x.size(1), numel = x.numel();
+  if (rows_form(x, fmt)) return {false, numel / c, c, c, numel / c};
+  const int64_t n = x.size(0);
+  return {true, n * c, numel / (n * c), c, 0};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> batch_norm_act_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+                                                          const std::optional<at::Tensor>& b,
+                                                          const std::optional<at::Tensor>& rm,
+                                                          const std::optional<at::Tensor>& rv, bool training,
+                                                          double momentum, double eps, int64_t act, double act_param) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.dim() >= 2, kWho, ": expected a CPU input of at least 2 dims, got ",
+              x_in.dim(), " dims on ", x_in.device());
+  TORCH_CHECK(act >= 0 && act < 8, kWho, ": expected an activation id in 0..7, got ", act);
+  const int64_t c = x_in.size(1);
+  TORCH_CHECK(x_in.numel() > c, kWho, ": expected more than 1 value per channel, got input size ", x_in.sizes());
+  TORCH_CHECK(training || (rm.has_value() && rv.has_value()), kWho,
+              ": expected running_mean and running_var in evaluation mode");
+  const at::MemoryFormat fmt = fmt_of(x_in);
+  const at::Tensor x = x_in.contiguous(fmt);
+  const Dtype dt = dt_of(x, "the input");
+  at::Tensor stats = at::empty({3, c}, x.options().dtype(at::kDouble));
+  double* s = stats.data_ptr<double>();
+  const bn::Chan rmc = training ? bn::Chan{} : chan(rm, c, "running_mean");
+  const bn::Chan rvc = training ? bn::Chan{} : chan(rv, c, "running_var");
+  const int64_t n = x.size(0);
+  const bn::View v = rows_form(x, fmt) ? bn::View{x.numel() / c, c, 1, c}
+                                        : bn::View{n, x.numel() / n, x.numel() / (n * c), c};
+  bn::forward(dt, x.const_data_ptr(), nullptr, chan(w, c, "weight"), chan(b, c, "bias"), rmc, rvc, s, v, eps,
+              training);
+  if (training && rm.has_value() && rv.has_value() && rm->defined() && rv->defined())
+    batch_norm::update_running_raw(*rm, *rv, s, s + c, x.numel() / c, momentum);
+  std::vector<double> hi, a, b2;
+  consts(x, w, b, s, hi, a, b2);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(fmt));
+  nact::forward_out(dt, x.const_data_ptr(), y.data_ptr(), hi.data(), a.data(), b2.data(), c, layout_of(x, fmt),
+                    int(act), act_param);
+  return {y, stats};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& stats, bool training, int64_t act, double act_param,
+    bool need_dx, bool need_dw, bool need_db) {
+  TORCH_CHECK(act >= 0 && act < 8, kWho, ": expected an activation id in 0..7, got ", act);
+  const int64_t c = x_in.size(1);
+  TORCH_CHECK(stats.scalar_type() == at::kDouble && stats.dim() == 2 && stats.size(0) == 3 && stats.size(1) == c,
+              kWho, ": expected stats of shape (3, ", c, ") float64, got ", stats.sizes(), " ", stats.scalar_type());
+  const at::MemoryFormat fmt = fmt_of(x_in);
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
+  const at::Tensor st = stats.contiguous();
+  std::vector<double> hi, a, b2;
+  consts(x, w, b, st.const_data_ptr<double>(), hi, a, b2);
+  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
+  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
+               b2.data(), c, layout_of(x, fmt), int(act), act_param);
+  const at::ScalarType wt = w.has_value() && w->defined() ? w->scalar_type() : x.scalar_type();
+  const at::ScalarType bt = b.has_value() && b->defined() ? b->scalar_type() : x.scalar_type();
+  return batch_norm::bwd_typed(dz, x, w, st, training, need_dx, need_dw, need_db, wt, bt);
+}
+
+// ---- GroupNorm + act ----
+
+namespace {
+
+constexpr const char* kWhoGn = "normlab group_norm_act";
+
+struct GnShape {
+  int64_t n, c, s;
+  at::MemoryFormat fmt;
+  bool nhwc;
+};
+
+GnShape gn_shape(const at::Tensor& x, int64_t g) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() >= 2, kWhoGn, ": expected a CPU input of shape (N, C, *), got ",
+              x.sizes(), " on ", x.device());
+  const int64_t n = x.size(0), c = x.size(1);
+  TORCH_CHECK(g > 0 && c % g == 0, kWhoGn, ": expected num_groups (", g, ") to divide the channels (", c, ")");
+  const int64_t s = n * c == 0 ? 0 : x.numel() / (n * c);
+  const at::MemoryFormat fmt = x.suggest_memory_format();
+  return {n, c, s, fmt, fmt != at::MemoryFormat::Contiguous && s > 1};
+}
+
+template <class A> std::vector<A> values(const std::optional<at::Tensor>& t, int64_t c, A absent) {
+  std::vector<A> v(c, absent);
+  if (t.has_value() && t->defined()) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == c, kWhoGn, ": expected a per-channel tensor of shape (", c, ",), got ",
+                t->sizes());
+    const at::Tensor d = t->to(at::kDouble).contiguous();
+    for (int64_t i = 0; i < c; ++i) v[i] = A(d.const_data_ptr<double>()[i]);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::Tensor& x_in,
+                                                                      const std::optional<at::Tensor>& w,
+                                                                      const std::optional<at::Tensor>& b, int64_t g,
+                                                                      double eps, int64_t act, double act_param) {
+  const GnShape sh = gn_shape(x_in, g);
+  TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
+  TORCH_CHECK(x_in.numel() > 0 && x_in.numel() / (sh.n * g) > 1, kWhoGn,
+              ": expected more than one value per group, got input size ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(sh.fmt);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(sh.fmt));
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  at::Tensor mean = at::empty({sh.n, g}, x.options().dtype(acc)), var = at::empty({sh.n, g}, x.options().dtype(acc)),
+             rstd = at::empty({sh.n, g}, x.options().dtype(acc));
+  const Dtype dt = dt_of(x, "the input");
+  visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const auto wv = values<A>(w, sh.c, A(1)), bv = values<A>(b, sh.c, A(0));
+    const S* px = static_cast<const S*>(x.const_data_ptr());
+    S* py = static_cast<S*>(y.data_ptr());
+    A *pm = mean.data_ptr<A>(), *pv = var.data_ptr<A>(), *pr = rstd.data_ptr<A>();
+    const int64_t per = sh.c * sh.s;
+    auto sample = [&](int64_t i) {  // GroupNorm's pass over one sample, then the activation in cache
+      if (sh.nhwc)
+        group_norm::fwd_nhwc<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
+                                1, sh.c, g, sh.s, eps);
+      else
+        group_norm::fwd_rows<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
+                                1, sh.c, g, sh.s, eps, false);
+      nact::apply_inplace(dt, py + i * per, per, int(act), act_param);
+    };
+    // Samples split across threads when there are at least two per thread (the kernels inside run
+    // on the calling thread: one parallel region a call), else one sample after another with the
+    // threads inside each. Each sample's results are the same either way (its own chunks).
+    if (sh.n >= 2 * at::get_num_threads()) {
+      at::parallel_for(0, sh.n, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) sample(i);
+      });
+    } else {
+      for (int64_t i = 0; i < sh.n; ++i) sample(i);
+    }
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x_in, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t g, int64_t act,
+    double act_param, bool need_dx) {
+  const GnShape sh = gn_shape(x_in, g);
+  TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
+  TORCH_CHECK(mean.numel() == sh.n * g && rstd.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
+              sh.n * g, " values, got ", mean.numel(), " and ", rstd.numel());
+  const at::MemoryFormat fmt = sh.nhwc ? sh.fmt : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
+  const at::Tensor m64 = mean.to(at::kDouble).contiguous(), r64 = rstd.to(at::kDouble).contiguous();
+  const auto wv = values<double>(w, sh.c, 1.0), bv = values<double>(b, sh.c, 0.0);
+  const int64_t cg = sh.c / g;
+  std::vector<double> hi(sh.n * sh.c), a(sh.n * sh.c), b2(sh.n * sh.c);
+  for (int64_t i = 0; i < sh.n; ++i)
+    for (int64_t c = 0; c < sh.c; ++c) {
+      const int64_t k = i * g + c / cg;
+      hi[i * sh.c + c] = m64.const_data_ptr<double>()[k];
+      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wv[c];
+      b2[i * sh.c + c] = bv[c];
+    }
+  const nact::Layout l = sh.nhwc || sh.s == 1 ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
+                                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
+  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
+  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
+               b2.data(), sh.n * sh.c, l, int(act), act_param);
+  return group_norm::group_norm_bwd(dz, x, w, mean, rstd, g, need_dx);
+}
+
+}  // namespace normlab::norm_act
+
+TORCH_LIBRARY_FRAGMENT(normlab, m) {
+  m.def("batch_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, bool training, float momentum, float eps, int act, float act_param) "
+        "-> (Tensor, Tensor)");
+  m.def("batch_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor stats, bool training, "
+        "int act, float act_param, bool need_dx, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps, int act, "
+        "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+        "int num_groups, int act, float act_param, bool need_dx) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(normlab, CPU, m) {
+  m.impl("batch_norm_act_fwd", &normlab::norm_act::batch_norm_act_fwd_cpu);
+  m.impl("batch_norm_act_bwd", &normlab::norm_act::batch_norm_act_bwd_cpu);
+  m.impl("group_norm_act_fwd", &normlab::norm_act::group_norm_act_fwd_cpu);
+  m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
+}

@@ -1,0 +1,128 @@
+"""The fused norm+act entries on the eager ``"cpu"`` path (``torch.ops.normlab.batch_norm_act_fwd``
+/ ``_bwd``, ``group_norm_act_fwd`` / ``_bwd``: csrc/norm_act.cpp), wired to autograd by
+:class:`BatchNormActFunction` and :class:`GroupNormActFunction`.
+
+``batch_norm_act_fused`` takes the plain case only (a CPU tensor of a served dtype, exactly
+``(C,)`` per-channel tensors, a float momentum in [0, 1], a positive eps) and answers None for
+anything else: the caller then runs the unfused composition, whose checks word the error.
+
+Saved for the backward: x, weight, bias and the statistics (BatchNorm: (3, C) float64; GroupNorm:
+mean and rstd (N, G)) -- what the norm saves, plus the bias; the backward recomputes the pre-activation z from them (docs/derivations/norm_act.md).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .. import extension
+
+_C = extension.load()
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # (a subclass with its own __torch_function__: not ours)
+_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _has_ops() -> bool:
+    try:
+        return _C is not None and hasattr(torch.ops.normlab, "batch_norm_act_fwd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+HAS_FUSED = _has_ops()
+# (group_norm_act_fwd is defined in the same file as batch_norm_act_fwd: both or neither)
+
+
+class BatchNormActFunction(torch.autograd.Function):
+    """``y = act(batch_norm(x))`` with the hand-derived backward (the C++ ops)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, rm, rv, training, momentum, eps, act, param):
+        y, stats = torch.ops.normlab.batch_norm_act_fwd(x, w, b, rm, rv, training, momentum, eps, act, param)
+        ctx.save_for_backward(x, w, b, stats)
+        ctx.training, ctx.act, ctx.param = training, act, param
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, stats = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        dx, dw, db = torch.ops.normlab.batch_norm_act_bwd(dy, x, w, b, stats, ctx.training, ctx.act, ctx.param,
+                                                          need_dx, need_dw and w is not None,
+                                                          need_db and b is not None)
+        return (dx if need_dx else None, dw if need_dw else None, db if need_db else None,
+                None, None, None, None, None, None, None)
+
+
+def _chan(t, c: int) -> bool:
+    return t is None or (type(t) in _PLAIN and t.is_cpu and t.dim() == 1 and t.shape[0] == c
+                         and t.dtype in _SERVED)
+
+
+def batch_norm_act_fused(x, rm, rv, w, b, training, momentum, eps, act: int, param: float):
+    """``act(batch_norm(x, ...))`` by the fused ops, or None when the case is not theirs."""
+    if not HAS_FUSED or type(x) is not torch.Tensor or x.dtype not in _SERVED or x.dim() < 2 or not x.is_cpu:
+        return None
+    c = x.shape[1]
+    if x.numel() <= c or not (_chan(rm, c) and _chan(rv, c) and _chan(w, c) and _chan(b, c)):
+        return None
+    if (rm is None) != (rv is None) or (not training and rm is None) or type(training) is not bool:
+        return None
+    if (rm is not None and rm.requires_grad) or (rv is not None and rv.requires_grad):
+        return None
+    if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or not 0 <= momentum <= 1:
+        return None
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps > 0:
+        return None
+    args = (x, w, b, rm, rv, training, float(momentum), float(eps), act, float(param))
+    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
+                                    or (b is not None and b.requires_grad)):
+        return BatchNormActFunction.apply(*args)
+    return torch.ops.normlab.batch_norm_act_fwd(*args)[0]
+
+
+class GroupNormActFunction(torch.autograd.Function):
+    """``y = act(group_norm(x))`` with the hand-derived backward (the C++ ops)."""
+
+    @staticmethod
+    def forward(ctx, x, g, w, b, eps, act, param):
+        y, mean, rstd = torch.ops.normlab.group_norm_act_fwd(x, w, b, g, eps, act, param)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        ctx.g, ctx.act, ctx.param = g, act, param
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        dx, dw, db = torch.ops.normlab.group_norm_act_bwd(dy, x, w, b, mean, rstd, ctx.g, ctx.act, ctx.param,
+                                                          ctx.needs_input_grad[0])
+        return (dx if ctx.needs_input_grad[0] else None, None,
+                dw.to(w.dtype) if ctx.needs_input_grad[2] else None,
+                db.to(b.dtype) if ctx.needs_input_grad[3] else None, None, None, None)
+
+
+def _params_fit(x, *params) -> bool:
+    """Per-channel parameters GroupNorm's kernels take beside x: x's dtype, or float32 beside half."""
+    return all(p is None or p.dtype == x.dtype or (p.dtype == torch.float32 and x.dtype in _HALF) for p in params)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def group_norm_act_fused(x, g, w, b, eps, act: int, param: float):
+    """``act(group_norm(x, g, w, b, eps))`` by the fused ops, or None when the case is not theirs."""
+    if not HAS_FUSED or type(x) not in _PLAIN or x.dtype not in _SERVED or x.dim() < 2 or not x.is_cpu:
+        return None
+    c = x.shape[1]
+    if type(g) is not int or g <= 0 or c % g or x.numel() == 0 or x.numel() // (x.shape[0] * g) < 2:
+        return None
+    if not (_chan(w, c) and _chan(b, c) and _params_fit(x, w, b)):
+        return None
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
+        return None
+    args = (x, g, w, b, float(eps), act, float(param))
+    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
+                                    or (b is not None and b.requires_grad)):
+        return GroupNormActFunction.apply(*args)
+    return torch.ops.normlab.group_norm_act_fwd(x, w, b, g, float(eps), act, float(param))[0]
