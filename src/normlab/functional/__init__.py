@@ -16,7 +16,7 @@ True
 """
 
 from .batch_norms import batch_norm, batch_renorm, ghost_batch_norm
-from .dyt import dyt
+from .norm_free import dyt
 from .evo_norms import evo_norm2d_b0, evo_norm2d_s0
 from .frn import filter_response_norm
 from .group_norms import group_norm, instance_norm
