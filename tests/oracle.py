@@ -34,6 +34,18 @@ def rounding_err(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return rel_err(ref.to(dtype), ref)
 
 
+def assert_accurate_vs_unfused(got, unfused, ref64, what):
+    """``got``'s error against the float64 result is at most twice that of torch's own ops in the
+    same dtype (``unfused``: the reference path, unfused torch ops), or of rounding the result to
+    the dtype, whichever is larger (the design's rule). For float64 input the oracle is float64
+    itself (torch's own error reads 0): a floor of 2 float64 roundings."""
+    dt = got.dtype
+    floor = torch.finfo(dt).eps * (2 if dt == torch.float64 else 1)
+    bound = 2 * max(rel_err(unfused, ref64), rounding_err(ref64, dt), floor)
+    err = rel_err(got, ref64)
+    assert err <= bound, f"{what}: relative error {err:.3e} > 2 x torch's own / rounding ({bound / 2:.3e})"
+
+
 def assert_within_rounding(
     got: torch.Tensor, ref: torch.Tensor, factor: float = 2.0, what: str = "", dtype: torch.dtype | None = None
 ) -> None:

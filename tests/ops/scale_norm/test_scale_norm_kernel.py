@@ -9,19 +9,8 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from tests.oracle import rel_err, rounding_err
+from tests.oracle import assert_accurate_vs_unfused as _assert_accurate
 
-
-def _assert_accurate(got, unfused, ref64, what):
-    """``got``'s error against the float64 result is at most twice that of torch's own ops in the
-    same dtype (``unfused``: the reference path, unfused torch ops), or of rounding the result to
-    the dtype, whichever is larger (the design's rule). For float64 input the oracle is float64
-    itself (torch's own error reads 0): a floor of 2 float64 roundings."""
-    dt = got.dtype
-    floor = torch.finfo(dt).eps * (2 if dt == torch.float64 else 1)
-    bound = 2 * max(rel_err(unfused, ref64), rounding_err(ref64, dt), floor)
-    err = rel_err(got, ref64)
-    assert err <= bound, f"{what}: relative error {err:.3e} > 2 x torch's own / rounding ({bound / 2:.3e})"
 
 pytestmark = pytest.mark.skipif("cpu" not in normlab.available_backends(), reason="no cpu backend")
 
