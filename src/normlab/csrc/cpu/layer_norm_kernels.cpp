@@ -251,9 +251,9 @@ void bwd_short_n(int64_t n, const S* dy, const S* x, const float* wt, const floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows of one to three vectors and a tail (16 <= n < 64 float32 values, AVX-512 builds).
+// Rows of one to seven vectors and a tail (16 <= n < 128 float32 values, AVX-512 builds).
 //
-// The row path sums such a row in two vector chains (s0: vectors 0, 2; s1: vector 1), then
+// The row path sums such a row in two vector chains (s0: vectors 0, 2, 4, ...; s1: vectors 1, 3, ...), then
 // hsum(s0 + s1), then the tail's values one at a time: a dependent chain of a tree and 1-15
 // scalar adds per sum, three sums a row -- latency, not work (LayerNorm(24) on 4096 rows: 140
 // cycles a row forward). A block of 16 rows is worked with the same additions: each row's head
@@ -287,14 +287,20 @@ inline __m512 hsum16(const __m512* v) {
 }
 inline __m512 lane_bcast(__m512 v, int r) { return _mm512_permutexvar_ps(_mm512_set1_epi32(r), v); }
 
-// s0 + s1 of the row path's two chains over a head of NV vectors v[0..NV): s0 = (0 + v0) + v2,
-// s1 = 0 + v1 (absent: 0, and (0 + v0) + 0 is 0 + v0, which holds no -0).
+// s0 + s1 of the row path's two chains over a head of NV vectors v[0..NV): s0 = 0 + v0 + v2 + ...
+// (even vectors), s1 = 0 + v1 + v3 + ... (odd ones; NV = 1: none, and 0 + v0 + 0 is 0 + v0, which
+// holds no -0).
 template <int NV> inline __m512 chains(const __m512* v) {
   const __m512 zero = _mm512_setzero_ps();
   __m512 s0 = _mm512_add_ps(zero, v[0]);
-  if constexpr (NV == 3) s0 = _mm512_add_ps(s0, v[2]);
-  if constexpr (NV >= 2) return _mm512_add_ps(s0, _mm512_add_ps(zero, v[1]));
-  return s0;
+  if constexpr (NV == 1) {
+    return s0;
+  } else {
+    __m512 s1 = _mm512_add_ps(zero, v[1]);
+    for (int k = 2; k + 1 < NV; k += 2) { s0 = _mm512_add_ps(s0, v[k]); s1 = _mm512_add_ps(s1, v[k + 1]); }
+    if constexpr (NV % 2 == 1) s0 = _mm512_add_ps(s0, v[NV - 1]);
+    return _mm512_add_ps(s0, s1);
+  }
 }
 
 // What a block of rows of n values shares: row r's first value at lane r (gather indices), the
@@ -436,24 +442,24 @@ void bwd_mid(const float* dy, const float* x, const float* w, const float* mean,
   }
 }
 
-// By the number of whole vectors a row holds (16 <= n < 64).
+// By the number of whole vectors a row holds (16 <= n < kMidMax).
+constexpr int64_t kMidMax = 128;
+template <int NV = 1>
 inline void fwd_mid_n(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t n,
                       int64_t nb, float eps, bool center) {
-  switch (n / 16) {
-    case 1: return fwd_mid<1>(x, w, b, y, mean, rstd, n, nb, eps, center);
-    case 2: return fwd_mid<2>(x, w, b, y, mean, rstd, n, nb, eps, center);
-    default: return fwd_mid<3>(x, w, b, y, mean, rstd, n, nb, eps, center);
+  if constexpr (NV < kMidMax / 16 - 1) {
+    if (n >= 16 * (NV + 1)) return fwd_mid_n<NV + 1>(x, w, b, y, mean, rstd, n, nb, eps, center);
   }
+  fwd_mid<NV>(x, w, b, y, mean, rstd, n, nb, eps, center);
 }
+template <int NV = 1>
 inline void bwd_mid_n(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                       const float* dh, float* dx, float* pw, float* pb, int64_t n, int64_t nb, bool center) {
-  switch (n / 16) {
-    case 1: return bwd_mid<1>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
-    case 2: return bwd_mid<2>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
-    default: return bwd_mid<3>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
+  if constexpr (NV < kMidMax / 16 - 1) {
+    if (n >= 16 * (NV + 1)) return bwd_mid_n<NV + 1>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
   }
+  bwd_mid<NV>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
 }
-constexpr int64_t kMidMax = 64;  // rows of 16 to kMidMax - 1 values take the blocks above
 #endif
 
 // The whole blocks of 16 rows from row i on (below hi) that share one weight row and one bias row.
