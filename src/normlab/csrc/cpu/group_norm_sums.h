@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "numerics/chunks.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::group_norm {
@@ -47,13 +48,20 @@ template <class S> inline std::pair<acc_t<S>, acc_t<S>> grad_sums(const S* dy, c
 }
 
 // y[j] = ((x[j] - shift) - md) * a + bc over a contiguous run of n values (one channel).
-template <class S>
+// Stream: y written around the caches (numerics/stream.h), the values before the first aligned
+// address one at a time (the same arithmetic: the same bits).
+template <class S, bool Stream = false>
 inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+  if constexpr (Stream) {
+    for (const int64_t k = to_stream_alignment(y, n); j < k; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
+    for (; j + L <= n; j += L) vstream(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+  } else {
+    for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+  }
   for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
 }
 
