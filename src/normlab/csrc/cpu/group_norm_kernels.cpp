@@ -223,18 +223,22 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   });
 }
 
-// (sum dy, sum dy * (x - m), sum (x - m)) over n values in pieces of kScratchValues, each piece
+// (sum dy, sum dy * (x - m), sum (x - m)) over n values in pieces of kGradPieceValues, each piece
 // in the accumulation dtype (two vector chains), the pieces added in float64 in order. The third
 // sum gives the rounding of the saved mean m back: sum dy * (x - mean) = sum dy * (x - m) -
 // mean(x - m) * sum dy (at a mean of 1e4, m is off by up to 5e-4: dweight 1e-2 wrong without it).
 template <class S> struct Sums3 { double dy = 0.0, dyx = 0.0, x = 0.0; };
+// Pieces of 2048 values: float32 chains of 64 terms a lane (at 16384, dweight of a channel of
+// 40000 values came out at 36x its rounding error at a mean of 1e4; now within the 32x of
+// tests/ops/group_norm/test_group_norm_large_mean.py).
+constexpr int64_t kGradPieceValues = 2048;
 template <class S> inline Sums3<S> long_grad_sums(const S* dy, const S* x, int64_t n, acc_t<S> m) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   Sums3<S> out;
   const vec<A> vm = vset1<A>(m);
-  for (int64_t lo = 0; lo < n; lo += kScratchValues) {
-    const int64_t k = std::min(kScratchValues, n - lo);
+  for (int64_t lo = 0; lo < n; lo += kGradPieceValues) {
+    const int64_t k = std::min(kGradPieceValues, n - lo);
     const S *g = dy + lo, *xp = x + lo;
     vec<A> a0 = vzero<A>(), a1 = vzero<A>(), b0 = vzero<A>(), b1 = vzero<A>(), c0 = vzero<A>(), c1 = vzero<A>();
     int64_t j = 0;
@@ -319,9 +323,12 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
   if (!fixed && ncols > kScratchValues) return fwd_long_rows<S>(x, w, b, y, mean, var, rstd, nrows, cg, g, ns, ncols, eps);
-  if (!fixed && ncols > 256 && ncols <= kScratchValues) {
-    // Long rows, one at a time: pass 1 reads x from memory into scratch (d = x - shift); pass 2
-    // and the output run over scratch in L1/L2 (e = d - md, y = e * (rstd * w[c]) + b[c]).
+  if (sizeof(S) == 2 && !fixed && ncols > 256 && ncols <= kScratchValues) {
+    // Long half-precision rows, one at a time: pass 1 reads x from memory into scratch (d = x -
+    // shift, widened once); pass 2 and the output run over scratch in L1/L2 (e = d - md, y = e *
+    // (rstd * w[c]) + b[c]). float32 / float64 rows take the passes over x below instead (the same
+    // arithmetic, so the same bits): the scratch's two extra stores a value cost more than the
+    // reads they replace (GroupNorm(25, 25) on 12x25x14x393 float32 forward: 0.83x torch).
     const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
     for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
       std::vector<A> scratch(ncols);
@@ -356,13 +363,23 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   }
   // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,
   // division, squared deviations, square root) are independent, so they overlap in the CPU.
+  // Long rows (> 256 values) one at a time, each pass from L1 / L2, the next row's first bytes
+  // asked for ahead; y streams past the caches when x and y exceed half the last level (the rows'
+  // second and third reads then find x in cache: GroupNorm(32, 128) on 8x128x56x56 float32
+  // forward 0.77x -> see docs/performance.md).
   constexpr int64_t kBlock = 8;
+  const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
+  const bool stream = ncols > 256 && ns > 1 && streams_output(2 * x_bytes);
   for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
     A shift[kBlock], md[kBlock], rs[kBlock];
     const int64_t block = ncols <= 256 ? kBlock : 1;  // long rows: one at a time, each pass from L1
     for (int64_t rb = r0; rb < r1; rb += block) {
       const int64_t nb = std::min(block, r1 - rb);
       const S* xb = x + rb * ncols;
+      if (block == 1) {
+        const int64_t ahead = (rb + 1) * row_bytes;
+        if (ahead < x_bytes) prefetch_read(reinterpret_cast<const char*>(x) + ahead, std::min(kAheadBytes, x_bytes - ahead));
+      }
       if (fixed) {  // running statistics: y = (x - mean) * (rstd * w) + b
         for (int64_t k = 0; k < nb; ++k) {
           const int64_t gi = (rb + k) % g;
@@ -400,12 +417,16 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         const A* bg = b + gi * cg;
         if (ns == 1) {
           affine_channels(xr, yr, cg, shift[k], md[k], rs[k], wg, bg);
+        } else if (stream) {
+          for (int64_t j = 0; j < cg; ++j)
+            affine_run<S, true>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
         } else {
           for (int64_t j = 0; j < cg; ++j)
-            affine_run(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+            affine_run<S>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
         }
       }
     }
+    if (stream) fence_streams();
   });
 }
 
@@ -429,28 +450,51 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     return merge_partials(pw.data(), pb.data(), n, c, dw, db);
   }
   for_rows(nrows, 2 * ncols, [&](int64_t r0, int64_t r1) {
+    std::vector<double> sk(fixed ? 0 : 2 * cg);  // a group's per-channel sums (dy, dy * (x - m))
     for (int64_t r = r0, i = r0 / g, gi = r0 % g; r < r1; ++r, i += (gi + 1 == g), gi = gi + 1 == g ? 0 : gi + 1) {
       const A m = fixed ? mean[gi] : mean[r];
       const A rs = fixed ? rstd[gi] : rstd[r];
       const S* dyr = dy + r * ncols;
       const S* xr = x + r * ncols;
-      A sg = A(0), sgx = A(0);  // sums over the group of dy * w, of dy * w * (x - mean)
-      for (int64_t k = 0; k < cg; ++k) {
-        auto [sdy, sdx] = grad_sums(dyr + k * ns, xr + k * ns, ns, m);
-        const int64_t cc = gi * cg + k;
-        pb[i * c + cc] = sdy;
-        pw[i * c + cc] = sdx * rs;
-        sg += w[cc] * sdy;
-        sgx += w[cc] * sdx;
-      }
-      if (dx == nullptr) continue;
-      S* dxr = dx + r * ncols;
       if (fixed) {  // term 1 only
+        for (int64_t k = 0; k < cg; ++k) {
+          auto [sdy, sdx] = grad_sums(dyr + k * ns, xr + k * ns, ns, m);
+          const int64_t cc = gi * cg + k;
+          pb[i * c + cc] = sdy;
+          pw[i * c + cc] = sdx * rs;
+        }
+        if (dx == nullptr) continue;
+        S* dxr = dx + r * ncols;
         for (int64_t k = 0; k < cg; ++k) scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
         continue;
       }
-      const A t2 = A(double(sg) / double(ncols) * double(rs));              // rstd * mean_grp(g)
-      const A t3 = A(double(sgx * rs) / double(ncols) * double(rs * rs));  // rstd^3 * mean_grp(g * (x - mean))
+      // The group's sums around m, the mean rounded to A; e = mean(x - m), the part of the mean the
+      // rounding left out, is added back in float64: sum dy * (x - mean) = sum dy * (x - m) -
+      // e * sum dy, and (x - mean) * t3 = (x - m) * t3 - e * t3 (at a mean of 1e4 dx and dw were
+      // ~1e-4 relative off without it: tests/ops/group_norm/test_group_norm_large_mean.py).
+      double sx = 0.0;
+      for (int64_t k = 0; k < cg; ++k) {
+        const auto t = grad_sums3(dyr + k * ns, xr + k * ns, ns, m);
+        sk[2 * k] = double(t.dy);
+        sk[2 * k + 1] = double(t.dyx);
+        sx += double(t.x);
+      }
+      double e = sx / double(ncols);
+      if (!std::isfinite(e)) e = 0.0;  // an infinite / NaN group: its sums are NaN already
+      double sg = 0.0, sgx = 0.0;  // sums over the group of dy * w, of dy * w * (x - mean)
+      for (int64_t k = 0; k < cg; ++k) {
+        const double sdy = sk[2 * k], sdx = sk[2 * k + 1] - e * sdy;
+        const int64_t cc = gi * cg + k;
+        pb[i * c + cc] = A(sdy);
+        pw[i * c + cc] = A(sdx * double(rs));
+        sg += double(w[cc]) * sdy;
+        sgx += double(w[cc]) * sdx;
+      }
+      if (dx == nullptr) continue;
+      S* dxr = dx + r * ncols;
+      const double t3d = sgx * double(rs) / double(ncols) * double(rs) * double(rs);
+      const A t2 = A(sg / double(ncols) * double(rs) - e * t3d);  // rstd * mean_grp(g), less e * t3
+      const A t3 = A(t3d);                                          // rstd^3 * mean_grp(g * (x - mean))
       for (int64_t k = 0; k < cg; ++k)
         grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
     }
