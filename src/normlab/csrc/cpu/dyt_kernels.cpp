@@ -4,14 +4,14 @@
 //   s = 1 - t^2 (tanh'(u)),  du = dy * w * s,  dx = du * alpha
 //   dalpha = sum(du * x),  dw = sum_rows(dy * t),  db = sum_rows(dy)
 //
-// tanh (float32 lanes): |u| < 0.625, u + u^3 P(u^2) (a degree-4 odd minimax polynomial, Cephes'
-// tanhf); above, 1 - 2r, r = 1 / (e + 1), e = exp(2|u|) (a two-step reduction by ln 2 and a
-// degree-6 polynomial; 2|u| capped at 88, where tanh is 1 in float32), then u's sign bit: within
-// 1.33 ulp of the exact tanh over every float32 (scripts/dyt-tanh-ulp.py, docs/derivations/dyt.md).
-// Fused multiply-adds where the build level has them (v3, v4). s = 1 - t^2 where |u| < 0.625 (no
-// cancellation: t <= 0.56; rounded once: a fused multiply-add, or through float64), else
-// (4r)(1 - r) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
-// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp.
+// tanh (float32 lanes): numerics/vmath.h, the one copy shared with the activations. The forward
+// takes vmath::vtanh<false>: by 16 intervals of |u| where the level has fused multiply-add (v3, v4:
+// the same bits at both; within 0.74 ulp over every float32), through exp on the baseline (1.33
+// ulp). The backward takes vmath::vtanh<true>, t and s = 1 - t^2 together through exp: s = 1 - t^2
+// where |u| < 0.625 (no cancellation: t <= 0.56; rounded once), else (4r)(1 - r), r = 1 / (e + 1),
+// e = exp(2|u|) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
+// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp; its t within
+// 1.33 ulp (dw's terms dy * t).
 // float64: std::tanh and std::exp per value.
 //
 // The forward is elementwise: rows split among threads as they come. The backward's sums run

@@ -4,9 +4,11 @@
 //   vabs, vcopysign   bit operations (exact)
 //   vfma(a, b, c)     a * b + c, rounded once where the build level has fused multiply-add
 //                     (x86-64-v3, v4), else a * b rounded and then + c (the baseline, SSE2)
-//   vexp(v)           exp, v clamped to [-87, 88]: within 1 ulp (docs/derivations/dyt.md)
+//   vexp(v)           exp, v clamped to [-87, 88] (Cody-Waite reduction, a degree-7 polynomial)
 //   vtanh<S>(u, &s)   tanh, and with S also 1 - tanh^2: docs/derivations/dyt.md, "Numerics"
 //   verf(v)           erf: docs/derivations/norm_act.md, "Accuracy"
+// tanh and erf are evaluated by intervals, their coefficients looked up per lane (scripts/vmath-fit.py
+// fits them; scripts/erf-ulp.py scans every float32 at each level).
 //
 // Every function is the same sequence of operations at every level; with fused multiply-add
 // (v3 and v4) the same bits whatever the vector width (no operation crosses lanes). The build
@@ -132,18 +134,20 @@ inline vf sech2_from_exp(vf a, vf* q_out = nullptr) {
 #else
 #define NORMLAB_VMATH_TANH_TABLE 0
 #endif
-// tanh by intervals (x86-64-v3 and v4). For a = |u| (capped at 10; tanh is 1 in float32 from
-// 9.01): interval k = clamp((bits(a) >> 21) - 503, 0, 18), i.e. 0: [0, 0.5); 1-16: the quarters
-// of the binades [0.5, 1), [1, 2), [2, 4), [4, 8) (0.5, 0.625, ..., 7); 17: [8, 10); 18: 10 (and
-// NaN). On interval 0, Cephes' tanhf, a + a^3 Q(a^2) (Q of degree 4); on 1-17,
-// c0 + y R(y), y = a - c exact (a and c in one interval, Sterbenz), c chosen in the interval so
-// that c0 = tanh(c) rounded to float32 is within 0.001 ulp of it, R of degree 4 fitted to
-// (tanh(c + y) - c0) / y by weighted least squares with its coefficients rounded to float32 one
-// at a time (scripts/dyt-tanh-fit.py, which prints these tables); on 18, 1. Both forms are one
-// Horner evaluation of degree 4 and one fused step, their coefficients looked up per lane (one
-// two-register permute per table on AVX-512, three permutes and two blends on AVX2): the same
-// operations on every lane, the same bits at v3 and v4. Within 0.9 ulp of the exact tanh over
-// every float32 (docs/derivations/dyt.md, "Accuracy").
+// tanh by intervals (x86-64-v3 and v4). For a = |u| capped at 10 (tanh is 1 in float32 from
+// 9.01), interval k = min((bits(max(a, 0.5625)) >> 21) - 504, 15) (the exponent and two leading
+// fraction bits): 0: [0, 0.625); 1-14: [0.625, 0.75), [0.75, 0.875), [0.875, 1), the quarters of
+// [1, 2) and [2, 4), then [4, 5), [5, 6), [6, 7); 15: [7, 10]. On interval 0, Cephes' tanhf,
+// a + a^3 Q(a^2) (Q of degree 4); on 1-15, c0 + y R(y), y = a - c exact (a and c in one interval:
+// Sterbenz), c chosen in the interval so that c0 = tanh(c) rounded to float32 is within 0.001 ulp
+// of it, R of degree 4 fitted to (tanh(c + y) - c0) / y by weighted least squares with its
+// coefficients rounded to float32 one at a time (scripts/vmath-fit.py prints these tables). Both
+// forms are one Horner evaluation of degree 4 and one fused step, their coefficients looked up
+// per lane from 16-entry tables (one permute per table on AVX-512, two and a blend on AVX2): the
+// same operations on every lane, the same bits at v3 and v4 (checked over every float32 by
+// scripts/erf-ulp.py --fn tanh). Within 0.74 ulp of the exact tanh over every float32 (at 4.27;
+// docs/derivations/dyt.md, "Accuracy"). About 27 vector instructions a vector with DyT's scale and
+// affine, where the exp form below takes about 38.
 namespace tanh_table {
 alignas(64) inline constexpr float kC[16] = {
     0.0f, 0.6874732f, 0.81253767f, 0.9374493f, 1.1251353f, 1.3750954f, 1.6249857f, 1.875007f,
@@ -269,14 +273,15 @@ template <bool S> inline vf vtanh(vf u, vf* s = nullptr) {
   return vtanh_by_exp<S>(u, s);
 }
 
-// erf(x), float32 lanes, by intervals as tanh's (scripts/erf-ulp.py fits and prints these tables,
-// and scans every float32): for a = |x| capped at 4 (erf is 1 in float32 from 3.92), interval
+// erf(x), float32 lanes, by intervals as tanh's (scripts/vmath-fit.py prints these tables;
+// scripts/erf-ulp.py scans every float32): for a = |x| capped at 4 (erf is 1 in float32 from 3.92), interval
 // k = min((bits(max(a, 0.5625)) >> 21) - 504, 11): 0: [0, 0.625), a + a R(a^2) (R of degree 5
 // fitted to erf(a) / a - 1); 1-11: the quarters of [0.625, 1), [1, 2), [2, 4), c0 + y R(y),
 // y = a - c exact, c0 = erf(c) rounded to float32 within 0.001 ulp of it, R of degree 5. One
 // Horner evaluation of degree 5 and one fused step; then x's sign bit; NaN stays NaN. The same
 // bits at v3 and v4; the baseline level rounds products and sums apart and looks its
-// coefficients up lane by lane. Within 0.8 ulp (v3, v4; docs/derivations/norm_act.md).
+// coefficients up lane by lane. Within 0.68 ulp at v3 and v4, 0.73 at v1, over every float32
+// (docs/derivations/norm_act.md).
 namespace erf_table {
 alignas(64) inline constexpr float kC[16] = {
     0.0f, 0.68738663f, 0.81257904f, 0.93744224f, 1.124919f, 1.3751392f, 1.6248713f, 1.8750187f,
