@@ -129,6 +129,7 @@ inline vf sech2_from_exp(vf a, vf* q_out = nullptr) {
   return a2 < 88.0f ? (4.0f * q) * (1.0f - q) : vzero<float>();
 }
 
+// (NORMLAB_VMATH_NO_TABLE defined: the exp form everywhere, for comparisons: scripts/erf-ulp.py --time)
 #if NORMLAB_VMATH_FMA && !defined(NORMLAB_VMATH_NO_TABLE)
 #define NORMLAB_VMATH_TANH_TABLE 1
 #else
