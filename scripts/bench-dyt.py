@@ -12,8 +12,12 @@ thread (time spent descheduled on a busy machine is not counted), wall time with
   reads and a write per value: the least the backward's dx can move);
 - ``alloc copy``: ``torch.empty_like(x).copy_(x)``, the copy with its output allocated per
   call, as DyT's is (at tens of MB the fresh pages' first touch costs more than the copy);
-- ratios: ``DyT/LN`` (< 1: DyT faster) and ``copy/DyT`` (the fraction of the copy limit; 1 is
-  the limit).
+- ``hp copy``: the same with the fresh output advised onto transparent huge pages first, as
+  normlab's kernels advise theirs (``normlab.ops.extension.empty_like``): the copy limit of an
+  output allocated per call the way DyT's is (torch's own 4 kB first touches are several times
+  slower at tens of MB);
+- ratios: ``DyT/LN`` (< 1: DyT faster), ``copy/DyT`` (the fraction of the copy limit into
+  memory allocated before; 1 is the limit) and ``hp/DyT`` (of the limit with a fresh output).
 
     python scripts/bench-dyt.py                      # the sweep, 1 and 2 threads
     python scripts/bench-dyt.py --sizes 512x768 --threads 1 --torch
@@ -24,6 +28,7 @@ import time
 import torch
 
 import normlab
+from normlab.ops.extension import empty_like as hp_empty_like  # (advised onto huge pages from 4 MiB)
 
 DEFAULT_SIZES = [(r, h) for r in (1, 8, 64, 512, 4096) for h in (64, 768, 4096, 16384)] + [(8192, 4096)]
 
@@ -66,6 +71,7 @@ def case(rows, d, dt, repeats, with_torch):
         fwd = {k: (lambda m=m: m(x)) for k, m in mods.items()}
         fwd["copy"] = lambda: out.copy_(x)
         fwd["alloc copy"] = lambda: torch.empty_like(x).copy_(x)
+        fwd["hp copy"] = lambda: hp_empty_like(x).copy_(x)
         f = interleaved(fwd, repeats, inner)
     xg = x.clone().requires_grad_()
 
@@ -83,9 +89,14 @@ def case(rows, d, dt, repeats, with_torch):
         torch.empty_like(x).copy_(x)
         torch.add(dy, x)
 
+    def hp_copy_limit():
+        hp_empty_like(x).copy_(x)
+        torch.add(dy, x, out=hp_empty_like(x))
+
     both = {k: (lambda m=m: step(m)) for k, m in mods.items()}
     both["copy"] = copy_limit
     both["alloc copy"] = alloc_copy_limit
+    both["hp copy"] = hp_copy_limit
     b = interleaved(both, repeats, max(1, inner // 3))
     return f, b
 
@@ -99,9 +110,9 @@ def main():
     p.add_argument("--torch", action="store_true", help="also time torch's unfused DyT")
     a = p.parse_args()
     sizes = DEFAULT_SIZES if a.sizes is None else [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
-    print("| threads | size | dtype | pass | DyT us | LN us | copy us | alloc copy us | DyT/LN | copy/DyT |"
-          + (" torch us |" if a.torch else ""))
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if a.torch else ""))
+    print("| threads | size | dtype | pass | DyT us | LN us | copy us | alloc copy us | hp copy us | DyT/LN | copy/DyT "
+          "| hp/DyT |" + (" torch us |" if a.torch else ""))
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if a.torch else ""))
     for threads in (int(t) for t in a.threads.split(",")):
         torch.set_num_threads(threads)
         for rows, d in sizes:
@@ -110,7 +121,8 @@ def main():
                 for name, r in (("fwd", f), ("fwd+bwd", b)):
                     extra = f" {r['torch']:.1f} |" if a.torch else ""
                     print(f"| {threads} | {rows}x{d} | {str(dt)[6:]} | {name} | {r['DyT']:.1f} | {r['LN']:.1f} | "
-                          f"{r['copy']:.1f} | {r['alloc copy']:.1f} | {r['DyT'] / r['LN']:.2f} | {r['copy'] / r['DyT']:.2f} |{extra}",
+                          f"{r['copy']:.1f} | {r['alloc copy']:.1f} | {r['hp copy']:.1f} | {r['DyT'] / r['LN']:.2f} | "
+                          f"{r['copy'] / r['DyT']:.2f} | {r['hp copy'] / r['DyT']:.2f} |{extra}",
                           flush=True)
 
 

@@ -2,8 +2,8 @@
 
 A thinned version of ``scripts/dyt-tanh-ulp.py`` (which scans every float32): every 1024th
 float32 in +-[2^-20, 44], and every float32 near the places where the kernel changes formula
-(|u| = 0.625 for tanh, 1 for 1 - tanh^2), near the largest errors seen (|u| = 1.72, 2.07) and
-near saturation (|u| = 9).
+(|u| = 0.625; the forward's intervals at 1, 2, 4, 7 and its cap at 10), near the largest errors
+seen (|u| = 1.72, 2.07, 3.47 and the forward's 4.27) and near saturation (|u| = 9).
 """
 
 from __future__ import annotations
@@ -23,17 +23,25 @@ _spec = importlib.util.spec_from_file_location(
 ulp_scan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ulp_scan)
 
-# the bounds: tanh within 1.5 ulp (1.33 measured over every float32), 1 - tanh^2 within 3.5 ulp
-# (2.85 measured: 4r (1 - r), r = 1 / (e + 1), e = exp(2|u|))
-TANH_ULP, SECH2_ULP = 1.5, 3.5
+# the bounds: the forward's tanh within 1 ulp where the level has fused multiply-add (by intervals:
+# 0.74 measured over every float32), 1.5 on the baseline level (through exp: 1.33 measured);
+# 1 - tanh^2 within 3.5 ulp (2.85 measured: 4r (1 - r), r = 1 / (e + 1), e = exp(2|u|))
+SECH2_ULP = 3.5
+
+
+def tanh_bound() -> float:
+    from normlab.ops import extension
+    return 1.5 if extension.cpu_level()["level"] == "v1" else 1.0
 
 
 @pytest.mark.parametrize("lo, hi, step", [(2.0 ** -20, 44.0, 1024), (0.6, 0.65, 1), (0.98, 1.02, 1),
-                                          (8.9, 9.1, 1), (1.7, 1.75, 1), (2.05, 2.1, 1), (3.44, 3.49, 1)])
+                                          (8.9, 9.1, 1), (1.7, 1.75, 1), (2.05, 2.1, 1), (3.44, 3.49, 1),
+                                          (1.99, 2.01, 1), (3.99, 4.01, 1), (4.25, 4.3, 1), (6.99, 7.01, 1),
+                                          (9.99, 10.01, 1)])
 def test_tanh_and_its_derivative_within_bounds(lo, hi, step):
     with normlab.use_backend("cpu"):
         (t, tx), (s, sx) = ulp_scan.scan(lo, hi, step)
-    assert t <= TANH_ULP, (t, tx)
+    assert t <= tanh_bound(), (t, tx)
     assert s <= SECH2_ULP, (s, sx)
 
 

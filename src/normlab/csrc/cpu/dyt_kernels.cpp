@@ -4,14 +4,14 @@
 //   s = 1 - t^2 (tanh'(u)),  du = dy * w * s,  dx = du * alpha
 //   dalpha = sum(du * x),  dw = sum_rows(dy * t),  db = sum_rows(dy)
 //
-// tanh (float32 lanes): |u| < 0.625, u + u^3 P(u^2) (a degree-4 odd minimax polynomial, Cephes'
-// tanhf); above, 1 - 2r, r = 1 / (e + 1), e = exp(2|u|) (a two-step reduction by ln 2 and a
-// degree-6 polynomial; 2|u| capped at 88, where tanh is 1 in float32), then u's sign bit: within
-// 1.33 ulp of the exact tanh over every float32 (scripts/dyt-tanh-ulp.py, docs/derivations/dyt.md).
-// Fused multiply-adds where the build level has them (v3, v4). s = 1 - t^2 where |u| < 0.625 (no
-// cancellation: t <= 0.56; rounded once: a fused multiply-add, or through float64), else
-// (4r)(1 - r) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
-// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp.
+// tanh (float32 lanes): numerics/vmath.h, the one copy shared with the activations. The forward
+// takes vmath::vtanh<false>: by 16 intervals of |u| where the level has fused multiply-add (v3, v4:
+// the same bits at both; within 0.74 ulp over every float32), through exp on the baseline (1.33
+// ulp). The backward takes vmath::vtanh<true>, t and s = 1 - t^2 together through exp: s = 1 - t^2
+// where |u| < 0.625 (no cancellation: t <= 0.56; rounded once), else (4r)(1 - r), r = 1 / (e + 1),
+// e = exp(2|u|) -- 1 - t^2 from a rounded t near 1 would lose most of its digits (at |u| = 5,
+// thousands of ulp) -- and 0 past 2|u| = 88, near float32's subnormals: within 2.9 ulp; its t within
+// 1.33 ulp (dw's terms dy * t).
 // float64: std::tanh and std::exp per value.
 //
 // The forward is elementwise: rows split among threads as they come. The backward's sums run
@@ -28,6 +28,7 @@
 
 #include "numerics/chunks.h"
 #include "numerics/vec.h"
+#include "numerics/vmath.h"
 
 namespace normlab::dyt {
 
@@ -39,110 +40,9 @@ constexpr int64_t kColBlock = 1024;
 constexpr int64_t kMaxChunks = 256;        // row chunks of the backward, at most
 constexpr int64_t kMaxPartials = 1 << 20;  // float64 partials, at most (8 MB)
 
-typedef int32_t i32v __attribute__((vector_size(NORMLAB_VEC_BYTES)));
 using vf = vec<float>;
-
-inline vf vabs(vf v) {
-  i32v u; std::memcpy(&u, &v, sizeof u);
-  u &= 0x7FFFFFFF;
-  vf r; std::memcpy(&r, &u, sizeof r); return r;
-}
-inline vf vcopysign(vf mag, vf sign) {  // mag >= 0
-  i32v m, s; std::memcpy(&m, &mag, sizeof m); std::memcpy(&s, &sign, sizeof s);
-  m |= s & int32_t(0x80000000u);
-  vf r; std::memcpy(&r, &m, sizeof r); return r;
-}
-
-// a * b + c rounded once where the build has fused multiply-add (x86-64-v3, v4); on the baseline
-// level (SSE2: none), a * b rounded, then + c (the accuracy scan of docs/derivations/dyt.md holds
-// for both).
-inline vf vfma(vf a, vf b, vf c) {
-#if NORMLAB_VEC_BYTES == 64
-  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif NORMLAB_VEC_BYTES == 32 && defined(__FMA__)
-  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-  return a * b + c;
-#endif
-}
-
-// exp(v) for 0 <= v <= 88 (and NaN): n = round(v / ln 2) by the 1.5 * 2^23 shifter (its low
-// bits then hold n), r = v - n ln 2 by two fused steps (ln 2 as float and its remainder),
-// |r| <= ln2 / 2, a degree-6 polynomial for exp(r), and 2^n: vscalefps on AVX-512, else n + 127
-// put in the exponent bits.
-inline vf vexp_pos(vf v) {
-  const vf shifted = vfma(v, vset1(1.44269504088896341f), vset1(12582912.0f));
-  const vf n = shifted - 12582912.0f;
-#if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
-  vf r = vfma(n, vset1(-0.693147182464599609375f), v);  // (ln 2 rounded, and what it lacks)
-  r = vfma(n, vset1(1.904654299957768e-09f), r);
-#else  // without fused steps: ln 2's first part with trailing zeros, so n * it is exact (Cody-Waite)
-  const vf r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
-#endif
-  vf p = vset1(1.9875691500e-4f);
-  p = vfma(p, r, vset1(1.3981999507e-3f));
-  p = vfma(p, r, vset1(8.3334519073e-3f));
-  p = vfma(p, r, vset1(4.1665795894e-2f));
-  p = vfma(p, r, vset1(1.6666665459e-1f));
-  p = vfma(p, r, vset1(5.0000001201e-1f));
-  p = vfma(p, r * r, r) + 1.0f;
-#if NORMLAB_VEC_BYTES == 64
-  return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
-#else
-  i32v e; std::memcpy(&e, &shifted, sizeof e);
-  e = (e << 23) + (127 << 23);  // (the shifter's own bits leave through the top)
-  vf scale; std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
-#endif
-}
-
-#if !(NORMLAB_VEC_BYTES == 64 || defined(__FMA__))
-// 1 - t^2 rounded once without fused multiply-add: t * t is exact in float64 (24-bit by 24-bit),
-// 1 - t^2 rounded to float64 and then to float32.
-inline vf one_minus_square(vf t) {
-  typedef float half_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
-  half_t lo, hi;
-  std::memcpy(&lo, &t, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&t) + sizeof lo, sizeof hi);
-  const vec<double> dl = __builtin_convertvector(lo, vec<double>), dh = __builtin_convertvector(hi, vec<double>);
-  const half_t rl = __builtin_convertvector(1.0 - dl * dl, half_t), rh = __builtin_convertvector(1.0 - dh * dh, half_t);
-  vf r;
-  std::memcpy(&r, &rl, sizeof rl);
-  std::memcpy(reinterpret_cast<char*>(&r) + sizeof rl, &rh, sizeof rh);
-  return r;
-}
-#endif
-
-// t = tanh(u); with S, also s = 1 - tanh(u)^2. Both branches are computed for every lane and
-// one picked (|u| < 0.625: the polynomial); a NaN u gives NaN in both (the cap 88 is taken with
-// the NaN as min's second operand, which min returns).
-template <bool S> inline vf vtanh(vf u, vf* s = nullptr) {
-  const vf a = vabs(u);
-  const vf z = u * u;
-  vf q = vset1(-5.70498872745e-3f);
-  q = vfma(q, z, vset1(2.06390887954e-2f));
-  q = vfma(q, z, vset1(-5.37397155531e-2f));
-  q = vfma(q, z, vset1(1.33314422036e-1f));
-  q = vfma(q, z, vset1(-3.33332819422e-1f));
-  const vf small = vfma(q * z, u, u);
-  const vf a2 = a + a;
-  const vf e = vexp_pos(vset1(88.0f) < a2 ? vset1(88.0f) : a2);
-  const vf r = 1.0f / (e + 1.0f);
-  const vf big = vfma(vset1(-2.0f), r, vset1(1.0f));
-  // (u's sign bit put on either: small has it already, but for u = -0, where small is +0)
-  const vf t = vcopysign(a < 0.625f ? small : big, u);
-  // (2|u| >= 88: s < 2^-126, flushed to 0 -- torch's 1 - t^2 is 0 already past |u| = 9)
-  if constexpr (S) {
-    // 1 - t^2 = (1 - t)(1 + t) = 2r (2 - 2r): r's own error once, e's not again
-    const vf from_e = a2 < 88.0f ? (4.0f * r) * (1.0f - r) : vzero<float>();
-#if NORMLAB_VEC_BYTES == 64 || defined(__FMA__)
-    *s = a < 0.625f ? vfma(-t, t, vset1(1.0f)) : from_e;
-#else
-    *s = a < 0.625f ? one_minus_square(t) : from_e;
-#endif
-  }
-  return t;
-}
+using vmath::vfma;
+using vmath::vtanh;
 
 inline double tanh_sech2(double u, double* s) {
   const double a = std::fabs(u);

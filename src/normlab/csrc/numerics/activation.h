@@ -10,10 +10,10 @@
 //   tanh       tanh(z)                                  act' = 1 - tanh(z)^2
 //   gelu       z * 0.5 * (1 + erf(z / sqrt 2))          act' = Phi(z) + z * exp(-z^2 / 2) / sqrt(2 pi)
 //   gelu_tanh  0.5 z (1 + tanh(k (z + 0.044715 z^3)))   act' as ops/activation.py
-// The first three are exact (the same bits as torch's). float32 silu uses exp by Cody-Waite
-// reduction and a degree-6 polynomial (within 2 ulp of the exact exp); float32 tanh (and
-// gelu_tanh's) an odd polynomial near 0 and 1 - 2 / (exp(2|z|) + 1) beyond; erf and the float64
-// transcendental ones are the C library's, lane by lane (slower: see docs/derivations/norm_act.md).
+// The first three are exact (the same bits as torch's). The float32 transcendental functions are
+// numerics/vmath.h's (one copy, shared with DyT): exp (silu, gelu's derivative), tanh (tanh,
+// gelu_tanh; tanh's derivative as vmath's 1 - tanh^2, without the cancellation near |t| = 1),
+// erf (gelu); the float64 ones are the C library's, lane by lane.
 #pragma once
 
 #include <cmath>
@@ -21,71 +21,15 @@
 #include <cstring>
 
 #include "numerics/vec.h"
+#include "numerics/vmath.h"
 
 namespace normlab::act {
 
 enum Id : int { kIdentity = 0, kRelu, kLeakyRelu, kSilu, kGelu, kGeluTanh, kHardswish, kTanh, kCount };
 
 namespace detail {
-typedef int32_t i32v __attribute__((vector_size(NORMLAB_VEC_BYTES)));
-
-// exp(v), float32 lanes, v clamped to [-87, 88] (the caller handles beyond): Cody-Waite
-// reduction by ln 2 in two parts, a degree-6 polynomial for exp(r), |r| <= ln2 / 2.
-inline vec<float> vexp(vec<float> v) {
-  v = v < -87.0f ? vset1(-87.0f) : v;
-  v = v > 88.0f ? vset1(88.0f) : v;
-  const vec<float> t = v * 1.44269504088896341f;
-  const vec<float> n = __builtin_convertvector(__builtin_convertvector(t + (t < 0.0f ? vset1(-0.5f) : vset1(0.5f)),
-                                                                       i32v), vec<float>);
-  const vec<float> r = (v - n * 0.693359375f) - n * -2.12194440e-4f;
-  vec<float> p = vset1(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
-  vec<float> scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
-}
-
-inline vec<float> vabs(vec<float> v) {
-  i32v u;
-  std::memcpy(&u, &v, sizeof u);
-  u &= 0x7FFFFFFF;
-  vec<float> r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
-}
-inline vec<float> vcopysign(vec<float> mag, vec<float> sign) {  // mag >= 0
-  i32v m, s;
-  std::memcpy(&m, &mag, sizeof m);
-  std::memcpy(&s, &sign, sizeof s);
-  m |= s & int32_t(0x80000000u);
-  vec<float> r;
-  std::memcpy(&r, &m, sizeof r);
-  return r;
-}
-
-// tanh(u), float32 lanes: |u| < 0.625, u + u^3 P(u^2) (an odd minimax polynomial of degree 11,
-// Cephes' tanhf); above, 1 - 2 / (exp(2|u|) + 1), 2|u| capped at 88 (tanh is 1 in float32 there),
-// the sign copied from u; NaN stays NaN (the same form as the DyT kernel's, cpu/dyt_kernels.cpp)
-inline vec<float> vtanh(vec<float> u) {
-  const vec<float> a = vabs(u);
-  const vec<float> z = u * u;
-  vec<float> q = vset1(-5.70498872745e-3f);
-  q = q * z + 2.06390887954e-2f;
-  q = q * z - 5.37397155531e-2f;
-  q = q * z + 1.33314422036e-1f;
-  q = q * z - 3.33332819422e-1f;
-  const vec<float> small = q * z * u + u;
-  const vec<float> e = vexp(a + a < 88.0f ? a + a : vset1(88.0f));
-  const vec<float> big = vcopysign(1.0f - 2.0f / (e + 1.0f), u);
-  const vec<float> t = a < 0.625f ? small : big;
-  return (u != u) ? u : t;
-}
+using vmath::vexp;
+inline vec<float> vtanh(vec<float> u) { return vmath::vtanh<false>(u); }
 
 template <class A, class F> inline vec<A> lanewise(vec<A> z, const F& f) {
   vec<A> r;
@@ -124,7 +68,11 @@ template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
     if constexpr (sizeof(A) == 4) return detail::vtanh(z);
     else return detail::lanewise<A>(z, [](A v) { return std::tanh(v); });
   } else if constexpr (Act == kGelu) {
-    return detail::lanewise<A>(z, [](A v) { return v * A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476))); });
+    if constexpr (sizeof(A) == 4) {
+      return z * 0.5f * (1.0f + vmath::verf(z * 0.7071067811865476f));
+    } else {
+      return detail::lanewise<A>(z, [](A v) { return v * A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476))); });
+    }
   } else {
     static_assert(Act == kGeluTanh);
     if constexpr (sizeof(A) == 4) {
@@ -159,17 +107,24 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
     return s * (one + z * (one - s));
   } else if constexpr (Act == kTanh) {
     if constexpr (sizeof(A) == 4) {
-      const vec<float> t = detail::vtanh(z);
-      return one - t * t;
+      vec<float> s;
+      vmath::vtanh<true>(z, &s);  // (1 - t^2 without its cancellation near |t| = 1)
+      return s;
     } else {
       return detail::lanewise<A>(z, [](A v) { const A t = std::tanh(v); return A(1) - t * t; });
     }
   } else if constexpr (Act == kGelu) {
-    return detail::lanewise<A>(z, [](A v) {
-      const A cdf = A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476)));
-      const A pdf = std::exp(A(-0.5) * v * v) * A(0.3989422804014327);
-      return cdf + v * pdf;
-    });
+    if constexpr (sizeof(A) == 4) {
+      const vec<float> cdf = 0.5f * (1.0f + vmath::verf(z * 0.7071067811865476f));
+      const vec<float> pdf = vmath::vexp(-0.5f * z * z) * 0.3989422804014327f;
+      return cdf + z * pdf;
+    } else {
+      return detail::lanewise<A>(z, [](A v) {
+        const A cdf = A(0.5) * (A(1) + std::erf(v * A(0.7071067811865476)));
+        const A pdf = std::exp(A(-0.5) * v * v) * A(0.3989422804014327);
+        return cdf + v * pdf;
+      });
+    }
   } else {
     static_assert(Act == kGeluTanh);
     const A k = A(0.7978845608028654);
