@@ -160,3 +160,27 @@ def test_batch_norm_gives_the_same_bits_at_every_level_and_dyt_at_every_fma_leve
     assert all(v == bn["v1"] for v in bn.values()), bn
     dyt = {k: [h for h in v if h.startswith("dyt")] for k, v in got.items() if k != "v1"}
     assert all(v == next(iter(dyt.values())) for v in dyt.values()), dyt
+
+
+@pytest.mark.parametrize("level", ["v1", "v3"])
+def test_a_streamed_half_precision_output_at_a_narrow_level(level):
+    """Half-precision rows whose input and output exceed the last-level cache stream y past the
+    caches (numerics/stream.h). At v1 a vector holds 4 half values, an 8-byte store: it was written
+    as a 16-byte non-temporal store, which needs 16-byte alignment and writes 8 bytes past the
+    vector -- rows of 1028 bfloat16 values start 8 bytes off that alignment every other row, and
+    the process died (SIGSEGV). Checked against float64 here, in a child bound to the level."""
+    if level not in _runs():
+        pytest.skip(f"this CPU does not run {level}")
+    code = (
+        "import torch, normlab.functional as NF\n"
+        "torch.set_num_threads(1)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x = torch.randn(9001, 1028, generator=g).to(torch.bfloat16)\n"  # 37 MB in + out: > a 32 MB cache
+        "w, b = torch.randn(1028, generator=g).to(torch.bfloat16), torch.randn(1028, generator=g).to(torch.bfloat16)\n"
+        "y = NF.layer_norm(x, (1028,), w, b).double()\n"
+        "r = torch.nn.functional.layer_norm(x.double(), (1028,), w.double(), b.double())\n"
+        "print(((y - r).norm() / r.norm()).item())\n"
+    )
+    r = _child(code, level, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert float(r.stdout.strip().splitlines()[-1]) < 2 ** -8  # bfloat16's rounding, relative, in norm

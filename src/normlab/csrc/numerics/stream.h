@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -65,9 +66,14 @@ template <class S> inline void vstream(S* p, vacc<S> v) {
     return;
   }
 #endif
-  if constexpr (W == 16) {
+  if constexpr (W == 8) {  // half precision at the baseline level: 4 lanes of 2 bytes (movnti)
+    long long v8;
+    std::memcpy(&v8, t, 8);
+    _mm_stream_si64(reinterpret_cast<long long*>(p), v8);
+  } else if constexpr (W == 16) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(t)));
   } else {
+    static_assert(W % 16 == 0, "vstream: a store of 8, 16 or a multiple of 16 bytes");
     for (int64_t k = 0; k < W; k += 16)
       _mm_stream_si128(reinterpret_cast<__m128i*>(reinterpret_cast<char*>(p) + k),
                        _mm_load_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const char*>(t) + k)));
