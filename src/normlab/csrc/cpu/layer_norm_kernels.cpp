@@ -697,21 +697,26 @@ template <class S, class W, bool Stream> void fwd_task(const FwdArgs& a, int64_t
 }
 
 // The output y streams past the caches (numerics/stream.h) for rows of at least kStreamRowBytes
-// when x and y (and res and h) take more than half the last level (float32 / float64), or more than
-// the whole last level (half precision). Short rows share cache lines: a line gets the streaming
-// stores of one row and the plain stores of the next row's unaligned ends, and is written to memory
-// in pieces (channels-last LayerNorm2d(25), 34x25x95x95 bfloat16, one thread: 44 ms streamed,
+// when x and y (and res and h) take more than half the last level (float32 / float64, and half
+// rows of at least 4 KiB), or more than the whole last level (shorter half-precision rows). Short
+// rows share cache lines: a line gets the streaming stores of one row and the plain stores of the
+// next row's unaligned ends, and is written to memory in pieces (channels-last LayerNorm2d(25), 34x25x95x95 bfloat16, one thread: 44 ms streamed,
 // 13.5 ms not; float32 rows of 43: 16 vs 11 ms). Half rows are bound more by the conversions than
 // by the stores' reads-for-ownership: below the size of the last level, where a repeated call
 // finds its output's lines in cache, 200-3000 bfloat16 values a row ran 5-25 % slower streamed;
 // from 16384 x 1024 bfloat16 on (32 MB read, 32 MB written; the last level 32 MB) streaming was
 // 3-8 % faster (one thread, fastest of 25). From 2000-4000 float32 bytes a row, streaming saves a
 // quarter to a third.
-constexpr int64_t kStreamRowBytes = 1024;
+// Half rows of at least 4 KiB stream from half the last level on, as float32 does: 1840 x 3456
+// float16 (25 MB in + out) forward 0.83x -> 1.1-1.3x torch, 3000 x 2048 0.82-0.88x -> 0.96-1.46x,
+// 1073 x 5376 bfloat16 1.1x -> 1.4x; rows of 768-1024 values at the same sizes ran slower streamed
+// (10000 x 768 bfloat16 1.58x -> 1.0-1.4x), so they keep the whole-cache rule.
+constexpr int64_t kStreamRowBytes = 1024, kStreamHalfRowBytes = 4096;
 template <class S, class W> void fwd(const FwdArgs& a) {
   const int64_t bytes = a.n_rows * a.n_cols * int64_t(sizeof(S)) * (a.res != nullptr ? 4 : 2);
   const int64_t row_bytes = a.n_cols * int64_t(sizeof(S));
-  if (row_bytes >= kStreamRowBytes && streams_output(sizeof(S) >= 4 ? bytes : bytes / 2))
+  const bool half_rule = sizeof(S) == 2 && row_bytes < kStreamHalfRowBytes;  // short half rows: the whole last level
+  if (row_bytes >= kStreamRowBytes && streams_output(half_rule ? bytes / 2 : bytes))
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, true>(a, lo, hi); });
   else
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, false>(a, lo, hi); });
