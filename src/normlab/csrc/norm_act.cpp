@@ -23,6 +23,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "args.h"
@@ -72,6 +73,11 @@ void consts(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::
   }
 }
 
+bn::View bn_view(const at::Tensor& x, at::MemoryFormat fmt) {
+  const int64_t c = x.size(1), n = x.size(0);
+  return rows_form(x, fmt) ? bn::View{x.numel() / c, c, 1, c} : bn::View{n, x.numel() / n, x.numel() / (n * c), c};
+}
+
 nact::Layout layout_of(const at::Tensor& x, at::MemoryFormat fmt) {
   const int64_t c = x.size(1), numel = x.numel();
   if (rows_form(x, fmt)) return {false, numel / c, c, c, numel / c};
@@ -100,11 +106,8 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_fwd_cpu(const at::Tensor& x_in
   double* s = stats.data_ptr<double>();
   const bn::Chan rmc = training ? bn::Chan{} : chan(rm, c, "running_mean");
   const bn::Chan rvc = training ? bn::Chan{} : chan(rv, c, "running_var");
-  const int64_t n = x.size(0);
-  const bn::View v = rows_form(x, fmt) ? bn::View{x.numel() / c, c, 1, c}
-                                        : bn::View{n, x.numel() / n, x.numel() / (n * c), c};
-  bn::forward(dt, x.const_data_ptr(), nullptr, chan(w, c, "weight"), chan(b, c, "bias"), rmc, rvc, s, v, eps,
-              training);
+  bn::forward(dt, x.const_data_ptr(), nullptr, chan(w, c, "weight"), chan(b, c, "bias"), rmc, rvc, s,
+              bn_view(x, fmt), eps, training);
   if (training && rm.has_value() && rv.has_value() && rm->defined() && rv->defined())
     batch_norm::update_running_raw(*rm, *rv, s, s + c, x.numel() / c, momentum);
   std::vector<double> hi, a, b2;
@@ -129,12 +132,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   const at::Tensor st = stats.contiguous();
   std::vector<double> hi, a, b2;
   consts(x, w, b, st.const_data_ptr<double>(), hi, a, b2);
-  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
-  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
-               b2.data(), c, layout_of(x, fmt), int(act), act_param);
-  const at::ScalarType wt = w.has_value() && w->defined() ? w->scalar_type() : x.scalar_type();
-  const at::ScalarType bt = b.has_value() && b->defined() ? b->scalar_type() : x.scalar_type();
-  return batch_norm::bwd_typed(dz, x, w, st, training, need_dx, need_dw, need_db, wt, bt);
+  const Dtype dt = dt_of(x, "the input");
+  // dz = dy * act'(z) written into dx's buffer; BatchNorm's backward then reads it as its dy and
+  // writes dx in its place (each value of dy is read before dx is written there, in every path of
+  // cpu/batch_norm_kernels): no scratch of x's size
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  nact::grad_z(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
+               layout_of(x, fmt), int(act), act_param);
+  std::vector<double> sums(2 * c);  // dw, db as float64 sums
+  bn::backward(dt, dx.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr, chan(w, c, "weight"),
+               st.const_data_ptr<double>(), sums.data(), sums.data() + c, bn_view(x, fmt), training, need_dx,
+               need_dw || need_db);
+  auto cast = [&](const double* v, const std::optional<at::Tensor>& p) {
+    const at::ScalarType t = p.has_value() && p->defined() ? p->scalar_type() : x.scalar_type();
+    at::Tensor out = at::empty({c}, x.options().dtype(t));
+    if (t == at::kDouble) {
+      std::copy(v, v + c, out.data_ptr<double>());
+    } else {
+      const bn::MutChan m{out.data_ptr(), dt_of(out, "a parameter's gradient"), 1};
+      for (int64_t i = 0; i < c; ++i) m.set(i, v[i]);
+    }
+    return out;
+  };
+  return {need_dx ? dx : at::Tensor(), need_dw ? cast(sums.data(), w) : at::Tensor(),
+          need_db ? cast(sums.data() + c, b) : at::Tensor()};
 }
 
 // ---- GroupNorm + act ----
@@ -185,7 +206,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   at::Tensor mean = at::empty({sh.n, g}, x.options().dtype(acc)), var = at::empty({sh.n, g}, x.options().dtype(acc)),
              rstd = at::empty({sh.n, g}, x.options().dtype(acc));
-  const Dtype dt = dt_of(x, "the input");
   visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
@@ -193,58 +213,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
     const S* px = static_cast<const S*>(x.const_data_ptr());
     S* py = static_cast<S*>(y.data_ptr());
     A *pm = mean.data_ptr<A>(), *pv = var.data_ptr<A>(), *pr = rstd.data_ptr<A>();
-    const int64_t per = sh.c * sh.s;
-    auto sample = [&](int64_t i) {  // GroupNorm's pass over one sample, then the activation in cache
-      if (sh.nhwc)
-        group_norm::fwd_nhwc<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
-                                1, sh.c, g, sh.s, eps);
-      else
-        group_norm::fwd_rows<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
-                                1, sh.c, g, sh.s, eps, false);
-      nact::apply_inplace(dt, py + i * per, per, int(act), act_param);
-    };
-    // Samples split across threads when there are at least two per thread (the kernels inside run
-    // on the calling thread: one parallel region a call), else one sample after another with the
-    // threads inside each. Each sample's results are the same either way (its own chunks).
-    if (sh.n >= 2 * at::get_num_threads()) {
-      at::parallel_for(0, sh.n, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) sample(i);
-      });
-    } else {
-      for (int64_t i = 0; i < sh.n; ++i) sample(i);
-    }
+    // GroupNorm's kernels over the whole batch (their own split across threads), the activation
+    // in their output pass
+    if (sh.nhwc)
+      group_norm::fwd_nhwc<S>(px, wv.data(), bv.data(), py, pm, pv, pr, sh.n, sh.c, g, sh.s, eps, int(act), act_param);
+    else
+      group_norm::fwd_rows<S>(px, wv.data(), bv.data(), py, pm, pv, pr, sh.n, sh.c, g, sh.s, eps, false, int(act),
+                              act_param);
   });
   return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
     const at::Tensor& dy_in, const at::Tensor& x_in, const std::optional<at::Tensor>& w,
-    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t g, int64_t act,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean_in, const at::Tensor& rstd_in, int64_t g, int64_t act,
     double act_param, bool need_dx) {
   const GnShape sh = gn_shape(x_in, g);
   TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
-  TORCH_CHECK(mean.numel() == sh.n * g && rstd.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
-              sh.n * g, " values, got ", mean.numel(), " and ", rstd.numel());
+  TORCH_CHECK(mean_in.numel() == sh.n * g && rstd_in.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
+              sh.n * g, " values, got ", mean_in.numel(), " and ", rstd_in.numel());
+  TORCH_CHECK(dy_in.sizes() == x_in.sizes(), kWhoGn, ": expected dy of the input's shape ", x_in.sizes(), ", got ",
+              dy_in.sizes());
+  const bool nhwc = sh.nhwc || sh.s == 1;  // (GroupNorm's backward: S == 1 takes the NHWC kernel)
   const at::MemoryFormat fmt = sh.nhwc ? sh.fmt : at::MemoryFormat::Contiguous;
   const at::Tensor x = x_in.contiguous(fmt);
   const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
-  const at::Tensor m64 = mean.to(at::kDouble).contiguous(), r64 = rstd.to(at::kDouble).contiguous();
-  const auto wv = values<double>(w, sh.c, 1.0), bv = values<double>(b, sh.c, 0.0);
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  const at::Tensor mean = mean_in.to(acc).contiguous(), rstd = rstd_in.to(acc).contiguous();
+  const at::Tensor m64 = mean.to(at::kDouble), r64 = rstd.to(at::kDouble);
+  const auto wd = values<double>(w, sh.c, 1.0), bd = values<double>(b, sh.c, 0.0);
   const int64_t cg = sh.c / g;
   std::vector<double> hi(sh.n * sh.c), a(sh.n * sh.c), b2(sh.n * sh.c);
   for (int64_t i = 0; i < sh.n; ++i)
     for (int64_t c = 0; c < sh.c; ++c) {
       const int64_t k = i * g + c / cg;
       hi[i * sh.c + c] = m64.const_data_ptr<double>()[k];
-      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wv[c];
-      b2[i * sh.c + c] = bv[c];
+      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wd[c];
+      b2[i * sh.c + c] = bd[c];
     }
-  const nact::Layout l = sh.nhwc || sh.s == 1 ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
-                                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
-  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
-  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
+  const nact::Layout l = nhwc ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
+                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
+  // dz = dy * act'(z) written into dx's buffer; GroupNorm's backward then reads it as its dy and
+  // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(),
                b2.data(), sh.n * sh.c, l, int(act), act_param);
-  return group_norm::group_norm_bwd(dz, x, w, mean, rstd, g, need_dx);
+  at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
+  visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const auto wv = values<A>(w, sh.c, A(1));
+    S* dz = static_cast<S*>(dx.data_ptr());
+    const S* px = static_cast<const S*>(x.const_data_ptr());
+    const A *pm = mean.const_data_ptr<A>(), *pr = rstd.const_data_ptr<A>();
+    if (nhwc)
+      group_norm::bwd_nhwc<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
+                              sh.n, sh.c, g, sh.s);
+    else
+      group_norm::bwd_rows<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
+                              sh.n, sh.c, g, sh.s, false);
+  });
+  return {need_dx ? dx : at::empty({0}, x.options()), dw, db};
 }
 
 }  // namespace normlab::norm_act

@@ -2,12 +2,14 @@
 // affine run, torch's mean for a group holding infinities, and the in-order merge of dw/db partials.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "numerics/activation.h"
 #include "numerics/chunks.h"
 #include "numerics/vec.h"
 
@@ -46,15 +48,47 @@ template <class S> inline std::pair<acc_t<S>, acc_t<S>> grad_sums(const S* dy, c
   return {s1, s2};
 }
 
-// y[j] = ((x[j] - shift) - md) * a + bc over a contiguous run of n values (one channel).
-template <class S>
-inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc) {
+// The output's activation (GroupNormAct: cpu/norm_act_kernels.h, numerics/activation.h): y =
+// act(z) with z first rounded to the storage type S, as GroupNorm's output is, so that the fused
+// output has the bits of GroupNorm followed by the activation on its output. Act = kIdentity: z.
+template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
+  if constexpr (Act == act::kIdentity) {
+    return z;
+  } else {
+    if constexpr (sizeof(S) < sizeof(acc_t<S>)) {
+      S t[vlanes<S>];
+      vstore(t, z);
+      z = vload(t);
+    }
+    return act::apply<Act, acc_t<S>>(z, p);
+  }
+}
+template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
+  if constexpr (Act == act::kIdentity) return from_acc<S>(z);
+  else return from_acc<S>(act::apply<Act, acc_t<S>>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
+}
+
+// y = act(y) over n values in place (the output paths that write y before the activation can join).
+template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p) {
+  constexpr int64_t L = vlanes<S>, kBlock = 4096;
+  for_rows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b0, int64_t b1) {
+    const int64_t e = std::min(n, b1 * kBlock);
+    int64_t j = b0 * kBlock;
+    for (; j + L <= e; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
+    for (; j < e; ++j) y[j] = out_act1<S, Act>(to_acc(y[j]), p);
+  });
+}
+
+// y[j] = act(((x[j] - shift) - md) * a + bc) over a contiguous run of n values (one channel).
+template <class S, int Act = act::kIdentity>
+inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
+                       acc_t<S> p = acc_t<S>(0)) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * va + vb);
-  for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
+  for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
 }
 
 // The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.
