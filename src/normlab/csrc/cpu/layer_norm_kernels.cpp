@@ -251,17 +251,19 @@ void bwd_short_n(int64_t n, const S* dy, const S* x, const float* wt, const floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows of one vector and a tail (16 <= n < 32 float32 values, AVX-512 builds).
+// Rows of one to seven vectors and a tail (16 <= n < 128 float32 values, AVX-512 builds).
 //
-// The row path sums such a row as hsum(0 + v) + the tail's values one at a time: a dependent
-// chain of a tree and 1-15 scalar adds per sum, three sums a row -- latency, not work (LayerNorm(24)
-// on 4096 rows: 140 cycles a row forward). A block of 16 rows is worked with the same additions:
-// each row's head (values 0-15) is one vector; the 16 heads' hsum trees run together as one
-// transposing reduction (lane i + lane i + 8 of two rows' heads side by side, then i + 4, i + 2,
-// i + 1: hsum's tree, 15 adds and 30 shuffles for 16 rows), giving a vector whose lane r is row
-// r's head sum; the tail's columns are gathered (lane r: row r's value 16 + c) and added to it in
-// column order. The elementwise passes run on each row's head and masked tail with the row's
-// statistics broadcast. Same additions, same order: the same bits as the row path.
+// The row path sums such a row in two vector chains (s0: vectors 0, 2, 4, ...; s1: vectors 1, 3, ...), then
+// hsum(s0 + s1), then the tail's values one at a time: a dependent chain of a tree and 1-15
+// scalar adds per sum, three sums a row -- latency, not work (LayerNorm(24) on 4096 rows: 140
+// cycles a row forward). A block of 16 rows is worked with the same additions: each row's head
+// (its NV = n / 16 whole vectors) is added up as the two chains add it; the 16 heads' hsum trees
+// run together as one transposing reduction (lane i + lane i + 8 of two rows' heads side by side,
+// then i + 4, i + 2, i + 1: hsum's tree, 15 adds and 30 shuffles for 16 rows), giving a vector
+// whose lane r is row r's head sum; the tail's columns are gathered (lane r: row r's value
+// 16 NV + c) and added to it in column order. The elementwise passes run on each row's head and
+// masked tail with the row's statistics broadcast. Same additions, same order: the same bits as
+// the row path.
 template <int Imm> inline __m512 shuf4(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, Imm); }
 template <int Imm> inline __m512 shuf(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, Imm); }
 
@@ -285,36 +287,75 @@ inline __m512 hsum16(const __m512* v) {
 }
 inline __m512 lane_bcast(__m512 v, int r) { return _mm512_permutexvar_ps(_mm512_set1_epi32(r), v); }
 
-// nb blocks of 16 rows of n values (16 < n < 32; n == 16 has no tail and takes this path too).
-// w / b: the block's weight / bias row (nullptr: none). The arithmetic of fwd_row / fwd_finish.
-inline void fwd_mid(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t n,
-                    int64_t nb, float eps, bool center) {
-  const int t = int(n - 16);                       // tail values a row
-  const __mmask16 tm = __mmask16((1u << t) - 1);
+// s0 + s1 of the row path's two chains over a head of NV vectors v[0..NV): s0 = 0 + v0 + v2 + ...
+// (even vectors), s1 = 0 + v1 + v3 + ... (odd ones; NV = 1: none, and 0 + v0 + 0 is 0 + v0, which
+// holds no -0).
+template <int NV> inline __m512 chains(const __m512* v) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 s0 = _mm512_add_ps(zero, v[0]);
+  if constexpr (NV == 1) {
+    return s0;
+  } else {
+    __m512 s1 = _mm512_add_ps(zero, v[1]);
+    for (int k = 2; k + 1 < NV; k += 2) { s0 = _mm512_add_ps(s0, v[k]); s1 = _mm512_add_ps(s1, v[k + 1]); }
+    if constexpr (NV % 2 == 1) s0 = _mm512_add_ps(s0, v[NV - 1]);
+    return _mm512_add_ps(s0, s1);
+  }
+}
+
+// What a block of rows of n values shares: row r's first value at lane r (gather indices), the
+// tail's mask, a weight / bias row as NV head vectors and a masked tail (nullptr: zeros).
+template <int NV> struct MidRows {
+  static constexpr int H = 16 * NV;  // head values a row
+  int t;                             // tail values a row (0-15)
+  __mmask16 tm;
+  __m512i rows;
+  MidRows(int64_t n) : t(int(n - H)), tm(__mmask16((1u << (n - H)) - 1)),
+      rows(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi32(int(n)))) {}
+  void load(const float* p, __m512* v) const {  // NV head vectors and the masked tail
+    for (int k = 0; k < NV; ++k) v[k] = p != nullptr ? _mm512_loadu_ps(p + 16 * k) : _mm512_setzero_ps();
+    v[NV] = p != nullptr ? _mm512_maskz_loadu_ps(tm, p + H) : _mm512_setzero_ps();
+  }
+  __m512 col(const float* p, int c) const { return _mm512_i32gather_ps(rows, p + H + c, 4); }  // lane r: row r's tail value c
+};
+
+// nb blocks of 16 rows of n values (16 NV <= n < 16 (NV + 1)). w / b: the block's weight / bias
+// row (nullptr: none). The arithmetic of fwd_row / fwd_finish.
+template <int NV>
+void fwd_mid(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t n,
+             int64_t nb, float eps, bool center) {
+  const MidRows<NV> m(n);
+  constexpr int H = MidRows<NV>::H;
   const __m512 zero = _mm512_setzero_ps(), vn = _mm512_set1_ps(float(n)), veps = _mm512_set1_ps(eps);
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(int(n)));
-  const __m512 wh = w != nullptr ? _mm512_loadu_ps(w) : zero, wt = w != nullptr ? _mm512_maskz_loadu_ps(tm, w + 16) : zero;
-  const __m512 bh = b != nullptr ? _mm512_loadu_ps(b) : zero, bt = b != nullptr ? _mm512_maskz_loadu_ps(tm, b + 16) : zero;
+  __m512 wv[NV + 1], bv[NV + 1];
+  m.load(w, wv);
+  m.load(b, bv);
   for (int64_t blk = 0; blk < nb; ++blk, x += 16 * n, y += 16 * n) {
-    __m512 a[16];
+    __m512 a[16], v[NV];
     __m512 shift = zero, md = zero;
     if (center) {
-      shift = _mm512_i32gather_ps(rows, x, 4);  // lane r: row r's value 0
-      for (int r = 0; r < 16; ++r)
-        a[r] = _mm512_add_ps(zero, _mm512_sub_ps(_mm512_loadu_ps(x + r * n), _mm512_set1_ps(x[r * n])));
-      __m512 s = hsum16(a);  // hsum(s0 + s1) with s1 = 0: a holds no -0 (0 + d), so + 0 is the identity
-      for (int c = 0; c < t; ++c)
-        s = _mm512_add_ps(s, _mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), shift));
+      shift = _mm512_i32gather_ps(m.rows, x, 4);  // lane r: row r's value 0
+      for (int r = 0; r < 16; ++r) {
+        const __m512 sr = _mm512_set1_ps(x[r * n]);
+        for (int k = 0; k < NV; ++k) v[k] = _mm512_sub_ps(_mm512_loadu_ps(x + r * n + 16 * k), sr);
+        a[r] = chains<NV>(v);
+      }
+      __m512 s = hsum16(a);
+      for (int c = 0; c < m.t; ++c) s = _mm512_add_ps(s, _mm512_sub_ps(m.col(x, c), shift));
       md = _mm512_div_ps(s, vn);
     }
     for (int r = 0; r < 16; ++r) {
-      const __m512 e = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), lane_bcast(shift, r)), lane_bcast(md, r));
-      a[r] = _mm512_mul_ps(e, e);
+      const __m512 sr = lane_bcast(shift, r), mr = lane_bcast(md, r);
+      for (int k = 0; k < NV; ++k) {
+        const __m512 e = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n + 16 * k), sr), mr);
+        v[k] = _mm512_mul_ps(e, e);
+      }
+      a[r] = chains<NV>(v);
     }
     __m512 q = hsum16(a);
-    for (int c = 0; c < t; ++c) {
-      const __m512 e = _mm512_sub_ps(_mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), shift), md);
+    for (int c = 0; c < m.t; ++c) {
+      const __m512 e = _mm512_sub_ps(_mm512_sub_ps(m.col(x, c), shift), md);
       q = _mm512_add_ps(q, _mm512_mul_ps(e, e));
     }
     const __m512 rs = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_sqrt_ps(_mm512_add_ps(_mm512_div_ps(q, vn), veps)));
@@ -322,74 +363,102 @@ inline void fwd_mid(const float* x, const float* w, const float* b, float* y, fl
     if (rstd != nullptr) { _mm512_storeu_ps(rstd, rs); rstd += 16; }
     for (int r = 0; r < 16; ++r) {
       const __m512 sr = lane_bcast(shift, r), mr = lane_bcast(md, r), rr = lane_bcast(rs, r);
-      __m512 h = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), sr), mr), rr);
-      __m512 u = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, x + r * n + 16), sr), mr), rr);
-      if (w != nullptr) { h = _mm512_mul_ps(h, wh); u = _mm512_mul_ps(u, wt); }
-      if (b != nullptr) { h = _mm512_add_ps(h, bh); u = _mm512_add_ps(u, bt); }
-      else if (center) { h = _mm512_add_ps(h, zero); u = _mm512_add_ps(u, zero); }
-      _mm512_storeu_ps(y + r * n, h);
-      _mm512_mask_storeu_ps(y + r * n + 16, tm, u);
+      for (int k = 0; k <= NV; ++k) {
+        const float* xp = x + r * n + 16 * k;
+        const __m512 xv = k < NV ? _mm512_loadu_ps(xp) : _mm512_maskz_loadu_ps(m.tm, xp);
+        __m512 h = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, sr), mr), rr);
+        if (w != nullptr) h = _mm512_mul_ps(h, wv[k]);
+        if (b != nullptr) h = _mm512_add_ps(h, bv[k]);
+        else if (center) h = _mm512_add_ps(h, zero);
+        if (k < NV) _mm512_storeu_ps(y + r * n + 16 * k, h);
+        else _mm512_mask_storeu_ps(y + r * n + H, m.tm, h);
+      }
     }
   }
 }
 
 // nb blocks of 16 rows of the backward (float32 storage): the arithmetic of bwd_rows; pw / pb the
 // chunk's column sums (nullptr: not needed), added to row after row.
-inline void bwd_mid(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                    const float* dh, float* dx, float* pw, float* pb, int64_t n, int64_t nb, bool center) {
-  const int t = int(n - 16);
-  const __mmask16 tm = __mmask16((1u << t) - 1);
+template <int NV>
+void bwd_mid(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+             const float* dh, float* dx, float* pw, float* pb, int64_t n, int64_t nb, bool center) {
+  const MidRows<NV> mr_(n);
+  constexpr int H = MidRows<NV>::H;
+  const int t = mr_.t;
+  const __mmask16 tm = mr_.tm;
   const __m512 zero = _mm512_setzero_ps(), vn = _mm512_set1_ps(float(n));
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(int(n)));
-  const __m512 wh = w != nullptr ? _mm512_loadu_ps(w) : zero, wt = w != nullptr ? _mm512_maskz_loadu_ps(tm, w + 16) : zero;
-  __m512 awh = zero, awt = zero, abh = zero, abt = zero;
-  if (pw != nullptr) { awh = _mm512_loadu_ps(pw); awt = _mm512_maskz_loadu_ps(tm, pw + 16); }
-  if (pb != nullptr) { abh = _mm512_loadu_ps(pb); abt = _mm512_maskz_loadu_ps(tm, pb + 16); }
+  __m512 wv[NV + 1], aw[NV + 1], ab[NV + 1];
+  mr_.load(w, wv);
+  mr_.load(pw, aw);
+  mr_.load(pb, ab);
   for (int64_t blk = 0; blk < nb; ++blk, x += 16 * n, dy += 16 * n, dx += 16 * n, rstd += 16) {
     const __m512 m = center ? _mm512_loadu_ps(mean) : zero, rv = _mm512_loadu_ps(rstd);
     if (center) mean += 16;
     __m512 a1[16], a2[16];
     for (int r = 0; r < 16; ++r) {
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), lane_bcast(m, r)), lane_bcast(rv, r));
-      __m512 g = _mm512_loadu_ps(dy + r * n);
-      if (w != nullptr) g = _mm512_mul_ps(g, wh);
-      a1[r] = _mm512_add_ps(zero, g);
-      a2[r] = _mm512_add_ps(zero, _mm512_mul_ps(g, xh));
+      const __m512 mb = lane_bcast(m, r), rb = lane_bcast(rv, r);
+      __m512 g[NV], gx[NV];
+      for (int k = 0; k < NV; ++k) {
+        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n + 16 * k), mb), rb);
+        g[k] = _mm512_loadu_ps(dy + r * n + 16 * k);
+        if (w != nullptr) g[k] = _mm512_mul_ps(g[k], wv[k]);
+        gx[k] = _mm512_mul_ps(g[k], xh);
+      }
+      a1[r] = chains<NV>(g);
+      a2[r] = chains<NV>(gx);
     }
     __m512 sg = hsum16(a1), sgx = hsum16(a2);
     for (int c = 0; c < t; ++c) {
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_i32gather_ps(rows, x + 16 + c, 4), m), rv);
-      __m512 g = _mm512_i32gather_ps(rows, dy + 16 + c, 4);
-      if (w != nullptr) g = _mm512_mul_ps(g, _mm512_set1_ps(w[16 + c]));
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(mr_.col(x, c), m), rv);
+      __m512 g = mr_.col(dy, c);
+      if (w != nullptr) g = _mm512_mul_ps(g, _mm512_set1_ps(w[H + c]));
       sg = _mm512_add_ps(sg, g);
       sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xh));
     }
     const __m512 mg = center ? _mm512_div_ps(sg, vn) : zero, mgx = _mm512_div_ps(sgx, vn);
     for (int r = 0; r < 16; ++r) {
-      const __m512 mr = lane_bcast(m, r), rr = lane_bcast(rv, r), gr = lane_bcast(mg, r), gxr = lane_bcast(mgx, r);
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * n), mr), rr);
-      const __m512 xt = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, x + r * n + 16), mr), rr);
-      const __m512 dyh = _mm512_loadu_ps(dy + r * n), dyt = _mm512_maskz_loadu_ps(tm, dy + r * n + 16);
-      const __m512 gh = w != nullptr ? _mm512_mul_ps(dyh, wh) : dyh, gt = w != nullptr ? _mm512_mul_ps(dyt, wt) : dyt;
-      __m512 dh_ = _mm512_mul_ps(rr, _mm512_sub_ps(_mm512_sub_ps(gh, gr), _mm512_mul_ps(xh, gxr)));
-      __m512 dt_ = _mm512_mul_ps(rr, _mm512_sub_ps(_mm512_sub_ps(gt, gr), _mm512_mul_ps(xt, gxr)));
-      if (dh != nullptr) {
-        dh_ = _mm512_add_ps(dh_, _mm512_loadu_ps(dh + r * n));
-        dt_ = _mm512_add_ps(dt_, _mm512_maskz_loadu_ps(tm, dh + r * n + 16));
-      }
-      _mm512_storeu_ps(dx + r * n, dh_);
-      _mm512_mask_storeu_ps(dx + r * n + 16, tm, dt_);
-      if (pw != nullptr) {
-        awh = _mm512_add_ps(awh, _mm512_mul_ps(dyh, xh));
-        awt = _mm512_add_ps(awt, _mm512_mul_ps(dyt, xt));
-        if (pb != nullptr) { abh = _mm512_add_ps(abh, dyh); abt = _mm512_add_ps(abt, dyt); }
+      const __m512 mb = lane_bcast(m, r), rr = lane_bcast(rv, r), gr = lane_bcast(mg, r), gxr = lane_bcast(mgx, r);
+      for (int k = 0; k <= NV; ++k) {
+        const int64_t o = r * n + 16 * k;
+        const bool head = k < NV;
+        const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(head ? _mm512_loadu_ps(x + o) : _mm512_maskz_loadu_ps(tm, x + o), mb), rr);
+        const __m512 dyv = head ? _mm512_loadu_ps(dy + o) : _mm512_maskz_loadu_ps(tm, dy + o);
+        const __m512 g = w != nullptr ? _mm512_mul_ps(dyv, wv[k]) : dyv;
+        __m512 d = _mm512_mul_ps(rr, _mm512_sub_ps(_mm512_sub_ps(g, gr), _mm512_mul_ps(xh, gxr)));
+        if (dh != nullptr) d = _mm512_add_ps(d, head ? _mm512_loadu_ps(dh + o) : _mm512_maskz_loadu_ps(tm, dh + o));
+        if (head) _mm512_storeu_ps(dx + o, d);
+        else _mm512_mask_storeu_ps(dx + o, tm, d);
+        if (pw != nullptr) {
+          aw[k] = _mm512_add_ps(aw[k], _mm512_mul_ps(dyv, xh));
+          if (pb != nullptr) ab[k] = _mm512_add_ps(ab[k], dyv);
+        }
       }
     }
     if (dh != nullptr) dh += 16 * n;
   }
-  if (pw != nullptr) { _mm512_storeu_ps(pw, awh); _mm512_mask_storeu_ps(pw + 16, tm, awt); }
-  if (pb != nullptr) { _mm512_storeu_ps(pb, abh); _mm512_mask_storeu_ps(pb + 16, tm, abt); }
+  for (int k = 0; k <= NV; ++k) {
+    if (pw != nullptr) { if (k < NV) _mm512_storeu_ps(pw + 16 * k, aw[k]); else _mm512_mask_storeu_ps(pw + H, tm, aw[k]); }
+    if (pb != nullptr) { if (k < NV) _mm512_storeu_ps(pb + 16 * k, ab[k]); else _mm512_mask_storeu_ps(pb + H, tm, ab[k]); }
+  }
+}
+
+// By the number of whole vectors a row holds (16 <= n < kMidMax).
+constexpr int64_t kMidMax = 128;
+template <int NV = 1>
+inline void fwd_mid_n(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t n,
+                      int64_t nb, float eps, bool center) {
+  if constexpr (NV < kMidMax / 16 - 1) {
+    if (n >= 16 * (NV + 1)) return fwd_mid_n<NV + 1>(x, w, b, y, mean, rstd, n, nb, eps, center);
+  }
+  fwd_mid<NV>(x, w, b, y, mean, rstd, n, nb, eps, center);
+}
+template <int NV = 1>
+inline void bwd_mid_n(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                      const float* dh, float* dx, float* pw, float* pb, int64_t n, int64_t nb, bool center) {
+  if constexpr (NV < kMidMax / 16 - 1) {
+    if (n >= 16 * (NV + 1)) return bwd_mid_n<NV + 1>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
+  }
+  bwd_mid<NV>(dy, x, w, mean, rstd, dh, dx, pw, pb, n, nb, center);
 }
 #endif
 
@@ -541,10 +610,10 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
 #endif
 #ifdef NORMLAB_LN_SHORT_ROWS
     if constexpr (std::is_same_v<S, float> && std::is_same_v<W, float>) {
-      const int64_t nb = n >= 16 && n < 32 && R == nullptr && i + kShort <= hi
+      const int64_t nb = n >= 16 && n < kMidMax && R == nullptr && i + kShort <= hi
                              ? short_blocks(i, hi, a.n_w, rpw, a.n_b, rpb) : 0;
       if (nb > 0) {
-        fwd_mid(X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
+        fwd_mid_n(X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
                 Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n, Y + i * n,
                 M == nullptr ? nullptr : M + i, RS == nullptr ? nullptr : RS + i, n, nb, eps, center);
         i += nb * kShort - 1;
@@ -698,9 +767,9 @@ template <class S, class W> void bwd_rows(const BwdArgs& a, int64_t lo, int64_t 
 #endif
 #ifdef NORMLAB_LN_SHORT_ROWS
     if constexpr (std::is_same_v<S, float> && std::is_same_v<W, float>) {
-      const int64_t nb = n >= 16 && n < 32 && i + kShort <= hi ? short_blocks(i, hi, a.n_w, rpw, 1, 1) : 0;
+      const int64_t nb = n >= 16 && n < kMidMax && i + kShort <= hi ? short_blocks(i, hi, a.n_w, rpw, 1, 1) : 0;
       if (nb > 0) {
-        bwd_mid(DY + i * n, X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
+        bwd_mid_n(DY + i * n, X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
                 center ? M + i : nullptr, RS + i, DH == nullptr ? nullptr : DH + i * n, DX + i * n, pw, pb, n, nb,
                 center);
         i += nb * kShort - 1;
