@@ -10,14 +10,20 @@
 //   batch_norm_act_bwd(dy, x, weight, bias, stats, training, act, act_param, need_dx, need_dw,
 //                      need_db) -> (dx, dw, db)
 //     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
-//     into a scratch of x's size, then BatchNorm's backward of dz.
+//     into dx's buffer, then BatchNorm's backward kernels read it as their dy and write dx over it.
 //   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
-//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time (samples split across the
-//     threads when there are two a thread or more), each sample's output passed through the
-//     activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
+//     GroupNorm's kernels (cpu/group_norm_kernels.h) over the whole batch, the activation applied in
+//     their output pass (to each value as rounded to storage). mean, rstd: (N, G), as GroupNorm's.
 //   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
-//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into a scratch of x's size, then
-//     GroupNorm's backward of dz.
+//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into dx's buffer, then GroupNorm's
+//     backward kernels read it as their dy and write dx over it.
+//   layer_norm_act_fwd(x, n_cols, weight, bias, eps, act, act_param) -> (y, mean, rstd)
+//     LayerNorm over rows of n_cols values (x contiguous, or channels_last with n_cols = C:
+//     LayerNormAct2d) by LayerNorm's row kernel a block of rows at a time, each block passed
+//     through the activation while in cache. mean, rstd: (rows,) in the accumulation dtype.
+//   layer_norm_act_bwd(dy, x, weight, bias, mean, rstd, n_cols, act, act_param, need_dwb)
+//     -> (dx, dw, db): dz = dy * act'(z) into dx's buffer, then LayerNorm's row backward over it;
+//     dw, db in the accumulation dtype (empty when there is no weight / bias).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -30,6 +36,7 @@
 #include "cpu/batch_norm.h"
 #include "cpu/batch_norm_kernels.h"
 #include "cpu/group_norm_kernels.h"
+#include "cpu/layer_norm_kernels.h"
 #include "group_norm.h"
 #include "cpu/norm_act_kernels.h"
 
@@ -276,6 +283,136 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
   return {need_dx ? dx : at::empty({0}, x.options()), dw, db};
 }
 
+// ---- LayerNorm + act (rows) ----
+
+namespace {
+
+constexpr const char* kWhoLn = "normlab layer_norm_act";
+
+// Rows of x's memory: a contiguous x (n_cols its trailing values) or a channels_last one (n_cols = C).
+int64_t ln_rows(const at::Tensor& x, int64_t n_cols) {
+  TORCH_CHECK(x.device().is_cpu() && n_cols > 0 && x.numel() % n_cols == 0 &&
+                  (x.is_contiguous() || (x.dim() == 4 && x.size(1) == n_cols &&
+                                         x.is_contiguous(at::MemoryFormat::ChannelsLast))),
+              kWhoLn, ": expected a contiguous CPU input of rows of ", n_cols,
+              " values (or channels_last with ", n_cols, " channels), got ", x.sizes(), " strides ", x.strides());
+  return x.numel() / n_cols;
+}
+
+Dtype ln_wdt(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
+             int64_t n_cols) {
+  Dtype wdt = dt_of(x, "the input");
+  for (const auto* t : {&w, &b})
+    if (t->has_value() && (*t)->defined()) {
+      TORCH_CHECK((*t)->is_contiguous() && (*t)->numel() == n_cols, kWhoLn, ": expected weight and bias of ", n_cols,
+                  " contiguous values, got ", (*t)->sizes());
+      wdt = dt_of(**t, "the weight");
+    }
+  return wdt;
+}
+
+std::vector<double> doubles(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return {};
+  const at::Tensor d = t->to(at::kDouble).contiguous();
+  return std::vector<double>(d.const_data_ptr<double>(), d.const_data_ptr<double>() + d.numel());
+}
+
+const void* ptr_or_null(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->const_data_ptr() : nullptr;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_fwd_cpu(const at::Tensor& x, int64_t n_cols,
+                                                                      const std::optional<at::Tensor>& w,
+                                                                      const std::optional<at::Tensor>& b, double eps,
+                                                                      int64_t act, double act_param) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn, ": expected an activation id in 0..7, got ", act);
+  const int64_t n_rows = ln_rows(x, n_cols);
+  const Dtype dt = dt_of(x, "the input"), wdt = ln_wdt(x, w, b, n_cols);
+  at::Tensor y = at::empty_like(x);  // (x's memory format: the same rows)
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  at::Tensor mean = at::empty({n_rows}, x.options().dtype(acc)), rstd = at::empty({n_rows}, x.options().dtype(acc));
+  if (n_rows == 0) return {y, mean, rstd};
+  // Blocks of whole rows of about 64 KiB of float32 (a multiple of 16 rows: the row kernel's
+  // blocks), each normalised by LayerNorm's row kernel and passed through the activation while in
+  // cache; a row's values do not depend on its block (the same bits as one call over all rows).
+  const int64_t per = std::max<int64_t>(16, (16384 / n_cols) / 16 * 16);
+  const int64_t n_blocks = (n_rows + per - 1) / per;
+  const int64_t bytes = int64_t(x.element_size()), abytes = int64_t(mean.element_size());
+  const char* px = static_cast<const char*>(x.const_data_ptr());
+  char* py = static_cast<char*>(y.data_ptr());
+  char *pm = static_cast<char*>(mean.data_ptr()), *pr = static_cast<char*>(rstd.data_ptr());
+  at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t r0 = k * per, rows = std::min(per, n_rows - r0);
+      ln::FwdArgs a{};
+      a.x = px + r0 * n_cols * bytes;
+      a.y = py + r0 * n_cols * bytes;
+      a.w = ptr_or_null(w);
+      a.b = ptr_or_null(b);
+      a.mean = pm + r0 * abytes;
+      a.rstd = pr + r0 * abytes;
+      a.n_rows = rows;
+      a.n_cols = n_cols;
+      a.n_w = 1;
+      a.n_b = 1;
+      a.eps = eps;
+      a.center = true;
+      a.cast_x_hat = false;
+      ln::norm_fwd(dt, wdt, a);
+      nact::apply_inplace(dt, a.y, rows * n_cols, int(act), act_param);
+    }
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t n_cols, int64_t act,
+    double act_param, bool need_dwb) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn, ": expected an activation id in 0..7, got ", act);
+  const int64_t n_rows = ln_rows(x, n_cols);
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  TORCH_CHECK(mean.numel() == n_rows && rstd.numel() == n_rows && mean.scalar_type() == acc &&
+                  rstd.scalar_type() == acc && mean.is_contiguous() && rstd.is_contiguous(),
+              kWhoLn, ": expected mean and rstd of ", n_rows, " values of ", acc);
+  const Dtype dt = dt_of(x, "the input"), wdt = ln_wdt(x, w, b, n_cols);
+  TORCH_CHECK(dy_in.sizes() == x.sizes(), kWhoLn, ": expected dy of the input's shape ", x.sizes(), ", got ",
+              dy_in.sizes());
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(x.is_contiguous() ? at::MemoryFormat::Contiguous
+                                                                                 : at::MemoryFormat::ChannelsLast);
+  at::Tensor dx = at::empty_like(x);
+  const bool has_w = w.has_value() && w->defined(), has_b = b.has_value() && b->defined();
+  TORCH_CHECK(has_w || !has_b, kWhoLn, ": expected no bias without a weight (LayerNorm's backward sums db with dw)");
+  at::Tensor dw = at::zeros({has_w ? n_cols : 0}, x.options().dtype(acc)),
+             db = at::zeros({has_b ? n_cols : 0}, x.options().dtype(acc));
+  if (n_rows == 0) return {dx, dw, db};
+  const std::vector<double> m64 = doubles(mean), r64 = doubles(rstd), w64 = doubles(w), b64 = doubles(b);
+  // dz = dy * act'(z) into dx's buffer, then LayerNorm's backward reads it as its dy and writes dx
+  // in its place (each row's dy is read before its dx is written): no scratch of x's size
+  nact::grad_z_rows(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), m64.data(), r64.data(),
+                    has_w ? w64.data() : nullptr, has_b ? b64.data() : nullptr, n_rows, n_cols, int(act), act_param);
+  ln::BwdArgs a{};
+  a.dy = dx.const_data_ptr();
+  a.x = x.const_data_ptr();
+  a.w = ptr_or_null(w);
+  a.mean = mean.const_data_ptr();
+  a.rstd = rstd.const_data_ptr();
+  a.dh = nullptr;
+  a.dx = dx.data_ptr();
+  a.dw = need_dwb && has_w ? dw.data_ptr() : nullptr;
+  a.db = need_dwb && has_w && has_b ? db.data_ptr() : nullptr;
+  a.n_rows = n_rows;
+  a.n_cols = n_cols;
+  a.n_w = 1;
+  a.center = true;
+  a.cast_x_hat = false;
+  a.dw_storage = a.db_storage = false;
+  ln::norm_bwd(dt, wdt, a);
+  return {dx, dw, db};
+}
+
 }  // namespace normlab::norm_act
 
 TORCH_LIBRARY_FRAGMENT(normlab, m) {
@@ -286,6 +423,10 @@ TORCH_LIBRARY_FRAGMENT(normlab, m) {
         "int act, float act_param, bool need_dx, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps, int act, "
         "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_act_fwd(Tensor x, int n_cols, Tensor? weight, Tensor? bias, float eps, int act, "
+        "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+        "int n_cols, int act, float act_param, bool need_dwb) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
         "int num_groups, int act, float act_param, bool need_dx) -> (Tensor, Tensor, Tensor)");
 }
@@ -295,4 +436,6 @@ TORCH_LIBRARY_IMPL(normlab, CPU, m) {
   m.impl("batch_norm_act_bwd", &normlab::norm_act::batch_norm_act_bwd_cpu);
   m.impl("group_norm_act_fwd", &normlab::norm_act::group_norm_act_fwd_cpu);
   m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
+  m.impl("layer_norm_act_fwd", &normlab::norm_act::layer_norm_act_fwd_cpu);
+  m.impl("layer_norm_act_bwd", &normlab::norm_act::layer_norm_act_bwd_cpu);
 }

@@ -11,6 +11,8 @@ gradients must be the norm's own gradients, bit for bit, on every kernel path.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ import normlab
 import normlab.functional as NF
 from normlab.ops import activation as A
 from normlab.ops.norm_act.op import HAS_FUSED
-from tests.oracle import assert_accurate_vs_unfused
+from tests.oracle import assert_accurate_vs_unfused, ops_dispatched
 
 pytestmark = pytest.mark.skipif(not HAS_FUSED, reason="the fused C++ ops are not built")
 
@@ -139,3 +141,123 @@ def test_batch_norm_act_gradients_with_an_activation(path, act):
                                                        A.ID[act]), x, w, b, dy)
     for i, (u, r, t) in enumerate(zip(got, ref, unfused)):
         assert_accurate_vs_unfused(u, t, r, f"{path} {act} {i}")
+
+
+# LayerNormAct over rows: (shape, normalized_shape): rows shorter than 16 values, 16-31, 32-127 (the
+# row kernel's 16-row blocks), long rows, a multi-dim normalized_shape, rows past a block's 1024
+LN_CASES = {
+    "rows of 7": ((37, 7), (7,)),
+    "rows of 24": ((50, 24), (24,)),
+    "rows of 72": ((3, 17, 72), (72,)),
+    "rows of 1000": ((9, 1000), (1000,)),
+    "(6, 5) rows": ((2, 11, 6, 5), (6, 5)),
+    "many short rows": ((2100, 8), (8,)),
+}
+LN_AFFINE = {"weight and bias": (True, True), "weight alone": (True, False), "none": (False, False)}
+
+
+def _ln_params(shape, dtype, affine):
+    w, b = _params(math.prod(shape), dtype)
+    return (w.reshape(shape) if affine[0] else None), (b.reshape(shape) if affine[1] else None)
+
+
+@pytest.mark.parametrize("affine", list(LN_AFFINE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_layer_norm_act_forward_is_the_unfused_path(case, dtype, affine):
+    shape, ns = LN_CASES[case]
+    x = _x(shape, dtype)
+    w, b = _ln_params(ns, dtype, LN_AFFINE[affine])
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act(x, ns, w, b, 1e-5, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" in ops, ops
+    z = NF.layer_norm(x, ns, w, b, 1e-5)
+    for act in EXACT:
+        y = NF.layer_norm_act(x, ns, w, b, 1e-5, act, 0.2)
+        assert torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), (case, act)
+    with normlab.use_backend("ref"):
+        z64 = NF.layer_norm(x.double(), ns, None if w is None else w.double(), None if b is None else b.double(),
+                            1e-5)
+    for act in SMOOTH:
+        y = NF.layer_norm_act(x, ns, w, b, 1e-5, act)
+        assert_accurate_vs_unfused(y, A.act_forward(z, A.ID[act]), A.act_forward(z64, A.ID[act]), f"{case} {act}")
+
+
+def _grads_of(fn, tensors, dy):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+    y = fn(*leaves)
+    wrt = [t for t in leaves if t is not None]
+    return (y, *torch.autograd.grad(y, wrt, dy))
+
+
+@pytest.mark.parametrize("affine", list(LN_AFFINE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_layer_norm_act_backward_in_place_dz_is_layer_norms_backward(case, dtype, affine):
+    shape, ns = LN_CASES[case]
+    x, dy = _x(shape, dtype), _x(shape, dtype, seed=3)
+    w, b = _ln_params(ns, dtype, LN_AFFINE[affine])
+    fused = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, "identity"), (x, w, b), dy)
+    plain = _grads_of(lambda x, w, b: NF.layer_norm(x, ns, w, b, 1e-5), (x, w, b), dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert u.dtype == v.dtype and torch.equal(u, v), (case, i)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("case", ["rows of 24", "rows of 1000"])
+def test_layer_norm_act_gradients_with_an_activation(case, act):
+    shape, ns = LN_CASES[case]
+    x, dy = _x(shape, torch.float32), _x(shape, torch.float32, seed=3)
+    w, b = _ln_params(ns, torch.float32, (True, True))
+    got = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, act), (x, w, b), dy)
+    with normlab.use_backend("ref"):
+        ref = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, act), (x.double(), w.double(),
+                                                                                    b.double()), dy.double())
+        unfused = _grads_of(lambda x, w, b: A.act_forward(NF.layer_norm(x, ns, w, b, 1e-5), A.ID[act]), (x, w, b), dy)
+    for i, (u, r, t) in enumerate(zip(got, ref, unfused)):
+        assert_accurate_vs_unfused(u, t, r, f"{case} {act} {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 24, 9, 10), (3, 7, 5, 4), (4, 16, 1, 1)])
+def test_layer_norm_act2d_channels_last_fused(shape, dtype):
+    x = _x(shape, dtype, fmt=CL)
+    dy = _x(shape, dtype, seed=3, fmt=CL)
+    w, b = _params(shape[1], dtype)
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" in ops, ops
+    z = NF.layer_norm2d(x, w, b, 1e-6)
+    for act in EXACT:
+        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
+        assert y.is_contiguous(memory_format=CL) and torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    fused = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "identity"), (x, w, b), dy)
+    plain = _grads_of(lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (x, w, b), dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert torch.equal(u, v), i
+
+
+def test_layer_norm_act2d_nchw_takes_the_unfused_path():
+    x = _x((2, 8, 5, 5), torch.float32)
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, None, None, 1e-6, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" not in ops, ops
+
+
+@pytest.mark.parametrize("fn", ["layer_norm_act", "layer_norm_act2d channels_last"])
+def test_layer_norm_act_same_bits_on_one_and_two_threads(fn):
+    if fn == "layer_norm_act":
+        x, dy, ns = _x((3000, 40), torch.float32), _x((3000, 40), torch.float32, seed=3), (40,)
+        w, b = _ln_params(ns, torch.float32, (True, True))
+        call = lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, "silu")  # noqa: E731
+    else:
+        x, dy = _x((8, 32, 24, 24), torch.float32, fmt=CL), _x((8, 32, 24, 24), torch.float32, seed=3, fmt=CL)
+        w, b = _params(32, torch.float32)
+        call = lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "gelu_tanh")  # noqa: E731
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out.append(_grads_of(call, (x, w, b), dy))
+    finally:
+        torch.set_num_threads(threads)
+    for u, v in zip(*out):
+        assert torch.equal(u, v)
