@@ -1,13 +1,16 @@
 """The fused norm+act entries on the eager ``"cpu"`` path (``torch.ops.normlab.batch_norm_act_fwd``
-/ ``_bwd``, ``group_norm_act_fwd`` / ``_bwd``: csrc/norm_act.cpp), wired to autograd by
-:class:`BatchNormActFunction` and :class:`GroupNormActFunction`.
+/ ``_bwd``, ``group_norm_act_fwd`` / ``_bwd``, ``layer_norm_act_fwd`` / ``_bwd``: csrc/norm_act.cpp),
+wired to autograd by :class:`BatchNormActFunction`, :class:`GroupNormActFunction` and
+:class:`LayerNormActFunction`.
 
-``batch_norm_act_fused`` takes the plain case only (a CPU tensor of a served dtype, exactly
-``(C,)`` per-channel tensors, a float momentum in [0, 1], a positive eps) and answers None for
+Each ``*_fused`` function takes the plain case only (a CPU tensor of a served dtype, parameters of
+exactly the norm's shape, a float momentum in [0, 1], a non-negative eps, ...) and answers None for
 anything else: the caller then runs the unfused composition, whose checks word the error.
+``layer_norm_act2d_fused`` takes a channels_last input only (its memory is rows of C values).
 
 Saved for the backward: x, weight, bias and the statistics (BatchNorm: (3, C) float64; GroupNorm:
-mean and rstd (N, G)) -- what the norm saves, plus the bias; the backward recomputes the pre-activation z from them (docs/derivations/norm_act.md).
+mean and rstd (N, G); LayerNorm: mean and rstd per row) -- what the norm saves, plus the bias; the
+backward recomputes the pre-activation z from them (docs/derivations/norm_act.md).
 """
 
 from __future__ import annotations
