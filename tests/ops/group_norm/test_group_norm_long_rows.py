@@ -21,6 +21,9 @@ CASES = {  # name -> (shape, groups)
     "group_two_parts": ((1, 2, 200, 200), 1),        # one row of 80000 values: 2 parts of 40000
     "group_many_parts": ((1, 4, 300, 300), 2),       # rows of 180000 values: 3 parts; channel runs of 90000
     "instance_long_runs": ((2, 3, 160, 160), 3),     # InstanceNorm's view: runs of 25600 > 16384
+    # x and y above half the last-level cache (on a 32 MB one): y streams past the caches; channel
+    # runs of 586755 values, so runs after the first start off a vector's alignment
+    "streamed_output": ((1, 4, 765, 767), 2),
 }
 
 

@@ -307,9 +307,9 @@ def test_bitwise_identical_for_1_and_2_threads(dtype, n, cols):
 
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])
-@pytest.mark.parametrize("cols", [5, 15, 16, 17, 24, 31, 32, 33, 47, 48, 63, 64, 72, 75, 127, 128])
+@pytest.mark.parametrize("cols", [5, 15, 16, 17, 24, 31, 32, 33, 47, 48, 63, 64, 72, 75, 127, 128, 200, 255])
 def test_a_row_gets_the_same_bits_alone_and_among_many(kind, cols):
-    """Rows shorter than eight vectors run 16 rows at a time (one row a lane, or one to seven vectors
+    """Rows shorter than 16 vectors run 16 rows at a time (one row a lane, or 1-15 vectors
     and a tail for 16 rows together); a row alone runs the row path. Their sums add the same values in the same
     order, so y and dx of every row are the same bits either way (and dw / db stay within the rule)."""
     x, w, b, dy = _inputs((53, cols), (cols,), torch.float32, "both", seed=cols)

@@ -11,6 +11,7 @@
 
 #include "numerics/activation.h"
 #include "numerics/chunks.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::group_norm {
@@ -80,14 +81,22 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
 }
 
 // y[j] = act(((x[j] - shift) - md) * a + bc) over a contiguous run of n values (one channel).
-template <class S, int Act = act::kIdentity>
+// Stream: y written around the caches (numerics/stream.h), the values before the first aligned
+// address one at a time (the same arithmetic: the same bits).
+template <class S, bool Stream = false, int Act = act::kIdentity>
 inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
                        acc_t<S> p = acc_t<S>(0)) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  if constexpr (Stream) {
+    for (const int64_t k = to_stream_alignment(y, n); j < k; ++j)
+      y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
+    for (; j + L <= n; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  } else {
+    for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  }
   for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
 }
 
