@@ -109,6 +109,10 @@ inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_
   const vec<A> va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
   for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(vload(e + j) * va + vb, p));
+  if constexpr (Act != act::kIdentity) {  // the tail as one partial vector (one activation, not one a value)
+    if (j < n) vstore_n(y + j, out_act<S, Act>(vload_n(e + j, n - j) * va + vb, p), n - j);
+    return;
+  }
   for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * a + bc, p);
 }
 template <class S, int Act>
@@ -122,6 +126,13 @@ inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs
   for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * (rs * w[j]) + b[j], p);
 }
 
+// Channel runs shorter than this many values take the activation (GroupNormAct) in a loop over the
+// row after its output pass (the row in L1/L2), not inside each run: the activation's constants are
+// set up per loop, which a run of 196 values paid 12 vectors a time for (same values either way).
+constexpr int64_t kShortRun = 1024;
+// Half-precision output always so: the activation reads the row as stored (rounded), which the
+// inline form reaches through a store and a load of every vector.
+template <class S> constexpr bool kHalf = sizeof(S) < sizeof(acc_t<S>);
 // Rows of up to this many values keep their differences in scratch (64 KiB of float32: L2).
 constexpr int64_t kScratchValues = 16384;
 // A row's passes ask for the bytes of x this far ahead (a few rows of a (256, 256, 8, 8) input):
@@ -363,6 +374,10 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         act::visit(act_id, [&]<int Act>() {
           if (ns == 1) {
             scale_shift_channels<S, Act>(d, yr, cg, rs, wg, bg, p);
+          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+            for (int64_t j = 0; j < cg; ++j)
+              scale_shift_run<S, act::kIdentity>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
+            act_row<S, Act>(yr, ncols, p);
           } else {
             for (int64_t j = 0; j < cg; ++j) scale_shift_run<S, Act>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
           }
@@ -418,6 +433,10 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           const A* bg = b + gi * cg;
           if (ns == 1) {
             affine_channels<S, Act>(xr, yr, cg, shift[k], md[k], rs[k], wg, bg, p);
+          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+            for (int64_t j = 0; j < cg; ++j)
+              affine_run<S, false, act::kIdentity>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+            act_row<S, Act>(yr, ncols, p);
           } else {
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p);

@@ -69,6 +69,15 @@ template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
   else return from_acc<S>(act::apply<Act, acc_t<S>>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
 }
 
+// y = act(y) over n values in place, on the calling thread (a row in cache: one loop, the
+// activation's constants set up once rather than once a short channel run).
+template <class S, int Act> inline void act_row(S* y, int64_t n, acc_t<S> p) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
+  if (j < n) vstore_n(y + j, act::apply<Act, acc_t<S>>(vload_n(y + j, n - j), p), n - j);
+}
+
 // y = act(y) over n values in place (the output paths that write y before the activation can join).
 template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p) {
   constexpr int64_t L = vlanes<S>, kBlock = 4096;
@@ -96,6 +105,10 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
     for (; j + L <= n; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
   } else {
     for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  }
+  if constexpr (Act != act::kIdentity) {  // the tail as one partial vector (one activation, not one a value)
+    if (j < n) vstore_n(y + j, out_act<S, Act>(((vload_n(x + j, n - j) - vs) - vm) * va + vb, p), n - j);
+    return;
   }
   for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
 }
