@@ -3,12 +3,12 @@ the faithful stand-ins in tests/tools/timm_norm_act_standins.py: torch's norm, t
 Module, inplace as timm builds it) and against normlab's plain norm (no activation).
 
 Interleaved in one process on the same tensors: each repeat times normlab, then timm, then the
-plain norm, one after the other; wall time per call, the minimum of the repeats after warm-up (on a shared machine
-the minimum is the least disturbed call).
+plain norm, one after the other; wall time per call, the median of the repeats after warm-up.
 Both layouts (NCHW, channels_last), float32 and bfloat16, 1 and 2 threads, forward (train mode,
 no grad) and forward+backward. ``speedup`` = timm / normlab; ``vs plain`` = normlab / plain norm.
 
     python scripts/bench-norm-act.py                 # BatchNormAct2d and GroupNormAct, relu and silu
+    python scripts/bench-norm-act.py --kinds LayerNormAct2d,LayerNormAct --acts gelu --threads 1
     python scripts/bench-norm-act.py --memory        # the peak memory of one fwd+bwd call, each side in
                                                      # a fresh process (VmHWM after clear_refs)
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -27,14 +28,26 @@ import normlab  # noqa: E402
 from tests.tools import timm_norm_act_standins as T  # noqa: E402
 
 SHAPES = [(16, 64, 56, 56), (32, 256, 14, 14)]
+KINDS = ("BatchNormAct2d", "GroupNormAct", "LayerNormAct", "LayerNormAct2d")
 
 
 def make(kind, side, act, c):
+    """normlab's fused layer, timm's (the stand-in: the norm, then the activation), or normlab's plain norm."""
     if kind == "BatchNormAct2d":
         cls = {"normlab": normlab.nn.BatchNormAct2d, "timm": T.BatchNormAct2d}.get(side)
         return cls(c, act_layer=act) if cls else normlab.nn.BatchNorm2d(c)
-    cls = {"normlab": normlab.nn.GroupNormAct, "timm": T.GroupNormAct}.get(side)
-    return cls(c, 32, act_layer=act) if cls else normlab.nn.GroupNorm(32, c)
+    if kind == "GroupNormAct":
+        cls = {"normlab": normlab.nn.GroupNormAct, "timm": T.GroupNormAct}.get(side)
+        return cls(c, 32, act_layer=act) if cls else normlab.nn.GroupNorm(32, c)
+    if kind == "LayerNormAct":  # over the last dim of the (N, C, H, W) tensor
+        cls = {"normlab": normlab.nn.LayerNormAct, "timm": T.LayerNormAct}.get(side)
+        return cls(c, act_layer=act) if cls else normlab.nn.LayerNorm(c)
+    cls = {"normlab": normlab.nn.LayerNormAct2d, "timm": T.LayerNormAct2d}.get(side)
+    return cls(c, act_layer=act) if cls else normlab.nn.LayerNorm2d(c)
+
+
+def width(kind, shape):
+    return shape[-1] if kind == "LayerNormAct" else shape[1]
 
 
 def timed(f):
@@ -48,7 +61,8 @@ def cell(kind, act, shape, dt, fmt, threads, mode, reps):
     torch.manual_seed(0)
     x = torch.randn(shape).to(dt).contiguous(memory_format=fmt)
     dy = torch.randn(shape).to(dt).contiguous(memory_format=fmt)
-    mods = {s: make(kind, s, act, shape[1]).to(dt if kind == "GroupNormAct" or dt == torch.float32 else torch.float32)
+    mods = {s: make(kind, s, act, width(kind, shape)).to(dt if kind != "BatchNormAct2d" or dt == torch.float32
+                                                          else torch.float32)
             for s in ("normlab", "timm", "plain")}
     if mode == "fwd":
         def call(m):
@@ -66,18 +80,18 @@ def cell(kind, act, shape, dt, fmt, threads, mode, reps):
     for _ in range(reps):
         for s, m in mods.items():
             ts[s].append(timed(lambda: call(m)))
-    return {s: min(v) * 1e3 for s, v in ts.items()}
+    return {s: statistics.median(v) * 1e3 for s, v in ts.items()}
 
 
 def peak_child(kind, side, act, shape, dt, fmt):
     """One fwd+bwd call in this (fresh) process: the peak resident memory above what it held before, MB."""
     torch.set_num_threads(1)
-    m = make(kind, side, act, shape[1])
+    m = make(kind, side, act, width(kind, shape))
     small = torch.randn(2, shape[1], 4, 4).requires_grad_()
     m(small).backward(torch.randn_like(small))
     x = torch.empty(shape, dtype=dt).normal_().contiguous(memory_format=fmt).requires_grad_()
     dy = torch.empty(shape, dtype=dt).normal_().contiguous(memory_format=fmt)
-    m = m.to(dt if kind == "GroupNormAct" or dt == torch.float32 else torch.float32)
+    m = m.to(dt if kind != "BatchNormAct2d" or dt == torch.float32 else torch.float32)
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -97,9 +111,20 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--child", nargs=6)
+    ap.add_argument("--kinds", default="BatchNormAct2d,GroupNormAct")
+    ap.add_argument("--acts", default="relu,silu")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--layouts", default="nchw,cl")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--modes", default="fwd,fwd+bwd")
+    ap.add_argument("--shapes", default=None, help="e.g. 16x64x56x56,32x256x14x14")
     a = ap.parse_args()
     dts = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     fmts = {"nchw": torch.contiguous_format, "cl": torch.channels_last}
+    kinds, acts = a.kinds.split(","), a.acts.split(",")
+    shapes = [tuple(int(v) for v in t.split("x")) for t in a.shapes.split(",")] if a.shapes else SHAPES
+    sel_dts, sel_fmts = a.dtypes.split(","), a.layouts.split(",")
+    sel_threads, modes = [int(t) for t in a.threads.split(",")], a.modes.split(",")
     if a.child:
         kind, side, act, shape, dt, fmt = a.child
         peak_child(kind, side, act, tuple(int(v) for v in shape.split("x")), dts[dt], fmts[fmt])
@@ -107,27 +132,29 @@ def main():
     if a.memory:
         print("| layer | act | shape | dtype | layout | normlab peak MB | timm peak MB |")
         print("|---|---|---|---|---|---|---|")
-        for kind in ("BatchNormAct2d", "GroupNormAct"):
-            for shape in SHAPES:
-                for dt in dts:
-                    for fmt in fmts:
-                        got = {}
-                        for side in ("normlab", "timm"):
-                            out = subprocess.run([sys.executable, __file__, "--child", kind, side, "silu",
-                                                  "x".join(map(str, shape)), dt, fmt], capture_output=True, text=True)
-                            got[side] = float(out.stdout.strip().splitlines()[-1])
-                        print(f"| {kind} | silu | {shape} | {dt} | {fmt} | {got['normlab']:.1f} | {got['timm']:.1f} |",
-                              flush=True)
+        for kind in kinds:
+            for act in acts:
+                for shape in shapes:
+                    for dt in sel_dts:
+                        for fmt in sel_fmts:
+                            got = {}
+                            for side in ("normlab", "timm"):
+                                out = subprocess.run([sys.executable, __file__, "--child", kind, side, act,
+                                                      "x".join(map(str, shape)), dt, fmt], capture_output=True,
+                                                     text=True)
+                                got[side] = float(out.stdout.strip().splitlines()[-1])
+                            print(f"| {kind} | {act} | {shape} | {dt} | {fmt} | {got['normlab']:.1f} | "
+                                  f"{got['timm']:.1f} |", flush=True)
         return
     print("| layer | act | shape | dtype | layout | threads | mode | normlab ms | timm ms | plain ms | speedup | vs plain |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kind in ("BatchNormAct2d", "GroupNormAct"):
-        for act in ("relu", "silu"):
-            for shape in SHAPES:
-                for dt in dts:
-                    for fmt in fmts:
-                        for threads in (1, 2):
-                            for mode in ("fwd", "fwd+bwd"):
+    for kind in kinds:
+        for act in acts:
+            for shape in shapes:
+                for dt in sel_dts:
+                    for fmt in sel_fmts:
+                        for threads in sel_threads:
+                            for mode in modes:
                                 r = cell(kind, act, shape, dts[dt], fmts[fmt], threads, mode, a.reps)
                                 print(f"| {kind} | {act} | {shape} | {dt} | {fmt} | {threads} | {mode} | "
                                       f"{r['normlab']:.2f} | {r['timm']:.2f} | {r['plain']:.2f} | "

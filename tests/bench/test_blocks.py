@@ -74,3 +74,37 @@ def test_generate_rows_give_the_same_tokens_with_and_without_convert(tmp_path, m
     assert {(r["name"], r["mode"]) for r in rows} == {("GPT2Generate", "generate"), ("LlamaGenerate", "generate")}
     for r in rows:
         assert r["status"] == "ok" and r["max_abs_diff"] == 0, r  # the same tokens, one by one
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("name", blocks.CNN_BLOCKS)
+def test_cnn_blocks_convert_to_the_fused_layers_and_agree(name, layout):
+    """The convolutional blocks after normlab.convert (of a deep copy) hold normlab's norm layers
+    (BatchNormAct2d, LayerNorm2d) with the same state_dict, and give torch's output in eval
+    (float64: to float64 rounding)."""
+    case = next(c for c, _ in cases(quick=True) if c.name == name and c.layout == layout)
+    mods = build_modules(case, torch.float64, torch.Generator().manual_seed(0))
+    t, n = mods["torch"], mods["normlab"]
+    assert not t.training and not n.training
+    norms = [m for m in n.modules() if "Norm" in type(m).__name__]
+    assert norms and all(type(m).__module__ == "normlab.nn.norm_act" or type(m).__module__ == "normlab.nn.layer_norm"
+                         for m in norms), [type(m) for m in norms]
+    st, sn = t.state_dict(), n.state_dict()
+    assert list(st) == list(sn) and all(torch.equal(st[k], sn[k]) for k in st)
+    x = torch.randn(case.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        yt, yn = t(x), n(x)
+    torch.testing.assert_close(yn, yt, rtol=1e-12, atol=1e-12)
+
+
+def test_cnn_block_rows(tmp_path):
+    result = blocks.run_blocks(layers="MBConv,ConvNeXtBlock", dtypes="float32", quick=True, out=str(tmp_path / "c"),
+                               **FAST)
+    rows = result["rows"]
+    assert {(r["name"], r["layout"], r["mode"]) for r in rows} == {
+        (n, lay, "fwd") for n in ("MBConv", "ConvNeXtBlock") for lay in ("contiguous", "channels_last")}
+    for r in rows:
+        assert r["status"] == "ok" and r["max_abs_diff"] < 1e-4, r
+    assert "MBConv(16)" in render(result)

@@ -17,6 +17,13 @@
    back``, (8, 64, 32, 32), contiguous (NCHW) and channels_last input, ``fwd`` and
    ``fwd+bwd``.
 
+4. *Convolutional blocks* (:mod:`normlab.bench.cnn_blocks`), eval forward under ``torch.no_grad()``,
+   contiguous (NCHW) and channels_last: ``CNNStage`` (conv -> BatchNormAct2d(SiLU), twice;
+   (8, 3, 224, 224) in), ``ConvNeXtBlock`` (dw conv 7x7 -> LayerNorm2d -> MLP (GELU), layer
+   scale, residual; (8, 96, 56, 56)), ``MBConv`` (EfficientNet; (8, 24, 112, 112), 144 channels
+   inside) and ``RegNetBlock`` (RegNetY; (8, 48, 56, 56)), built with timm's norm layers as
+   torch Modules; normlab's is a deep copy after ``normlab.convert`` (``--quick``: batch 2, smaller).
+
 float32 and bfloat16, 1 and 2 threads (``--quick``: 1 thread, fewer repeats). Timing and
 rows as :mod:`normlab.bench.chapters`: both providers in this process on the same tensors,
 interleaved (:func:`normlab.bench.timing.time_interleaved`), median; ``x torch`` = torch's
@@ -27,6 +34,7 @@ Files in ``--out``: ``blocks.csv``, ``blocks.json`` (``--resume`` skips rows alr
 
     normlab bench --suite blocks --quick
     normlab bench --suite blocks --ops layernorm2d --dtypes bfloat16 --threads 2
+    normlab bench --suite blocks --ops CNNStage,ConvNeXtBlock,MBConv,RegNetBlock --threads 1,2
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from normlab.tools.conversion import convert
 from .run_context import DEFAULT_OUT, make_out, run_meta
 from .cases import DTYPES, Candidate
 from . import chapters as _chapters_run
+from . import cnn_blocks
 from . import hf_models
 from . import chapters_data as _chapters
 from .chapters_data import FIELDS as _CHAPTER_FIELDS, Case, choose, _table, make_row, row_key
@@ -61,7 +70,8 @@ _DEFAULTS = {"dtypes": (("float32", "bfloat16"), ("float32", "bfloat16")), "thre
 # (d_model, heads), (batch, seq, d_model): full, --quick
 BLOCK_SIZES = (((512, 8), (4, 128, 512)), ((256, 4), (2, 64, 256)))
 LN2D_SHAPE = (8, 64, 32, 32)
-LAYERS = ("LlamaBlock", "GPT2Generate", "LlamaGenerate", "LayerNorm2d")
+CNN_BLOCKS = tuple(cnn_blocks.BLOCKS)  # eval forward, no grad
+LAYERS = ("LlamaBlock", "GPT2Generate", "LlamaGenerate", "LayerNorm2d", *CNN_BLOCKS)
 GENERATE_SIZES = ((512, 4), (512, 2))  # (d_model, layers): full, --quick
 
 
@@ -106,7 +116,10 @@ def cases(quick: bool = False) -> tuple[tuple[Case, tuple[str, ...]], ...]:
            for name in ("GPT2Generate", "LlamaGenerate") if hf_models.available()]
     return ((Case("LlamaBlock", (d, heads), shape), ("fwd+bwd",)), *gen,
             (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE), ("fwd", "fwd+bwd")),
-            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE, layout="channels_last"), ("fwd", "fwd+bwd")))
+            (Case("LayerNorm2d", (LN2D_SHAPE[1],), LN2D_SHAPE, layout="channels_last"), ("fwd", "fwd+bwd")),
+            *((Case(name, cnn_blocks.BLOCKS[name][1 if quick else 0][1], cnn_blocks.BLOCKS[name][1 if quick else 0][2],
+                    layout=layout), ("fwd",))
+              for name in CNN_BLOCKS for layout in ("contiguous", "channels_last")))
 
 
 def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[str, torch.nn.Module]:
@@ -117,6 +130,12 @@ def build_modules(case: Case, dtype: torch.dtype, gen: torch.Generator) -> dict[
             for p in tm.parameters():
                 p.copy_((torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5 if p.dim() > 1 else
                          1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype))
+        return {"torch": tm, "normlab": convert(copy.deepcopy(tm))}
+    if case.name in CNN_BLOCKS:
+        cls = next(c for c, args, _ in cnn_blocks.BLOCKS[case.name] if args == case.args)
+        tm = cnn_blocks.perturb(cls(*case.args, dtype=dtype), gen).eval()
+        if case.layout == "channels_last":
+            tm = tm.to(memory_format=torch.channels_last)
         return {"torch": tm, "normlab": convert(copy.deepcopy(tm))}
     tm = PermuteLayerNorm2d(*case.args, dtype=dtype)
     with torch.no_grad():
@@ -148,9 +167,13 @@ def candidates(case: Case, dtype: str, mode: str, seed: int = 0):
                 t.grad = None
             m(leaf).backward(dy)
 
+        def infer():
+            with torch.no_grad():
+                return m(x)
+
         def prepare():
-            m.train()
-            fn = step if mode == "fwd+bwd" else (lambda: m(x))
+            m.train(case.name not in CNN_BLOCKS)
+            fn = step if mode == "fwd+bwd" else infer if case.name in CNN_BLOCKS else (lambda: m(x))
             for _ in range(3):
                 fn()
             return fn
@@ -240,7 +263,9 @@ def make_tables(rows: Iterable[Mapping]) -> list:
                    "time: median per call; ×torch = torch time / normlab time (>= 1: normlab at least as fast); "
                    "LlamaBlock: torch.nn.RMSNorm vs after normlab.convert; *Generate: 64 tokens at batch 1 (max Δy: "
                    "tokens that differ); LayerNorm2d: permute -> "
-                   "torch.nn.LayerNorm -> permute vs normlab.nn.LayerNorm2d; max Δy: largest output difference")
+                   "torch.nn.LayerNorm -> permute vs normlab.nn.LayerNorm2d; CNNStage, ConvNeXtBlock, MBConv, "
+                   "RegNetBlock: eval forward, timm's norm layers vs after normlab.convert; max Δy: largest output "
+                   "difference")
     last = None
     for r in sorted(rows, key=_sort_key):
         ratio, times = ratio_and_times(r)

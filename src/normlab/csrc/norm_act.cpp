@@ -10,25 +10,33 @@
 //   batch_norm_act_bwd(dy, x, weight, bias, stats, training, act, act_param, need_dx, need_dw,
 //                      need_db) -> (dx, dw, db)
 //     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
-//     into a scratch of x's size, then BatchNorm's backward of dz.
+//     into dx's buffer, then BatchNorm's backward kernels read it as their dy and write dx over it.
 //   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
-//     GroupNorm's kernels (cpu/group_norm_kernels.h) one sample at a time (samples split across the
-//     threads when there are two a thread or more), each sample's output passed through the
-//     activation in place while it is in cache. mean, rstd: (N, G), as GroupNorm's.
+//     GroupNorm's kernels (cpu/group_norm_kernels.h) over the whole batch, the activation applied in
+//     their output pass (to each value as rounded to storage). mean, rstd: (N, G), as GroupNorm's.
 //   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
-//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into a scratch of x's size, then
-//     GroupNorm's backward of dz.
+//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into dx's buffer, then GroupNorm's
+//     backward kernels read it as their dy and write dx over it.
+//   layer_norm_act_fwd(x, n_cols, weight, bias, eps, act, act_param) -> (y, mean, rstd)
+//     LayerNorm over rows of n_cols values (x contiguous, or channels_last with n_cols = C:
+//     LayerNormAct2d) by LayerNorm's row kernel a block of rows at a time, each block passed
+//     through the activation while in cache. mean, rstd: (rows,) in the accumulation dtype.
+//   layer_norm_act_bwd(dy, x, weight, bias, mean, rstd, n_cols, act, act_param, need_dwb)
+//     -> (dx, dw, db): dz = dy * act'(z) into dx's buffer, then LayerNorm's row backward over it;
+//     dw, db in the accumulation dtype (empty when there is no weight / bias).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "args.h"
 #include "cpu/batch_norm.h"
 #include "cpu/batch_norm_kernels.h"
 #include "cpu/group_norm_kernels.h"
+#include "cpu/layer_norm_kernels.h"
 #include "group_norm.h"
 #include "cpu/norm_act_kernels.h"
 
@@ -72,6 +80,11 @@ void consts(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::
   }
 }
 
+bn::View bn_view(const at::Tensor& x, at::MemoryFormat fmt) {
+  const int64_t c = x.size(1), n = x.size(0);
+  return rows_form(x, fmt) ? bn::View{x.numel() / c, c, 1, c} : bn::View{n, x.numel() / n, x.numel() / (n * c), c};
+}
+
 nact::Layout layout_of(const at::Tensor& x, at::MemoryFormat fmt) {
   const int64_t c = x.size(1), numel = x.numel();
   if (rows_form(x, fmt)) return {false, numel / c, c, c, numel / c};
@@ -100,11 +113,8 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_fwd_cpu(const at::Tensor& x_in
   double* s = stats.data_ptr<double>();
   const bn::Chan rmc = training ? bn::Chan{} : chan(rm, c, "running_mean");
   const bn::Chan rvc = training ? bn::Chan{} : chan(rv, c, "running_var");
-  const int64_t n = x.size(0);
-  const bn::View v = rows_form(x, fmt) ? bn::View{x.numel() / c, c, 1, c}
-                                        : bn::View{n, x.numel() / n, x.numel() / (n * c), c};
-  bn::forward(dt, x.const_data_ptr(), nullptr, chan(w, c, "weight"), chan(b, c, "bias"), rmc, rvc, s, v, eps,
-              training);
+  bn::forward(dt, x.const_data_ptr(), nullptr, chan(w, c, "weight"), chan(b, c, "bias"), rmc, rvc, s,
+              bn_view(x, fmt), eps, training);
   if (training && rm.has_value() && rv.has_value() && rm->defined() && rv->defined())
     batch_norm::update_running_raw(*rm, *rv, s, s + c, x.numel() / c, momentum);
   std::vector<double> hi, a, b2;
@@ -129,12 +139,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   const at::Tensor st = stats.contiguous();
   std::vector<double> hi, a, b2;
   consts(x, w, b, st.const_data_ptr<double>(), hi, a, b2);
-  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
-  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
-               b2.data(), c, layout_of(x, fmt), int(act), act_param);
-  const at::ScalarType wt = w.has_value() && w->defined() ? w->scalar_type() : x.scalar_type();
-  const at::ScalarType bt = b.has_value() && b->defined() ? b->scalar_type() : x.scalar_type();
-  return batch_norm::bwd_typed(dz, x, w, st, training, need_dx, need_dw, need_db, wt, bt);
+  const Dtype dt = dt_of(x, "the input");
+  // dz = dy * act'(z) written into dx's buffer; BatchNorm's backward then reads it as its dy and
+  // writes dx in its place (each value of dy is read before dx is written there, in every path of
+  // cpu/batch_norm_kernels): no scratch of x's size
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  nact::grad_z(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
+               layout_of(x, fmt), int(act), act_param);
+  std::vector<double> sums(2 * c);  // dw, db as float64 sums
+  bn::backward(dt, dx.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr, chan(w, c, "weight"),
+               st.const_data_ptr<double>(), sums.data(), sums.data() + c, bn_view(x, fmt), training, need_dx,
+               need_dw || need_db);
+  auto cast = [&](const double* v, const std::optional<at::Tensor>& p) {
+    const at::ScalarType t = p.has_value() && p->defined() ? p->scalar_type() : x.scalar_type();
+    at::Tensor out = at::empty({c}, x.options().dtype(t));
+    if (t == at::kDouble) {
+      std::copy(v, v + c, out.data_ptr<double>());
+    } else {
+      const bn::MutChan m{out.data_ptr(), dt_of(out, "a parameter's gradient"), 1};
+      for (int64_t i = 0; i < c; ++i) m.set(i, v[i]);
+    }
+    return out;
+  };
+  return {need_dx ? dx : at::Tensor(), need_dw ? cast(sums.data(), w) : at::Tensor(),
+          need_db ? cast(sums.data() + c, b) : at::Tensor()};
 }
 
 // ---- GroupNorm + act ----
@@ -185,7 +213,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   at::Tensor mean = at::empty({sh.n, g}, x.options().dtype(acc)), var = at::empty({sh.n, g}, x.options().dtype(acc)),
              rstd = at::empty({sh.n, g}, x.options().dtype(acc));
-  const Dtype dt = dt_of(x, "the input");
   visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
@@ -193,58 +220,197 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
     const S* px = static_cast<const S*>(x.const_data_ptr());
     S* py = static_cast<S*>(y.data_ptr());
     A *pm = mean.data_ptr<A>(), *pv = var.data_ptr<A>(), *pr = rstd.data_ptr<A>();
-    const int64_t per = sh.c * sh.s;
-    auto sample = [&](int64_t i) {  // GroupNorm's pass over one sample, then the activation in cache
-      if (sh.nhwc)
-        group_norm::fwd_nhwc<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
-                                1, sh.c, g, sh.s, eps);
-      else
-        group_norm::fwd_rows<S>(px + i * per, wv.data(), bv.data(), py + i * per, pm + i * g, pv + i * g, pr + i * g,
-                                1, sh.c, g, sh.s, eps, false);
-      nact::apply_inplace(dt, py + i * per, per, int(act), act_param);
-    };
-    // Samples split across threads when there are at least two per thread (the kernels inside run
-    // on the calling thread: one parallel region a call), else one sample after another with the
-    // threads inside each. Each sample's results are the same either way (its own chunks).
-    if (sh.n >= 2 * at::get_num_threads()) {
-      at::parallel_for(0, sh.n, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) sample(i);
-      });
-    } else {
-      for (int64_t i = 0; i < sh.n; ++i) sample(i);
-    }
+    // GroupNorm's kernels over the whole batch (their own split across threads), the activation
+    // in their output pass
+    if (sh.nhwc)
+      group_norm::fwd_nhwc<S>(px, wv.data(), bv.data(), py, pm, pv, pr, sh.n, sh.c, g, sh.s, eps, int(act), act_param);
+    else
+      group_norm::fwd_rows<S>(px, wv.data(), bv.data(), py, pm, pv, pr, sh.n, sh.c, g, sh.s, eps, false, int(act),
+                              act_param);
   });
   return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
     const at::Tensor& dy_in, const at::Tensor& x_in, const std::optional<at::Tensor>& w,
-    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t g, int64_t act,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean_in, const at::Tensor& rstd_in, int64_t g, int64_t act,
     double act_param, bool need_dx) {
   const GnShape sh = gn_shape(x_in, g);
   TORCH_CHECK(act >= 0 && act < 8, kWhoGn, ": expected an activation id in 0..7, got ", act);
-  TORCH_CHECK(mean.numel() == sh.n * g && rstd.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
-              sh.n * g, " values, got ", mean.numel(), " and ", rstd.numel());
+  TORCH_CHECK(mean_in.numel() == sh.n * g && rstd_in.numel() == sh.n * g, kWhoGn, ": expected mean and rstd of ",
+              sh.n * g, " values, got ", mean_in.numel(), " and ", rstd_in.numel());
+  TORCH_CHECK(dy_in.sizes() == x_in.sizes(), kWhoGn, ": expected dy of the input's shape ", x_in.sizes(), ", got ",
+              dy_in.sizes());
+  const bool nhwc = sh.nhwc || sh.s == 1;  // (GroupNorm's backward: S == 1 takes the NHWC kernel)
   const at::MemoryFormat fmt = sh.nhwc ? sh.fmt : at::MemoryFormat::Contiguous;
   const at::Tensor x = x_in.contiguous(fmt);
   const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
-  const at::Tensor m64 = mean.to(at::kDouble).contiguous(), r64 = rstd.to(at::kDouble).contiguous();
-  const auto wv = values<double>(w, sh.c, 1.0), bv = values<double>(b, sh.c, 0.0);
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  const at::Tensor mean = mean_in.to(acc).contiguous(), rstd = rstd_in.to(acc).contiguous();
+  const at::Tensor m64 = mean.to(at::kDouble), r64 = rstd.to(at::kDouble);
+  const auto wd = values<double>(w, sh.c, 1.0), bd = values<double>(b, sh.c, 0.0);
   const int64_t cg = sh.c / g;
   std::vector<double> hi(sh.n * sh.c), a(sh.n * sh.c), b2(sh.n * sh.c);
   for (int64_t i = 0; i < sh.n; ++i)
     for (int64_t c = 0; c < sh.c; ++c) {
       const int64_t k = i * g + c / cg;
       hi[i * sh.c + c] = m64.const_data_ptr<double>()[k];
-      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wv[c];
-      b2[i * sh.c + c] = bv[c];
+      a[i * sh.c + c] = r64.const_data_ptr<double>()[k] * wd[c];
+      b2[i * sh.c + c] = bd[c];
     }
-  const nact::Layout l = sh.nhwc || sh.s == 1 ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
-                                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
-  at::Tensor dz = at::empty(x.sizes(), x.options().memory_format(fmt));  // the scratch of x's size
-  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dz.data_ptr(), hi.data(), a.data(),
+  const nact::Layout l = nhwc ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
+                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
+  // dz = dy * act'(z) written into dx's buffer; GroupNorm's backward then reads it as its dy and
+  // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(),
                b2.data(), sh.n * sh.c, l, int(act), act_param);
-  return group_norm::group_norm_bwd(dz, x, w, mean, rstd, g, need_dx);
+  at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
+  visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const auto wv = values<A>(w, sh.c, A(1));
+    S* dz = static_cast<S*>(dx.data_ptr());
+    const S* px = static_cast<const S*>(x.const_data_ptr());
+    const A *pm = mean.const_data_ptr<A>(), *pr = rstd.const_data_ptr<A>();
+    if (nhwc)
+      group_norm::bwd_nhwc<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
+                              sh.n, sh.c, g, sh.s);
+    else
+      group_norm::bwd_rows<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
+                              sh.n, sh.c, g, sh.s, false);
+  });
+  return {need_dx ? dx : at::empty({0}, x.options()), dw, db};
+}
+
+// ---- LayerNorm + act (rows) ----
+
+namespace {
+
+constexpr const char* kWhoLn = "normlab layer_norm_act";
+
+// Rows of x's memory: a contiguous x (n_cols its trailing values) or a channels_last one (n_cols = C).
+int64_t ln_rows(const at::Tensor& x, int64_t n_cols) {
+  TORCH_CHECK(x.device().is_cpu() && n_cols > 0 && x.numel() % n_cols == 0 &&
+                  (x.is_contiguous() || (x.dim() == 4 && x.size(1) == n_cols &&
+                                         x.is_contiguous(at::MemoryFormat::ChannelsLast))),
+              kWhoLn, ": expected a contiguous CPU input of rows of ", n_cols,
+              " values (or channels_last with ", n_cols, " channels), got ", x.sizes(), " strides ", x.strides());
+  return x.numel() / n_cols;
+}
+
+Dtype ln_wdt(const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
+             int64_t n_cols) {
+  Dtype wdt = dt_of(x, "the input");
+  for (const auto* t : {&w, &b})
+    if (t->has_value() && (*t)->defined()) {
+      TORCH_CHECK((*t)->is_contiguous() && (*t)->numel() == n_cols, kWhoLn, ": expected weight and bias of ", n_cols,
+                  " contiguous values, got ", (*t)->sizes());
+      wdt = dt_of(**t, "the weight");
+    }
+  return wdt;
+}
+
+std::vector<double> doubles(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return {};
+  const at::Tensor d = t->to(at::kDouble).contiguous();
+  return std::vector<double>(d.const_data_ptr<double>(), d.const_data_ptr<double>() + d.numel());
+}
+
+const void* ptr_or_null(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->const_data_ptr() : nullptr;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_fwd_cpu(const at::Tensor& x, int64_t n_cols,
+                                                                      const std::optional<at::Tensor>& w,
+                                                                      const std::optional<at::Tensor>& b, double eps,
+                                                                      int64_t act, double act_param) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn, ": expected an activation id in 0..7, got ", act);
+  const int64_t n_rows = ln_rows(x, n_cols);
+  const Dtype dt = dt_of(x, "the input"), wdt = ln_wdt(x, w, b, n_cols);
+  at::Tensor y = at::empty_like(x);  // (x's memory format: the same rows)
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  at::Tensor mean = at::empty({n_rows}, x.options().dtype(acc)), rstd = at::empty({n_rows}, x.options().dtype(acc));
+  if (n_rows == 0) return {y, mean, rstd};
+  // Blocks of whole rows of about 64 KiB of float32 (a multiple of 16 rows: the row kernel's
+  // blocks), each normalised by LayerNorm's row kernel and passed through the activation while in
+  // cache; a row's values do not depend on its block (the same bits as one call over all rows).
+  const int64_t per = std::max<int64_t>(16, (16384 / n_cols) / 16 * 16);
+  const int64_t n_blocks = (n_rows + per - 1) / per;
+  const int64_t bytes = int64_t(x.element_size()), abytes = int64_t(mean.element_size());
+  const char* px = static_cast<const char*>(x.const_data_ptr());
+  char* py = static_cast<char*>(y.data_ptr());
+  char *pm = static_cast<char*>(mean.data_ptr()), *pr = static_cast<char*>(rstd.data_ptr());
+  at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t r0 = k * per, rows = std::min(per, n_rows - r0);
+      ln::FwdArgs a{};
+      a.x = px + r0 * n_cols * bytes;
+      a.y = py + r0 * n_cols * bytes;
+      a.w = ptr_or_null(w);
+      a.b = ptr_or_null(b);
+      a.mean = pm + r0 * abytes;
+      a.rstd = pr + r0 * abytes;
+      a.n_rows = rows;
+      a.n_cols = n_cols;
+      a.n_w = 1;
+      a.n_b = 1;
+      a.eps = eps;
+      a.center = true;
+      a.cast_x_hat = false;
+      ln::norm_fwd(dt, wdt, a);
+      nact::apply_inplace(dt, a.y, rows * n_cols, int(act), act_param);
+    }
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t n_cols, int64_t act,
+    double act_param, bool need_dwb) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn, ": expected an activation id in 0..7, got ", act);
+  const int64_t n_rows = ln_rows(x, n_cols);
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  TORCH_CHECK(mean.numel() == n_rows && rstd.numel() == n_rows && mean.scalar_type() == acc &&
+                  rstd.scalar_type() == acc && mean.is_contiguous() && rstd.is_contiguous(),
+              kWhoLn, ": expected mean and rstd of ", n_rows, " values of ", acc);
+  const Dtype dt = dt_of(x, "the input"), wdt = ln_wdt(x, w, b, n_cols);
+  TORCH_CHECK(dy_in.sizes() == x.sizes(), kWhoLn, ": expected dy of the input's shape ", x.sizes(), ", got ",
+              dy_in.sizes());
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(x.is_contiguous() ? at::MemoryFormat::Contiguous
+                                                                                 : at::MemoryFormat::ChannelsLast);
+  at::Tensor dx = at::empty_like(x);
+  const bool has_w = w.has_value() && w->defined(), has_b = b.has_value() && b->defined();
+  TORCH_CHECK(has_w || !has_b, kWhoLn, ": expected no bias without a weight (LayerNorm's backward sums db with dw)");
+  at::Tensor dw = at::zeros({has_w ? n_cols : 0}, x.options().dtype(acc)),
+             db = at::zeros({has_b ? n_cols : 0}, x.options().dtype(acc));
+  if (n_rows == 0) return {dx, dw, db};
+  const std::vector<double> m64 = doubles(mean), r64 = doubles(rstd), w64 = doubles(w), b64 = doubles(b);
+  // dz = dy * act'(z) into dx's buffer, then LayerNorm's backward reads it as its dy and writes dx
+  // in its place (each row's dy is read before its dx is written): no scratch of x's size
+  nact::grad_z_rows(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), m64.data(), r64.data(),
+                    has_w ? w64.data() : nullptr, has_b ? b64.data() : nullptr, n_rows, n_cols, int(act), act_param);
+  ln::BwdArgs a{};
+  a.dy = dx.const_data_ptr();
+  a.x = x.const_data_ptr();
+  a.w = ptr_or_null(w);
+  a.mean = mean.const_data_ptr();
+  a.rstd = rstd.const_data_ptr();
+  a.dh = nullptr;
+  a.dx = dx.data_ptr();
+  a.dw = need_dwb && has_w ? dw.data_ptr() : nullptr;
+  a.db = need_dwb && has_w && has_b ? db.data_ptr() : nullptr;
+  a.n_rows = n_rows;
+  a.n_cols = n_cols;
+  a.n_w = 1;
+  a.center = true;
+  a.cast_x_hat = false;
+  a.dw_storage = a.db_storage = false;
+  ln::norm_bwd(dt, wdt, a);
+  return {dx, dw, db};
 }
 
 }  // namespace normlab::norm_act
@@ -257,6 +423,10 @@ TORCH_LIBRARY_FRAGMENT(normlab, m) {
         "int act, float act_param, bool need_dx, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps, int act, "
         "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_act_fwd(Tensor x, int n_cols, Tensor? weight, Tensor? bias, float eps, int act, "
+        "float act_param) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+        "int n_cols, int act, float act_param, bool need_dwb) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
         "int num_groups, int act, float act_param, bool need_dx) -> (Tensor, Tensor, Tensor)");
 }
@@ -266,4 +436,6 @@ TORCH_LIBRARY_IMPL(normlab, CPU, m) {
   m.impl("batch_norm_act_bwd", &normlab::norm_act::batch_norm_act_bwd_cpu);
   m.impl("group_norm_act_fwd", &normlab::norm_act::group_norm_act_fwd_cpu);
   m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
+  m.impl("layer_norm_act_fwd", &normlab::norm_act::layer_norm_act_fwd_cpu);
+  m.impl("layer_norm_act_bwd", &normlab::norm_act::layer_norm_act_bwd_cpu);
 }

@@ -6,10 +6,13 @@ Each is the norm of the same name followed by an activation, ``y = act(norm(x))`
 ``act`` one of ``ops.activation.NAMES`` (``"identity"``, ``"relu"``, ``"leaky_relu"`` with
 ``negative_slope``, ``"silu"``, ``"gelu"``, ``"gelu_tanh"``, ``"hardswish"``, ``"tanh"``). On
 the ``"ref"`` path (and wherever no fused kernel serves the call) it is exactly that: the norm's
-own function, then the activation's torch function. The eager ``"cpu"`` path of
-``batch_norm_act`` applies the activation inside the normalization's output pass and its
-derivative inside the backward (docs/derivations/norm_act.md): the same values within the
-project's accuracy rule, one pass over the data fewer, nothing saved but what the norm saves.
+own function, then the activation's torch function. The eager ``"cpu"`` path applies the
+activation inside the normalization's output pass (``batch_norm_act``, ``group_norm_act``) or to
+each block of rows while it is in cache (``layer_norm_act``, and ``layer_norm_act2d`` on a
+channels_last input; an NCHW one takes the unfused path), and its derivative in the backward
+(docs/derivations/norm_act.md): the same values within the project's accuracy rule (the same
+bits as the unfused path for the piecewise-linear activations, except BatchNorm's in half
+precision), nothing saved but what the norm saves.
 """
 
 from __future__ import annotations
@@ -127,8 +130,12 @@ def layer_norm_act(
     tensor([[-0.7616,  0.7616]])
     """
     fn = "layer_norm_act"
-    route(input, fn)
+    path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
+    if path == EAGER:
+        y = _op.layer_norm_act_fused(input, normalized_shape, weight, bias, eps, a, p)
+        if y is not None:
+            return y
     return _act.act_forward(layer_norm(input, normalized_shape, weight, bias, eps), a, p)
 
 
@@ -150,6 +157,10 @@ def layer_norm_act2d(
     tensor([-1.0000,  1.0000])
     """
     fn = "layer_norm_act2d"
-    route(input, fn)
+    path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
+    if path == EAGER:
+        y = _op.layer_norm_act2d_fused(input, weight, bias, eps, a, p)
+        if y is not None:
+            return y
     return _act.act_forward(layer_norm2d(input, weight, bias, eps), a, p)

@@ -19,16 +19,17 @@ namespace normlab::group_norm {
 
 namespace {
 
-// y[k] = ((x[k] - shift) - md) * (rs * w[k]) + b[k] over the n channels of an S == 1 group row.
-template <class S>
+// y[k] = act(((x[k] - shift) - md) * (rs * w[k]) + b[k]) over the n channels of an S == 1 group row.
+template <class S, int Act>
 inline void affine_channels(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> rs,
-                            const acc_t<S>* w, const acc_t<S>* b) {
+                            const acc_t<S>* w, const acc_t<S>* b, acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * (vr * vload(w + j)) + vload(b + j));
-  for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * (rs * w[j]) + b[j]);
+  for (; j + L <= n; j += L)
+    vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * (vr * vload(w + j)) + vload(b + j), p));
+  for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * (rs * w[j]) + b[j], p);
 }
 
 // dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel).
@@ -99,26 +100,39 @@ template <class A> inline A center_in_place(A* d, int64_t n, A m) {
   return s;
 }
 
-// y[j] = e[j] * a + bc over n values (the output from the centred differences e of scratch), and
-// y[j] = e[j] * (rs * w[j]) + b[j] (S == 1: one value per channel).
-template <class S> inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_t<S> bc) {
+// y[j] = act(e[j] * a + bc) over n values (the output from the centred differences e of scratch),
+// and y[j] = act(e[j] * (rs * w[j]) + b[j]) (S == 1: one value per channel).
+template <class S, int Act>
+inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_t<S> bc, acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const vec<A> va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, vload(e + j) * va + vb);
-  for (; j < n; ++j) y[j] = from_acc<S>(e[j] * a + bc);
+  for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(vload(e + j) * va + vb, p));
+  if constexpr (Act != act::kIdentity) {  // the tail as one partial vector (one activation, not one a value)
+    if (j < n) vstore_n(y + j, out_act<S, Act>(vload_n(e + j, n - j) * va + vb, p), n - j);
+    return;
+  }
+  for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * a + bc, p);
 }
-template <class S>
-inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs, const acc_t<S>* w, const acc_t<S>* b) {
+template <class S, int Act>
+inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs, const acc_t<S>* w, const acc_t<S>* b,
+                                 acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const vec<A> vr = vset1<A>(rs);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, vload(e + j) * (vr * vload(w + j)) + vload(b + j));
-  for (; j < n; ++j) y[j] = from_acc<S>(e[j] * (rs * w[j]) + b[j]);
+  for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(vload(e + j) * (vr * vload(w + j)) + vload(b + j), p));
+  for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * (rs * w[j]) + b[j], p);
 }
 
+// Channel runs shorter than this many values take the activation (GroupNormAct) in a loop over the
+// row after its output pass (the row in L1/L2), not inside each run: the activation's constants are
+// set up per loop, which a run of 196 values paid 12 vectors a time for (same values either way).
+constexpr int64_t kShortRun = 1024;
+// Half-precision output always so: the activation reads the row as stored (rounded), which the
+// inline form reaches through a store and a load of every vector.
+template <class S> constexpr bool kHalf = sizeof(S) < sizeof(acc_t<S>);
 // Rows of up to this many values keep their differences in scratch (64 KiB of float32: L2).
 constexpr int64_t kScratchValues = 16384;
 // A row's passes ask for the bytes of x this far ahead (a few rows of a (256, 256, 8, 8) input):
@@ -159,7 +173,8 @@ inline RowParts row_parts(int64_t ncols, int64_t nrows, int64_t value_bytes) {
 
 template <class S>
 void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
-                   acc_t<S>* rstd, int64_t nrows, int64_t cg, int64_t g, int64_t ns, int64_t ncols, double eps) {
+                   acc_t<S>* rstd, int64_t nrows, int64_t cg, int64_t g, int64_t ns, int64_t ncols, double eps,
+                   int act_id, acc_t<S> p) {
   using A = acc_t<S>;
   const RowParts rp = row_parts(ncols, nrows, int64_t(sizeof(S)));
   const int64_t n_items = nrows * rp.n_parts;
@@ -176,18 +191,22 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
     hi_lo_rs[3 * r + 1] = std::isfinite(m_a) ? m_a - double(m) : 0.0;
     hi_lo_rs[3 * r + 2] = double(rs);
   };
-  // y = ((x - hi) - lo) * (rstd * w[c]) + b[c] over values [v0, v1) of row r, channel run by run;
-  // y streams past the caches when x and y together exceed half the last level (numerics/stream.h)
+  // y = act(((x - hi) - lo) * (rstd * w[c]) + b[c]) over values [v0, v1) of row r, channel run by
+  // run; y streams past the caches when x and y together exceed half the last level (numerics/stream.h)
   const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S)));
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
     const int64_t gi = r % g;
     const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);
-    for (int64_t lo_v = v0; lo_v < v1;) {
-      const int64_t k = lo_v / ns, hi_v = std::min(v1, (k + 1) * ns), cc = gi * cg + k;
-      if (stream) affine_run<S, true>(x + r * ncols + lo_v, y + r * ncols + lo_v, hi_v - lo_v, hi, lo, rs * w[cc], b[cc]);
-      else affine_run<S>(x + r * ncols + lo_v, y + r * ncols + lo_v, hi_v - lo_v, hi, lo, rs * w[cc], b[cc]);
-      lo_v = hi_v;
-    }
+    act::visit(act_id, [&]<int Act>() {
+      for (int64_t lo_v = v0; lo_v < v1;) {
+        const int64_t k = lo_v / ns, hi_v = std::min(v1, (k + 1) * ns), cc = gi * cg + k;
+        const S* xp = x + r * ncols + lo_v;
+        S* yp = y + r * ncols + lo_v;
+        if (stream) affine_run<S, true, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p);
+        else affine_run<S, false, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p);
+        lo_v = hi_v;
+      }
+    });
     if (stream) fence_streams();
   };
   const bool local = rp.n_parts == 1;  // a row of one part (<= 64K values, in L2): written at once
@@ -317,12 +336,19 @@ template <class R> inline void store_double(R* p, double v) {
 // the row is read three times (sum, squared deviations, output), from cache after the first.
 template <class S>
 void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
-              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed) {
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed, int act_id,
+              double act_param) {
   using A = acc_t<S>;
-  if (ns == 1 && !fixed && s1_packed<S>(c, g)) return fwd_s1_packed<S>(x, w, b, y, mean, var, rstd, n, c, g, eps);
+  const A p = A(act_param);
+  if (ns == 1 && !fixed && s1_packed<S>(c, g)) {
+    fwd_s1_packed<S>(x, w, b, y, mean, var, rstd, n, c, g, eps);
+    act::visit(act_id, [&]<int Act>() { if constexpr (Act != act::kIdentity) act_in_place<S, Act>(y, n * c, p); });
+    return;
+  }
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   const A aeps = A(eps);
-  if (!fixed && ncols > kScratchValues) return fwd_long_rows<S>(x, w, b, y, mean, var, rstd, nrows, cg, g, ns, ncols, eps);
+  if (!fixed && ncols > kScratchValues)
+    return fwd_long_rows<S>(x, w, b, y, mean, var, rstd, nrows, cg, g, ns, ncols, eps, act_id, p);
   if (sizeof(S) == 2 && !fixed && ncols > 256 && ncols <= kScratchValues) {
     // Long half-precision rows, one at a time: pass 1 reads x from memory into scratch (d = x -
     // shift, widened once); pass 2 and the output run over scratch in L1/L2 (e = d - md, y = e *
@@ -352,11 +378,17 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         S* yr = y + r * ncols;
         const A* wg = w + gi * cg;
         const A* bg = b + gi * cg;
-        if (ns == 1) {
-          scale_shift_channels(d, yr, cg, rs, wg, bg);
-        } else {
-          for (int64_t j = 0; j < cg; ++j) scale_shift_run(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j]);
-        }
+        act::visit(act_id, [&]<int Act>() {
+          if (ns == 1) {
+            scale_shift_channels<S, Act>(d, yr, cg, rs, wg, bg, p);
+          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+            for (int64_t j = 0; j < cg; ++j)
+              scale_shift_run<S, act::kIdentity>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
+            act_row<S, Act>(yr, ncols, p);
+          } else {
+            for (int64_t j = 0; j < cg; ++j) scale_shift_run<S, Act>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
+          }
+        });
       }
     });
     return;
@@ -409,22 +441,28 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           }
         }
       }
-      for (int64_t k = 0; k < nb; ++k) {
-        const int64_t gi = (rb + k) % g;
-        const S* xr = xb + k * ncols;
-        S* yr = y + (rb + k) * ncols;
-        const A* wg = w + gi * cg;
-        const A* bg = b + gi * cg;
-        if (ns == 1) {
-          affine_channels(xr, yr, cg, shift[k], md[k], rs[k], wg, bg);
-        } else if (stream) {
-          for (int64_t j = 0; j < cg; ++j)
-            affine_run<S, true>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
-        } else {
-          for (int64_t j = 0; j < cg; ++j)
-            affine_run<S>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+      act::visit(act_id, [&]<int Act>() {
+        for (int64_t k = 0; k < nb; ++k) {
+          const int64_t gi = (rb + k) % g;
+          const S* xr = xb + k * ncols;
+          S* yr = y + (rb + k) * ncols;
+          const A* wg = w + gi * cg;
+          const A* bg = b + gi * cg;
+          if (ns == 1) {
+            affine_channels<S, Act>(xr, yr, cg, shift[k], md[k], rs[k], wg, bg, p);
+          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+            for (int64_t j = 0; j < cg; ++j)
+              affine_run<S, false, act::kIdentity>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+            act_row<S, Act>(yr, ncols, p);
+          } else if (stream) {
+            for (int64_t j = 0; j < cg; ++j)
+              affine_run<S, true, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p);
+          } else {
+            for (int64_t j = 0; j < cg; ++j)
+              affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p);
+          }
         }
-      }
+      });
     }
     if (stream) fence_streams();
   });
@@ -555,7 +593,7 @@ void update_running(R* rm, int64_t rm_stride, R* rv, int64_t rv_stride, const A*
 
 #define NORMLAB_GN_ROWS(S)                                                                                      \
   template void fwd_rows<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, acc_t<S>*, \
-                            int64_t, int64_t, int64_t, int64_t, double, bool);                               \
+                            int64_t, int64_t, int64_t, int64_t, double, bool, int, double);                  \
   template void bwd_rows<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
                             acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, bool);
 NORMLAB_GN_ROWS(float)

@@ -26,15 +26,24 @@ namespace normlab::group_norm {
 // number of threads.
 int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c);
 
+// The forwards take an activation (GroupNormAct, numerics/activation.h: its id act and parameter
+// act_param; 0, the identity, for GroupNorm) applied in the output pass to each value as rounded
+// to S: y = act(GroupNorm(x)), the bits of the activation run on GroupNorm's output.
+
 // Forward over group rows (contiguous x, or any x with S == 1). `fixed`: mean/rstd are (C,) inputs.
 template <class S>
 void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
-              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed);
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, bool fixed, int act = 0,
+              double act_param = 0.0);
 
 // Forward of channels_last x (N, S, C), S > 1.
 template <class S>
 void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
-              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps);
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, int act = 0,
+              double act_param = 0.0);
+
+// The backwards allow dx == dy (each value of dy is read before dx is written there: GroupNormAct's
+// backward keeps its dy * act'(z) in dx's buffer).
 
 // Backward over group rows (contiguous x). `fixed`: mean/rstd (C,), dx = rstd * dy * w (term 1).
 // dx may be null (not needed).

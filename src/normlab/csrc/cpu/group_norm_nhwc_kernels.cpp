@@ -332,10 +332,11 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   }
 }
 
-// Stream: y written around the caches (vstream), so that they keep x for this pass.
-template <class S, bool Stream>
+// Stream: y written around the caches (vstream), so that they keep x for this pass. Act: the
+// activation applied to each output value (group_norm_sums.h, out_act).
+template <class S, bool Stream, int Act>
 void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t c, const acc_t<S>* ch,
-                 const acc_t<S>* a, const acc_t<S>* bb) {
+                 const acc_t<S>* a, const acc_t<S>* bb, acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const View vw = view_of<L>(c);
@@ -363,15 +364,15 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
       over_channels<L>(
           ce,
           [&](int64_t j) {
-            const vec<A> v = (vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j);
+            const vec<A> v = out_act<S, Act>((vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j), p);
             if constexpr (Stream) vstream(yr + j, v);
             else vstore(yr + j, v);
           },
-          [&](int64_t j) { yr[j] = from_acc<S>((to_acc(xr[j]) - chv[j]) * av[j] + bv[j]); });
+          [&](int64_t j) { yr[j] = out_act1<S, Act>((to_acc(xr[j]) - chv[j]) * av[j] + bv[j], p); });
     }
     for (int64_t o = rr * c; o < rows * c; ++o) {
       const int64_t j = o % c;
-      yt[o] = from_acc<S>((to_acc(xt[o]) - ch[j]) * a[j] + bb[j]);
+      yt[o] = out_act1<S, Act>((to_acc(xt[o]) - ch[j]) * a[j] + bb[j], p);
     }
   }
   if constexpr (Stream) fence_streams();
@@ -392,9 +393,10 @@ int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c) {
 //   output   y = (x - ch) * a + bb,  ch = mean rounded to A, a = rstd * w[c], bb = b[c] - (mean - ch) * a
 template <class S>
 void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* var,
-              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps) {
+              acc_t<S>* rstd, int64_t n, int64_t c, int64_t g, int64_t ns, double eps, int act_id, double act_param) {
   using A = acc_t<S>;
   const int64_t cg = c / g;
+  const A p = A(act_param);
   const View vw = view_of<vlanes<S>>(c);
   const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   // sample i's statistics from its merged moments: per group the mean's rounding to A and what that
@@ -434,8 +436,10 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // level (a cache shared with the other cores): the cache then keeps x for the output pass
   const bool stream = streams_output(2 * n * ns * c * int64_t(sizeof(S)));
   auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
-    if (stream) affine_rows<S, true>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);
-    else affine_rows<S, false>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb);
+    act::visit(act_id, [&]<int Act>() {
+      if (stream) affine_rows<S, true, Act>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb, p);
+      else affine_rows<S, false, Act>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb, p);
+    });
   };
   auto shifts = [&](int64_t i, A* gsh) {
     for (int64_t gi = 0; gi < g; ++gi) gsh[gi] = to_acc(x[i * ns * c + gi * cg]);
@@ -796,7 +800,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
 
 #define NORMLAB_GN_NHWC(S)                                                                                      \
   template void fwd_nhwc<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, acc_t<S>*, \
-                            int64_t, int64_t, int64_t, int64_t, double);                                     \
+                            int64_t, int64_t, int64_t, int64_t, double, int, double);                        \
   template void bwd_nhwc<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
                             acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t);
 NORMLAB_GN_NHWC(float)

@@ -2,12 +2,14 @@
 // affine run, torch's mean for a group holding infinities, and the in-order merge of dw/db partials.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "numerics/activation.h"
 #include "numerics/chunks.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
@@ -85,22 +87,68 @@ template <class S> inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64
   return {s1, s2, s3};
 }
 
-// y[j] = ((x[j] - shift) - md) * a + bc over a contiguous run of n values (one channel).
+// The output's activation (GroupNormAct: cpu/norm_act_kernels.h, numerics/activation.h): y =
+// act(z) with z first rounded to the storage type S, as GroupNorm's output is, so that the fused
+// output has the bits of GroupNorm followed by the activation on its output. Act = kIdentity: z.
+template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
+  if constexpr (Act == act::kIdentity) {
+    return z;
+  } else {
+    if constexpr (sizeof(S) < sizeof(acc_t<S>)) {
+      S t[vlanes<S>];
+      vstore(t, z);
+      z = vload(t);
+    }
+    return act::apply<Act, acc_t<S>>(z, p);
+  }
+}
+template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
+  if constexpr (Act == act::kIdentity) return from_acc<S>(z);
+  else return from_acc<S>(act::apply<Act, acc_t<S>>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
+}
+
+// y = act(y) over n values in place, on the calling thread (a row in cache: one loop, the
+// activation's constants set up once rather than once a short channel run).
+template <class S, int Act> inline void act_row(S* y, int64_t n, acc_t<S> p) {
+  constexpr int64_t L = vlanes<S>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
+  if (j < n) vstore_n(y + j, act::apply<Act, acc_t<S>>(vload_n(y + j, n - j), p), n - j);
+}
+
+// y = act(y) over n values in place (the output paths that write y before the activation can join).
+template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p) {
+  constexpr int64_t L = vlanes<S>, kBlock = 4096;
+  for_rows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b0, int64_t b1) {
+    const int64_t e = std::min(n, b1 * kBlock);
+    int64_t j = b0 * kBlock;
+    for (; j + L <= e; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
+    for (; j < e; ++j) y[j] = out_act1<S, Act>(to_acc(y[j]), p);
+  });
+}
+
+// y[j] = act(((x[j] - shift) - md) * a + bc) over a contiguous run of n values (one channel).
 // Stream: y written around the caches (numerics/stream.h), the values before the first aligned
 // address one at a time (the same arithmetic: the same bits).
-template <class S, bool Stream = false>
-inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc) {
+template <class S, bool Stream = false, int Act = act::kIdentity>
+inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
+                       acc_t<S> p = acc_t<S>(0)) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
   int64_t j = 0;
   if constexpr (Stream) {
-    for (const int64_t k = to_stream_alignment(y, n); j < k; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
-    for (; j + L <= n; j += L) vstream(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+    for (const int64_t k = to_stream_alignment(y, n); j < k; ++j)
+      y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
+    for (; j + L <= n; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
   } else {
-    for (; j + L <= n; j += L) vstore(y + j, ((vload(x + j) - vs) - vm) * va + vb);
+    for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
   }
-  for (; j < n; ++j) y[j] = from_acc<S>(((to_acc(x[j]) - shift) - md) * a + bc);
+  if constexpr (Act != act::kIdentity) {  // the tail as one partial vector (one activation, not one a value)
+    if (j < n) vstore_n(y + j, out_act<S, Act>(((vload_n(x + j, n - j) - vs) - vm) * va + vb, p), n - j);
+    return;
+  }
+  for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
 }
 
 // The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.

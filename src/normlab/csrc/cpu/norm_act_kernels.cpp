@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "numerics/activation.h"
@@ -115,6 +116,38 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
           store_n(dz + t, load_n(dy + t, n) * act::grad<Act, A>(z, p), n);
         });
+      });
+    });
+  });
+}
+
+void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* mean, const double* rstd,
+                 const double* w, const double* b, int64_t n_rows, int64_t n_cols, int act_id, double param) {
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    constexpr int64_t L = vlanes<S>;
+    const S* x = static_cast<const S*>(xv);
+    const S* dy = static_cast<const S*>(dyv);
+    S* dz = static_cast<S*>(dzv);
+    // (a plain array: a std::vector<float>(n) here left GCC's clone of its constructor, compiled for
+    // this file's level, outside the level's namespace -- scripts/check-isa.py)
+    const std::unique_ptr<A[]> wb(new A[2 * n_cols]);
+    A *wa = wb.get(), *ba = wa + n_cols;
+    for (int64_t c = 0; c < n_cols; ++c) { wa[c] = A(w ? w[c] : 1.0); ba[c] = A(b ? b[c] : 0.0); }
+    const A p = A(param);
+    const Layout l{false, n_rows, n_cols, 0, 1};
+    act::visit(act_id, [&]<int Act>() {
+      tasks(l, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const vec<A> m = vset1(A(mean[r])), rs = vset1(A(rstd[r]));
+          const int64_t base = r * n_cols;
+          for (int64_t t = 0; t < n_cols; t += L) {
+            const int64_t n = std::min(L, n_cols - t);
+            const vec<A> z = ((load_n(x + base + t, n) - m) * rs) * loadc_n(&wa[t], n) + loadc_n(&ba[t], n);
+            store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, A>(z, p), n);
+          }
+        }
       });
     });
   });

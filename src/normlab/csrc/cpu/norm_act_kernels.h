@@ -34,6 +34,11 @@ void forward_out(Dtype dt, const void* x, void* y, const double* hi, const doubl
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
             int64_t n_consts, Layout l, int act, double param);
 
+// LayerNorm's rows (LayerNormAct): dz = dy * act'(z), z = (x - mean[r]) * rstd[r] * w[c] + b[c] over
+// n_rows rows of n_cols values (w, b null: ones, zeros), rounded once to dt (dz may alias dy).
+void grad_z_rows(Dtype dt, const void* dy, const void* x, void* dz, const double* mean, const double* rstd,
+                 const double* w, const double* b, int64_t n_rows, int64_t n_cols, int act, double param);
+
 // y = act(y) over n values in place (the pass after a norm kernel that wrote y, while y is in cache).
 void apply_inplace(Dtype dt, void* y, int64_t n, int act, double param);
 

@@ -1,17 +1,21 @@
 """The fused norm+act entries on the eager ``"cpu"`` path (``torch.ops.normlab.batch_norm_act_fwd``
-/ ``_bwd``, ``group_norm_act_fwd`` / ``_bwd``: csrc/norm_act.cpp), wired to autograd by
-:class:`BatchNormActFunction` and :class:`GroupNormActFunction`.
+/ ``_bwd``, ``group_norm_act_fwd`` / ``_bwd``, ``layer_norm_act_fwd`` / ``_bwd``: csrc/norm_act.cpp),
+wired to autograd by :class:`BatchNormActFunction`, :class:`GroupNormActFunction` and
+:class:`LayerNormActFunction`.
 
-``batch_norm_act_fused`` takes the plain case only (a CPU tensor of a served dtype, exactly
-``(C,)`` per-channel tensors, a float momentum in [0, 1], a positive eps) and answers None for
+Each ``*_fused`` function takes the plain case only (a CPU tensor of a served dtype, parameters of
+exactly the norm's shape, a float momentum in [0, 1], a non-negative eps, ...) and answers None for
 anything else: the caller then runs the unfused composition, whose checks word the error.
+``layer_norm_act2d_fused`` takes a channels_last input only (its memory is rows of C values).
 
 Saved for the backward: x, weight, bias and the statistics (BatchNorm: (3, C) float64; GroupNorm:
-mean and rstd (N, G)) -- what the norm saves, plus the bias; the backward recomputes the pre-activation z from them (docs/derivations/norm_act.md).
+mean and rstd (N, G); LayerNorm: mean and rstd per row) -- what the norm saves, plus the bias; the
+backward recomputes the pre-activation z from them (docs/derivations/norm_act.md).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -126,3 +130,77 @@ def group_norm_act_fused(x, g, w, b, eps, act: int, param: float):
                                     or (b is not None and b.requires_grad)):
         return GroupNormActFunction.apply(*args)
     return torch.ops.normlab.group_norm_act_fwd(x, w, b, g, float(eps), act, float(param))[0]
+
+
+class LayerNormActFunction(torch.autograd.Function):
+    """``y = act(layer_norm(x))`` over rows of ``n_cols`` values with the hand-derived backward (the C++ ops)."""
+
+    @staticmethod
+    def forward(ctx, x, n_cols, w, b, eps, act, param):
+        wf = None if w is None else w.reshape(-1)
+        bf = None if b is None else b.reshape(-1)
+        y, mean, rstd = torch.ops.normlab.layer_norm_act_fwd(x, n_cols, wf, bf, eps, act, param)
+        ctx.save_for_backward(x, wf, bf, mean, rstd)
+        ctx.n_cols, ctx.act, ctx.param = n_cols, act, param
+        ctx.shapes = (None if w is None else (w.shape, w.dtype), None if b is None else (b.shape, b.dtype))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        need_dwb = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        dx, dw, db = torch.ops.normlab.layer_norm_act_bwd(dy, x, w, b, mean, rstd, ctx.n_cols, ctx.act, ctx.param,
+                                                          need_dwb)
+        (ws, wt), (bs, bt) = (s if s is not None else (None, None) for s in ctx.shapes)
+        return (dx if ctx.needs_input_grad[0] else None, None,
+                dw.reshape(ws).to(wt) if ctx.needs_input_grad[2] else None,
+                db.reshape(bs).to(bt) if ctx.needs_input_grad[3] else None, None, None, None)
+
+
+def _row_params_fit(x, shape, w, b) -> bool:
+    """weight and bias of exactly ``shape``, both or a weight alone, one dtype: x's, or float32 beside half."""
+    if w is None and b is not None:
+        return False
+    for p in (w, b):
+        if p is not None and not (type(p) in _PLAIN and p.is_cpu and tuple(p.shape) == shape
+                                  and (p.dtype == x.dtype or (p.dtype == torch.float32 and x.dtype in _HALF))):
+            return False
+    return w is None or b is None or w.dtype == b.dtype
+
+
+def _layer_norm_act_rows(x, n_cols, shape, w, b, eps, act, param):
+    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps >= 0) or not _row_params_fit(
+            x, shape, w, b):
+        return None
+    args = (x, n_cols, w, b, float(eps), act, float(param))
+    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
+                                    or (b is not None and b.requires_grad)):
+        return LayerNormActFunction.apply(*args)
+    return torch.ops.normlab.layer_norm_act_fwd(x, n_cols, None if w is None else w.reshape(-1),
+                                                None if b is None else b.reshape(-1), float(eps), act, float(param))[0]
+
+
+def layer_norm_act_fused(x, normalized_shape, w, b, eps, act: int, param: float):
+    """``act(layer_norm(x, normalized_shape, w, b, eps))`` by the fused ops, or None when the case is not theirs."""
+    if not HAS_FUSED or type(x) not in _PLAIN or x.dtype not in _SERVED or not x.is_cpu or x.numel() == 0:
+        return None
+    shape = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
+    if not isinstance(shape, (tuple, list, torch.Size)) or not shape or any(type(s) is not int for s in shape):
+        return None
+    shape = tuple(shape)
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape or math.prod(shape) <= 0:
+        return None
+    return _layer_norm_act_rows(x.contiguous(), math.prod(shape), shape, w, b, eps, act, param)
+
+
+def layer_norm_act2d_fused(x, w, b, eps, act: int, param: float):
+    """``act(layer_norm2d(x, w, b, eps))`` for a channels_last (N, C, H, W) x (its memory: rows of C values), or
+    None (an NCHW input takes the unfused path)."""
+    if not HAS_FUSED or type(x) not in _PLAIN or x.dtype not in _SERVED or not x.is_cpu or x.dim() != 4:
+        return None
+    c = x.shape[1]
+    rows_of_c = x.is_contiguous(memory_format=torch.channels_last) and (
+        not x.is_contiguous() or x.shape[2] * x.shape[3] == 1)
+    if not rows_of_c or x.numel() == 0 or c <= 0:
+        return None
+    return _layer_norm_act_rows(x, c, (c,), w, b, eps, act, param)

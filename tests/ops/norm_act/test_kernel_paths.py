@@ -1,0 +1,263 @@
+"""The fused norm+act kernels along every path of the norm kernels they ride on (csrc/norm_act.cpp):
+GroupNorm's row kernels (short, scratch and long group rows, S == 1 packed and not) and NHWC
+kernels (whole samples and chunked) with the activation inside their output pass; BatchNorm's and
+GroupNorm's backwards reading dz = dy * act'(z) from dx's own buffer and writing dx over it.
+
+Oracles: normlab's unfused path (the norm's own op, then torch's activation) -- the same bits for
+the piecewise-linear activations, whose result torch computes exactly from the norm's rounded
+output; the float64 reference for the others (tests/oracle.assert_accurate_vs_unfused); and, for
+the backward's in-place dz, the identity activation, where dz = dy * 1 = dy exactly, so the fused
+gradients must be the norm's own gradients, bit for bit, on every kernel path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import normlab
+import normlab.functional as NF
+from normlab.ops import activation as A
+from normlab.ops.norm_act.op import HAS_FUSED
+from tests.oracle import assert_accurate_vs_unfused, ops_dispatched
+
+pytestmark = pytest.mark.skipif(not HAS_FUSED, reason="the fused C++ ops are not built")
+
+EXACT = ("identity", "relu", "leaky_relu", "hardswish")
+SMOOTH = ("silu", "gelu", "gelu_tanh", "tanh")
+CL = torch.channels_last
+
+# (shape, groups, memory format): the GroupNorm kernel path each reaches
+GN_PATHS = {
+    "rows short (Cg*S <= 256)": ((3, 16, 5, 7), 4, None),
+    "rows in scratch (256 < Cg*S <= 16384)": ((2, 32, 24, 20), 8, None),
+    "rows long (Cg*S > 16384)": ((2, 4, 96, 100), 2, None),
+    "S == 1, groups packed in a vector": ((37, 16), 8, None),
+    "S == 1, wide groups": ((9, 96), 2, None),
+    "NHWC, whole samples a task": ((16, 24, 6, 5), 6, CL),
+    "NHWC, chunks of a sample": ((1, 32, 70, 66), 4, CL),
+    "NHWC, short rows of the view": ((2, 3, 9, 11), 3, CL),
+}
+
+
+def _x(shape, dtype, seed=0, fmt=None):
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.3).to(dtype)
+    return t.contiguous(memory_format=fmt) if fmt is not None else t
+
+
+def _params(c, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(dtype)
+    b = (torch.randn(c, generator=g, dtype=torch.float64) * 0.5).to(dtype)
+    return w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("path", list(GN_PATHS))
+def test_group_norm_act_forward_on_every_kernel_path(path, dtype):
+    shape, g, fmt = GN_PATHS[path]
+    x = _x(shape, dtype, fmt=fmt)
+    w, b = _params(shape[1], dtype)
+    z = NF.group_norm(x, g, w, b, 1e-5)
+    for act in EXACT:
+        y = NF.group_norm_act(x, g, w, b, 1e-5, act, 0.2)
+        assert y.is_contiguous(memory_format=fmt or torch.contiguous_format), (path, act)
+        assert torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), (path, act)
+    with normlab.use_backend("ref"):
+        z64 = NF.group_norm(x.double(), g, w.double(), b.double(), 1e-5)
+    for act in SMOOTH:
+        y = NF.group_norm_act(x, g, w, b, 1e-5, act)
+        assert_accurate_vs_unfused(y, A.act_forward(z, A.ID[act]), A.act_forward(z64, A.ID[act]), f"{path} {act}")
+
+
+def _grads(fn, x, w, b, dy):
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = fn(x, w, b)
+    return (y, *torch.autograd.grad(y, (x, w, b), dy))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", list(GN_PATHS))
+def test_group_norm_act_backward_in_place_dz_is_group_norms_backward(path, dtype):
+    """identity: dz = dy exactly, so the gradients are GroupNorm's own bits (dz read and dx written
+    in one buffer on every path of GroupNorm's backward)."""
+    shape, g, fmt = GN_PATHS[path]
+    x, dy = _x(shape, dtype, fmt=fmt), _x(shape, dtype, seed=3, fmt=fmt)
+    w, b = _params(shape[1], dtype)
+    fused = _grads(lambda x, w, b: NF.group_norm_act(x, g, w, b, 1e-5, "identity"), x, w, b, dy)
+    plain = _grads(lambda x, w, b: NF.group_norm(x, g, w, b, 1e-5), x, w, b, dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert torch.equal(u, v), (path, i)
+
+
+# BatchNorm: (shape, memory format): planes in one part per channel (local), planes in several
+# parts, short planes (the rows view), channels-last rows, (N, C)
+BN_PATHS = {
+    "planes, local": ((4, 8, 32, 32), None),
+    "planes, parts": ((2, 3, 200, 200), None),
+    "short planes": ((6, 16, 5, 7), None),
+    "channels_last rows": ((4, 24, 9, 10), CL),
+    "(N, C)": ((300, 20), None),
+}
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", list(BN_PATHS))
+def test_batch_norm_act_backward_in_place_dz_is_batch_norms_backward(path, dtype, training):
+    shape, fmt = BN_PATHS[path]
+    x, dy = _x(shape, dtype, fmt=fmt), _x(shape, dtype, seed=3, fmt=fmt)
+    c = shape[1]
+    w, b = _params(c, torch.float32)
+    rm, rv = torch.randn(c) * 0.1, torch.rand(c) + 0.5
+
+    def fused(x, w, b):
+        return NF.batch_norm_act(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, "identity")
+
+    def plain(x, w, b):
+        return NF.batch_norm(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5)
+
+    for i, (u, v) in enumerate(zip(_grads(fused, x, w, b, dy), _grads(plain, x, w, b, dy))):
+        assert torch.equal(u, v), (path, i)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("path", ["planes, parts", "channels_last rows"])
+def test_batch_norm_act_gradients_with_an_activation(path, act):
+    """The in-place dz with a real activation: gradients within the rule of the float64 reference."""
+    shape, fmt = BN_PATHS[path]
+    x, dy = _x(shape, torch.float32, fmt=fmt), _x(shape, torch.float32, seed=3, fmt=fmt)
+    w, b = _params(shape[1], torch.float32)
+
+    def run(x, w, b):
+        return NF.batch_norm_act(x, None, None, w, b, True, 0.1, 1e-5, act)
+
+    got = _grads(run, x, w, b, dy)
+    with normlab.use_backend("ref"):
+        ref = _grads(run, x.double(), w.double(), b.double(), dy.double())
+        unfused = _grads(lambda x, w, b: A.act_forward(NF.batch_norm(x, None, None, w, b, True, 0.1, 1e-5),
+                                                       A.ID[act]), x, w, b, dy)
+    for i, (u, r, t) in enumerate(zip(got, ref, unfused)):
+        assert_accurate_vs_unfused(u, t, r, f"{path} {act} {i}")
+
+
+# LayerNormAct over rows: (shape, normalized_shape): rows shorter than 16 values, 16-31, 32-127 (the
+# row kernel's 16-row blocks), long rows, a multi-dim normalized_shape, rows past a block's 1024
+LN_CASES = {
+    "rows of 7": ((37, 7), (7,)),
+    "rows of 24": ((50, 24), (24,)),
+    "rows of 72": ((3, 17, 72), (72,)),
+    "rows of 1000": ((9, 1000), (1000,)),
+    "(6, 5) rows": ((2, 11, 6, 5), (6, 5)),
+    "many short rows": ((2100, 8), (8,)),
+}
+LN_AFFINE = {"weight and bias": (True, True), "weight alone": (True, False), "none": (False, False)}
+
+
+def _ln_params(shape, dtype, affine):
+    w, b = _params(math.prod(shape), dtype)
+    return (w.reshape(shape) if affine[0] else None), (b.reshape(shape) if affine[1] else None)
+
+
+@pytest.mark.parametrize("affine", list(LN_AFFINE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_layer_norm_act_forward_is_the_unfused_path(case, dtype, affine):
+    shape, ns = LN_CASES[case]
+    x = _x(shape, dtype)
+    w, b = _ln_params(ns, dtype, LN_AFFINE[affine])
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act(x, ns, w, b, 1e-5, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" in ops, ops
+    z = NF.layer_norm(x, ns, w, b, 1e-5)
+    for act in EXACT:
+        y = NF.layer_norm_act(x, ns, w, b, 1e-5, act, 0.2)
+        assert torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), (case, act)
+    with normlab.use_backend("ref"):
+        z64 = NF.layer_norm(x.double(), ns, None if w is None else w.double(), None if b is None else b.double(),
+                            1e-5)
+    for act in SMOOTH:
+        y = NF.layer_norm_act(x, ns, w, b, 1e-5, act)
+        assert_accurate_vs_unfused(y, A.act_forward(z, A.ID[act]), A.act_forward(z64, A.ID[act]), f"{case} {act}")
+
+
+def _grads_of(fn, tensors, dy):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+    y = fn(*leaves)
+    wrt = [t for t in leaves if t is not None]
+    return (y, *torch.autograd.grad(y, wrt, dy))
+
+
+@pytest.mark.parametrize("affine", list(LN_AFFINE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_layer_norm_act_backward_in_place_dz_is_layer_norms_backward(case, dtype, affine):
+    shape, ns = LN_CASES[case]
+    x, dy = _x(shape, dtype), _x(shape, dtype, seed=3)
+    w, b = _ln_params(ns, dtype, LN_AFFINE[affine])
+    fused = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, "identity"), (x, w, b), dy)
+    plain = _grads_of(lambda x, w, b: NF.layer_norm(x, ns, w, b, 1e-5), (x, w, b), dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert u.dtype == v.dtype and torch.equal(u, v), (case, i)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("case", ["rows of 24", "rows of 1000"])
+def test_layer_norm_act_gradients_with_an_activation(case, act):
+    shape, ns = LN_CASES[case]
+    x, dy = _x(shape, torch.float32), _x(shape, torch.float32, seed=3)
+    w, b = _ln_params(ns, torch.float32, (True, True))
+    got = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, act), (x, w, b), dy)
+    with normlab.use_backend("ref"):
+        ref = _grads_of(lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, act), (x.double(), w.double(),
+                                                                                    b.double()), dy.double())
+        unfused = _grads_of(lambda x, w, b: A.act_forward(NF.layer_norm(x, ns, w, b, 1e-5), A.ID[act]), (x, w, b), dy)
+    for i, (u, r, t) in enumerate(zip(got, ref, unfused)):
+        assert_accurate_vs_unfused(u, t, r, f"{case} {act} {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 24, 9, 10), (3, 7, 5, 4), (4, 16, 1, 1)])
+def test_layer_norm_act2d_channels_last_fused(shape, dtype):
+    x = _x(shape, dtype, fmt=CL)
+    dy = _x(shape, dtype, seed=3, fmt=CL)
+    w, b = _params(shape[1], dtype)
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" in ops, ops
+    z = NF.layer_norm2d(x, w, b, 1e-6)
+    for act in EXACT:
+        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
+        assert y.is_contiguous(memory_format=CL) and torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    fused = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "identity"), (x, w, b), dy)
+    plain = _grads_of(lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (x, w, b), dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert torch.equal(u, v), i
+
+
+def test_layer_norm_act2d_nchw_takes_the_unfused_path():
+    x = _x((2, 8, 5, 5), torch.float32)
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, None, None, 1e-6, "relu"))
+    assert err is None and "normlab.layer_norm_act_fwd.default" not in ops, ops
+
+
+@pytest.mark.parametrize("fn", ["layer_norm_act", "layer_norm_act2d channels_last"])
+def test_layer_norm_act_same_bits_on_one_and_two_threads(fn):
+    if fn == "layer_norm_act":
+        x, dy, ns = _x((3000, 40), torch.float32), _x((3000, 40), torch.float32, seed=3), (40,)
+        w, b = _ln_params(ns, torch.float32, (True, True))
+        call = lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, "silu")  # noqa: E731
+    else:
+        x, dy = _x((8, 32, 24, 24), torch.float32, fmt=CL), _x((8, 32, 24, 24), torch.float32, seed=3, fmt=CL)
+        w, b = _params(32, torch.float32)
+        call = lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "gelu_tanh")  # noqa: E731
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out.append(_grads_of(call, (x, w, b), dy))
+    finally:
+        torch.set_num_threads(threads)
+    for u, v in zip(*out):
+        assert torch.equal(u, v)
