@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 
@@ -460,3 +463,10 @@ def check_compiled_against_eager(model, x, steps, backend, ops: set[str]) -> Non
     assert_replays_exactly(calls)
     for what, got in (("eager", eager), (backend, compiled)):
         assert_within_error_bound(got, ref, mag, k, what)
+
+
+# torch.compile's inductor backend compiles the C++ it generates: without a C++ compiler on PATH
+# (a wheel installed where there is none -- scripts/wheel-check.sh) it cannot run at all, in torch
+# as with normlab. Its tests skip there; the eager ops and the other compile backends do not.
+HAS_CXX = bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
+needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="torch.compile's inductor needs a C++ compiler on PATH")

@@ -20,6 +20,7 @@ import normlab
 import normlab.functional as NF
 from normlab.ops import extension
 from tests.oracle import (
+    needs_cxx,
     saved_bytes_beyond_inputs,
     Step,
     assert_within_rounding,
@@ -532,6 +533,7 @@ def test_torch_compile_fullgraph_uses_the_custom_ops(channels_last):
     assert seen["bw"] == {"normlab.batch_norm_bwd.default"}
 
 
+@needs_cxx
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_torch_compile_inductor_matches_eager(channels_last):
     """Training steps only (one forward and one backward graph to compile: inductor is slow).

@@ -16,6 +16,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from tests.oracle import (
+    needs_cxx,
     HALF,
     saved_bytes_beyond_inputs,
     Step,
@@ -550,6 +551,7 @@ def test_torch_compile_aot_eager_channels_last(layout):
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
 
 
+@needs_cxx
 def test_torch_compile_inductor_matches_eager():
     """Compiling changes nothing normlab computes; inductor's own code (the conv, the relu and
     scaling, their fusions) is held to its rounding: each normlab op the compiled graph calls

@@ -14,6 +14,7 @@ import torch.nn.functional as TF
 import normlab
 import normlab.functional as NF
 from tests.oracle import (
+    needs_cxx,
     HALF,
     saved_bytes_beyond_inputs,
     Step,
@@ -448,6 +449,7 @@ def test_torch_compile_fullgraph_uses_the_custom_ops():
     assert seen["bw"] == {"normlab.layer_norm_bwd.default", "normlab.rms_norm_bwd.default"}
 
 
+@needs_cxx
 def test_torch_compile_inductor_matches_eager():
     """Each normlab op the compiled graph calls gives the bits an eager call gives on the same
     inputs; every result, eager and compiled, is within K u M of a float64 run (tests/oracle.py):
