@@ -470,3 +470,24 @@ def check_compiled_against_eager(model, x, steps, backend, ops: set[str]) -> Non
 # as with normlab. Its tests skip there; the eager ops and the other compile backends do not.
 HAS_CXX = bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++"))
 needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="torch.compile's inductor needs a C++ compiler on PATH")
+
+
+def group_norm_f64(x, w, b, dy, groups, center=0.0, eps=1e-5):
+    """GroupNorm's y, dx, dweight, dbias in float64 from the (rounded) inputs, written from the
+    derivation (docs/derivations/group_norm.md), on x - center (exact in float64 near the center,
+    so a mean of 1e4 costs float64 nothing): dx = rstd (g - mean(g) - x_hat mean(g x_hat)),
+    g = dy w."""
+    x, w, b, dy = (t.double() for t in (x, w, b, dy))
+    n, c = x.shape[:2]
+    xg = (x - center).reshape(n, groups, -1)
+    mean = xg.mean(-1, keepdim=True)
+    var = ((xg - mean) ** 2).mean(-1, keepdim=True)
+    rstd = 1 / torch.sqrt(var + eps)
+    xhat = ((xg - mean) * rstd).reshape(x.shape)
+    per_c = [1, c] + [1] * (x.dim() - 2)
+    y = xhat * w.view(per_c) + b.view(per_c)
+    g = (dy * w.view(per_c)).reshape(n, groups, -1)
+    xh = xhat.reshape(n, groups, -1)
+    dx = (rstd * (g - g.mean(-1, keepdim=True) - xh * (g * xh).mean(-1, keepdim=True))).reshape(x.shape)
+    dims = [0] + list(range(2, x.dim()))
+    return y, dx, (dy * xhat).sum(dims), dy.sum(dims)

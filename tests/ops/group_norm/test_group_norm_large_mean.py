@@ -3,7 +3,7 @@
 Each case runs one path of the GroupNorm kernels (``cpu/group_norm_kernels.cpp``: short group rows
 a block at a time, rows of 256-16384 values one at a time, long rows in parts, the S == 1 view;
 ``cpu/group_norm_nhwc_kernels.cpp``: channels-last; InstanceNorm as G == C), and every output --
-y, dx, dweight, dbias -- is checked against float64 math written out here from the derivation
+y, dx, dweight, dbias -- is checked against float64 math written from the derivation (tests/oracle.group_norm_f64)
 (docs/derivations/group_norm.md), not a kernel's output. Bounds as BatchNorm's
 (tests/ops/batch_norm/test_batch_norm_large_mean.py):
 
@@ -27,7 +27,7 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from tests.oracle import HALF, assert_within_rounding, rel_err
+from tests.oracle import group_norm_f64, HALF, assert_within_rounding, rel_err
 
 SHIFT = 1e4
 SHIFT_HALF = 8.0  # bfloat16 has 3 digits: a mean of 1e4 would leave every value the same
@@ -58,24 +58,6 @@ def _data(shape, fmt, dtype, seed):
     return x, dy, w, b
 
 
-def _exact(x, dy, w, b, groups, center):
-    """y, dx, dw, db in float64 from the (rounded) inputs, on x - center (exact near the center)."""
-    x, dy, w, b = (t.double() for t in (x, dy, w, b))
-    n, c = x.shape[:2]
-    xg = (x - center).reshape(n, groups, -1)
-    mean = xg.mean(-1, keepdim=True)
-    var = ((xg - mean) ** 2).mean(-1, keepdim=True)
-    rstd = 1 / torch.sqrt(var + EPS)
-    xhat = ((xg - mean) * rstd).reshape(x.shape)
-    per_c = [1, c] + [1] * (x.dim() - 2)
-    y = xhat * w.view(per_c) + b.view(per_c)
-    g = (dy * w.view(per_c)).reshape(n, groups, -1)
-    xh = xhat.reshape(n, groups, -1)
-    dx = (rstd * (g - g.mean(-1, keepdim=True) - xh * (g * xh).mean(-1, keepdim=True))).reshape(x.shape)
-    dims = [0] + list(range(2, x.dim()))
-    return y, dx, (dy * xhat).sum(dims), dy.sum(dims)
-
-
 def _normlab(x, dy, w, b, groups):
     xl = x.detach().clone(memory_format=torch.preserve_format).requires_grad_()
     wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
@@ -91,7 +73,7 @@ def test_every_output_within_twice_rounding_at_mean_1e4(case, dtype):
     shape, groups, fmt = CASES[case]
     x, dy, w, b = _data(shape, fmt, dtype, seed=list(CASES).index(case))
     got = _normlab(x, dy, w, b, groups)
-    exact = _exact(x, dy, w, b, groups, SHIFT_HALF if dtype in HALF else SHIFT)
+    exact = group_norm_f64(x, w, b, dy, groups, SHIFT_HALF if dtype in HALF else SHIFT, EPS)
     assert got[1].stride() == x.stride(), "dx keeps the input's layout"
     for name, a, r in zip(["y", "dx", "dw", "db"], got, exact):
         what = f"{case} {name}"

@@ -1,9 +1,9 @@
 """GroupNorm / InstanceNorm over long group rows (Cg * S > 16384 values: a large image at batch 1).
 
 The "cpu" rows kernel cuts such a row into parts of 65536 values merged in float64 (forward), and
-sums each channel's run in pieces added in float64 (backward). Oracles: float64 math written out
-here (mean, biased variance, x_hat; the backward from its three terms) on the same rounded inputs,
-and torch.nn.functional.group_norm for the layout. Before the parts, such a row was summed in
+sums each channel's run in pieces added in float64 (backward). Oracles: float64 math
+(tests/oracle.group_norm_f64: mean, biased variance, x_hat; the backward from its three terms) on
+the same rounded inputs, and torch.nn.functional.group_norm for the layout. Before the parts, such a row was summed in
 float32 lanes: a (1, 2, 32768, 32768) GroupNorm(1, 2) gave 1.0 where torch gives 2.33 (that size
 takes 8 GB and is checked by hand, not here).
 """
@@ -15,7 +15,7 @@ import torch
 
 import normlab
 import normlab.functional as NF
-from tests.oracle import assert_within_rounding, rel_err
+from tests.oracle import group_norm_f64, assert_within_rounding, rel_err
 
 CASES = {  # name -> (shape, groups)
     "group_two_parts": ((1, 2, 200, 200), 1),        # one row of 80000 values: 2 parts of 40000
@@ -28,24 +28,6 @@ CASES = {  # name -> (shape, groups)
     # output streams too
     "streamed_rows": ((6, 128, 56, 56), 32),
 }
-
-
-def _exact(x, w, b, dy, groups, center):
-    """y, dx, dw, db in float64, computed on x - center (exact in float64 near the center)."""
-    x, w, b, dy = (t.double() for t in (x, w, b, dy))
-    n, c = x.shape[:2]
-    xg = (x - center).reshape(n, groups, -1)
-    mean = xg.mean(-1, keepdim=True)
-    var = ((xg - mean) ** 2).mean(-1, keepdim=True)
-    rstd = 1 / torch.sqrt(var + 1e-5)
-    xhat = ((xg - mean) * rstd).reshape(x.shape)
-    per_c = [1, c] + [1] * (x.dim() - 2)
-    y = xhat * w.view(per_c) + b.view(per_c)
-    g = (dy * w.view(per_c)).reshape(n, groups, -1)
-    xh = xhat.reshape(n, groups, -1)
-    dx = (rstd * (g - g.mean(-1, keepdim=True) - xh * (g * xh).mean(-1, keepdim=True))).reshape(x.shape)
-    dims = [0] + list(range(2, x.dim()))
-    return y, dx, (dy * xhat).sum(dims), dy.sum(dims)
 
 
 def _normlab(x, w, b, dy, groups):
@@ -67,7 +49,7 @@ def test_long_rows_against_float64_at_mean_1e4(case, dtype):
     w = (1 + 0.5 * torch.randn(shape[1], generator=gen, dtype=torch.float64)).to(dtype)
     b = torch.randn(shape[1], generator=gen, dtype=torch.float64).to(dtype)
     got = _normlab(x, w, b, dy, groups)
-    exact = _exact(x, w, b, dy, groups, shift)
+    exact = group_norm_f64(x, w, b, dy, groups, shift)
     for name, a, r in zip(["y", "dx", "dw", "db"], got, exact):
         if dtype == torch.bfloat16:
             assert_within_rounding(a, r, 2.0, f"{case} {name}")
