@@ -24,9 +24,6 @@ CASES = {  # name -> (shape, groups)
     # x and y above half the last-level cache (on a 32 MB one): y streams past the caches; channel
     # runs of 586755 values, so runs after the first start off a vector's alignment
     "streamed_output": ((1, 4, 765, 767), 2),
-    # not long (rows of 12544 values), but x and y above half the last level: the rows kernel's
-    # output streams too
-    "streamed_rows": ((6, 128, 56, 56), 32),
 }
 
 

@@ -158,6 +158,10 @@ constexpr int64_t kAheadBytes = 4096;
 //     of kScratchValues in the accumulation dtype, the pieces added in float64 in order.
 // Same bits for any number of threads; scratch: (rows, P) float64 partials, freed on return.
 constexpr int64_t kPartValues = 65536;
+// The forward's pieces: float32 chains of 512 terms a lane at every level (16384 values on
+// AVX-512's 16 lanes, 4096 on the baseline's 4: there, 16384 put y of a long row at 7x its
+// rounding error at a mean of 1e4).
+template <class S> constexpr int64_t kPiece = kScratchValues / 16 * vlanes<S>;
 
 struct RowParts {
   int64_t n_parts, len;
@@ -215,8 +219,8 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
       const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len, v1 = std::min(ncols, v0 + rp.len);
       const S* xr = x + r * ncols;
       Moments mo;
-      for (int64_t lo = v0; lo < v1; lo += kScratchValues) {
-        const int64_t k = std::min(kScratchValues, v1 - lo);
+      for (int64_t lo = v0; lo < v1; lo += kPiece<S>) {
+        const int64_t k = std::min(kPiece<S>, v1 - lo);
         const A shift = to_acc(xr[lo]);
         const A md = over_count(shifted_sum(xr + lo, k, shift), k);                 // from memory
         mo.merge(double(k), double(shift) + double(md), double(shifted_sqdev(xr + lo, k, shift, md)));  // from L2
@@ -247,10 +251,10 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
 // sum gives the rounding of the saved mean m back: sum dy * (x - mean) = sum dy * (x - m) -
 // mean(x - m) * sum dy (at a mean of 1e4, m is off by up to 5e-4: dweight 1e-2 wrong without it).
 template <class S> struct Sums3 { double dy = 0.0, dyx = 0.0, x = 0.0; };
-// Pieces of 2048 values: float32 chains of 64 terms a lane (at 16384, dweight of a channel of
-// 40000 values came out at 36x its rounding error at a mean of 1e4; now within the 32x of
-// tests/ops/group_norm/test_group_norm_large_mean.py).
-constexpr int64_t kGradPieceValues = 2048;
+// Pieces of 2048 values on AVX-512 (128 lanes x 16: chains of 64 terms a lane at every level; at
+// 16384, dweight of a channel of 40000 values came out at 36x its rounding error at a mean of 1e4;
+// now within the 32x of tests/ops/group_norm/test_group_norm_large_mean.py).
+constexpr int64_t kGradPieceValues = 2048 / 16 * vlanes<float>;
 template <class S> inline Sums3<S> long_grad_sums(const S* dy, const S* x, int64_t n, acc_t<S> m) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
