@@ -256,28 +256,10 @@ template <class S> struct Sums3 { double dy = 0.0, dyx = 0.0, x = 0.0; };
 // now within the 32x of tests/ops/group_norm/test_group_norm_large_mean.py).
 constexpr int64_t kGradPieceValues = 2048 / 16 * vlanes<float>;
 template <class S> inline Sums3<S> long_grad_sums(const S* dy, const S* x, int64_t n, acc_t<S> m) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
   Sums3<S> out;
-  const vec<A> vm = vset1<A>(m);
   for (int64_t lo = 0; lo < n; lo += kGradPieceValues) {
-    const int64_t k = std::min(kGradPieceValues, n - lo);
-    const S *g = dy + lo, *xp = x + lo;
-    vec<A> a0 = vzero<A>(), a1 = vzero<A>(), b0 = vzero<A>(), b1 = vzero<A>(), c0 = vzero<A>(), c1 = vzero<A>();
-    int64_t j = 0;
-    for (; j + 2 * L <= k; j += 2 * L) {
-      const vec<A> g0 = vload(g + j), g1 = vload(g + j + L);
-      const vec<A> e0 = vload(xp + j) - vm, e1 = vload(xp + j + L) - vm;
-      a0 += g0; a1 += g1;
-      b0 += g0 * e0; b1 += g1 * e1;
-      c0 += e0; c1 += e1;
-    }
-    A s1 = hsum<A>(a0 + a1), s2 = hsum<A>(b0 + b1), s3 = hsum<A>(c0 + c1);
-    for (; j < k; ++j) {
-      const A gj = to_acc(g[j]), e = to_acc(xp[j]) - m;
-      s1 += gj; s2 += gj * e; s3 += e;
-    }
-    out.dy += double(s1); out.dyx += double(s2); out.x += double(s3);
+    const auto t = grad_sums3(dy + lo, x + lo, std::min(kGradPieceValues, n - lo), m);  // group_norm_sums.h
+    out.dy += double(t.dy); out.dyx += double(t.dyx); out.x += double(t.x);
   }
   return out;
 }
