@@ -32,6 +32,10 @@ CASES = [
     ((2, 3, 17, 19), 3),  # C = 3: runs of 16 rows (8: float64) as 3 vectors, the last 3 rows one by one
     ((3, 8, 20, 21), 2),  # C = 8: runs of 2 rows a vector
     ((1, 12, 96, 96), 4),  # C = 12: runs of 4 rows; one sample of 3 chunks on 2 threads
+    ((2, 330, 5, 7), 10),  # C = 330, lcm with the lanes too large for a view: a partial vector a row
+    ((1, 330, 16, 16), 1),  # the same, one sample of 3 chunks on 2 threads; a group of 330 channels
+    ((2, 258, 3, 5), 2),  # C = 258: partial vectors of 2 lanes; groups of 129 channels (vector sums)
+    ((2, 384, 6, 7), 1),  # one group of 24 whole vectors of channels (the tile's group sums as vectors)
 ]
 
 

@@ -4,6 +4,9 @@
 // Rows view, statistics of a chunk: columns in blocks of 8 vectors (pass 1) / 4 vectors (pass 2)
 // whose sums stay in registers down the chunk's rows; the last columns row by row, their tail a
 // masked vector. Every column's additions keep one order (four rows paired, then single rows).
+// The forward's separate output pass (rows: phase 1; planes: over_planes) streams y past the
+// caches when x and y together pass half the last-level cache (numerics/stream.h), as the other
+// families do: no read-for-ownership of y's lines, and x kept in cache.
 #include "cpu/batch_norm_kernels.h"
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::bn {
@@ -158,55 +162,12 @@ template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, con
   });
 }
 
-// Per-column loops over u in [0, n): body(u) on a vector of L columns, then tail(u) one by one.
-template <class S, class V, class T> inline void columns(int64_t n, const V& body, const T& tail) {
-  constexpr int64_t L = vlanes<S>;
-  int64_t u = 0;
-  for (; u + L <= n; u += L) body(u);
-  for (; u < n; ++u) tail(u);
-}
-
 // ----------------------------------------------------------------------------------------------
 // Statistics: per column over a chunk of rows (the corrected two-pass algorithm)
 // ----------------------------------------------------------------------------------------------
 
-// The first n < vlanes<S> values at p as a vector (the other lanes 0), and v's first n lanes
-// stored at p: one masked load / store on AVX-512 (a tail of scalar conversions otherwise costs
-// as much as a quarter of a short run's vectors); the values and roundings of the full-width
-// loads and stores, lane by lane.
-#if NORMLAB_VEC_BYTES == 64
-template <class S> inline vacc<S> vload_part(const S* p, int64_t n) {
-  if constexpr (std::is_same_v<S, float>) {
-    return (vec<float>)_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
-  } else if constexpr (std::is_same_v<S, double>) {
-    return (vec<double>)_mm512_maskz_loadu_pd(__mmask8((1u << n) - 1), p);
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p);
-    if constexpr (std::is_same_v<S, f16>) {
-      return (vec<float>)_mm512_cvtph_ps(h);
-    } else {
-      return (vec<float>)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-  }
-}
-template <class S> inline void vstore_part(S* p, vacc<S> v, int64_t n) {
-  if constexpr (std::is_same_v<S, float>) {
-    _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), (__m512)v);
-  } else if constexpr (std::is_same_v<S, double>) {
-    _mm512_mask_storeu_pd(p, __mmask8((1u << n) - 1), (__m512d)v);
-  } else {
-    S t[16];
-    vstore(t, v);
-    _mm256_mask_storeu_epi16(p, __mmask16((1u << n) - 1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-  }
-}
-#else
-template <class S> inline vacc<S> vload_part(const S* p, int64_t n) { return vload_n(p, n); }
-template <class S> inline void vstore_part(S* p, vacc<S> v, int64_t n) { vstore_n(p, v, n); }
-#endif
-
-// Per-column loops as columns(), the tail as one partial vector: part(u, k) on the k < L columns
-// from u (loads and stores through vload_part / vstore_part).
+// Per-column loops over u in [0, n): body(u) on a vector of L columns, then part(u, k) on the
+// k < L columns left as one partial vector (loads and stores through vload_n / vstore_n).
 template <class S, class V, class P> inline void columns_part(int64_t n, const V& body, const P& part) {
   constexpr int64_t L = vlanes<S>;
   int64_t u = 0;
@@ -248,16 +209,16 @@ void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
       vstore(s1 + u, vload(s1 + u) + (((vload(xa + u) - m) + (vload(xb + u) - m)) +
                                        ((vload(xc + u) - m) + (vload(xd + u) - m))));
     }, [&](int64_t u, int64_t k) {
-      vec<A> m = vload_part(sh + u, k);
-      vstore_part(s1 + u, vload_part(s1 + u, k) + (((vload_part(xa + u, k) - m) + (vload_part(xb + u, k) - m)) +
-                                                   ((vload_part(xc + u, k) - m) + (vload_part(xd + u, k) - m))), k);
+      vec<A> m = vload_n(sh + u, k);
+      vstore_n(s1 + u, vload_n(s1 + u, k) + (((vload_n(xa + u, k) - m) + (vload_n(xb + u, k) - m)) +
+                                                   ((vload_n(xc + u, k) - m) + (vload_n(xd + u, k) - m))), k);
     });
   }
   for (; i < r1; ++i) {
     const S* xa = x + i * ld;
     columns_part<S>(nr, [&](int64_t u) { vstore(s1 + u, vload(s1 + u) + (vload(xa + u) - vload(sh + u))); },
                     [&](int64_t u, int64_t k) {
-                      vstore_part(s1 + u, vload_part(s1 + u, k) + (vload_part(xa + u, k) - vload_part(sh + u, k)), k);
+                      vstore_n(s1 + u, vload_n(s1 + u, k) + (vload_n(xa + u, k) - vload_n(sh + u, k)), k);
                     });
   }
 }
@@ -309,11 +270,11 @@ void acc_centred(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
       vstore(s1 + u, o1);
       vstore(s2 + u, o2);
     }, [&](int64_t u, int64_t k) {
-      vec<A> o1 = vload_part(s1 + u, k), o2 = vload_part(s2 + u, k);
-      four(vload_part(m + u, k), vload_part(xa + u, k), vload_part(xb + u, k), vload_part(xc + u, k),
-           vload_part(xd + u, k), o1, o2);
-      vstore_part(s1 + u, o1, k);
-      vstore_part(s2 + u, o2, k);
+      vec<A> o1 = vload_n(s1 + u, k), o2 = vload_n(s2 + u, k);
+      four(vload_n(m + u, k), vload_n(xa + u, k), vload_n(xb + u, k), vload_n(xc + u, k),
+           vload_n(xd + u, k), o1, o2);
+      vstore_n(s1 + u, o1, k);
+      vstore_n(s2 + u, o2, k);
     });
   }
   for (; i < r1; ++i) {
@@ -323,9 +284,9 @@ void acc_centred(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
       vstore(s1 + u, vload(s1 + u) + d);
       vstore(s2 + u, vload(s2 + u) + d * d);
     }, [&](int64_t u, int64_t k) {
-      vec<A> d = vload_part(xa + u, k) - vload_part(m + u, k);
-      vstore_part(s1 + u, vload_part(s1 + u, k) + d, k);
-      vstore_part(s2 + u, vload_part(s2 + u, k) + d * d, k);
+      vec<A> d = vload_n(xa + u, k) - vload_n(m + u, k);
+      vstore_n(s1 + u, vload_n(s1 + u, k) + d, k);
+      vstore_n(s2 + u, vload_n(s2 + u, k) + d * d, k);
     });
   }
 }
@@ -343,7 +304,7 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
     const int64_t r1 = std::min(r0 + sub, t1), k = r1 - r0;
     const S* x0 = x + r0 * ld;
     columns_part<S>(n, [&](int64_t u) { vstore(sh + u, vload(x0 + u)); vstore(s1 + u, vzero<A>()); },
-                    [&](int64_t u, int64_t k) { vstore_part(sh + u, vload_part(x0 + u, k), k); vstore_part(s1 + u, vzero<A>(), k); });
+                    [&](int64_t u, int64_t k) { vstore_n(sh + u, vload_n(x0 + u, k), k); vstore_n(s1 + u, vzero<A>(), k); });
     acc_shifted(x, ld, r0, r1, n, sh, s1);  // pass 1
     const A inv_k = acc_cast<A>(1.0 / double(k));
     for (int64_t u = 0; u < n; ++u) { sh[u] = sh[u] + s1[u] * inv_k; s1[u] = 0; s2[u] = 0; }  // m
@@ -405,8 +366,8 @@ template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<
     for (int64_t i = 0; i < L; ++i) shifts[i] = shift;
     for (int64_t h = 0; h < 2; ++h) {
       const int64_t r = std::clamp<int64_t>(k - j - h * L, 0, L);
-      const vec<A> xv = vload_part(x + j + h * L, r), dv = xv - vload_part(shifts, r);
-      if (r > 0) vstore_part(d + j + h * L, dv, r);
+      const vec<A> xv = vload_n(x + j + h * L, r), dv = xv - vload_n(shifts, r);
+      if (r > 0) vstore_n(d + j + h * L, dv, r);
       if constexpr (std::is_same_v<S, float>) vstore(t + h * L, xv);  // float32: x itself, as the loop
       else vstore(t + h * L, dv);
     }
@@ -433,7 +394,7 @@ template <class A> A sqdev4(const A* d, int64_t k, A m) {
   if (j < k) {  // the last values as a partial vector (i < 4: at most 3 whole ones above)
     alignas(64) A ms[L];
     for (int64_t l = 0; l < L; ++l) ms[l] = m;
-    const vec<A> e = vload_part(d + j, k - j) - vload_part(ms, k - j);
+    const vec<A> e = vload_n(d + j, k - j) - vload_n(ms, k - j);
     s[i] += e * e;
   }
   return hsum<A>((s[0] + s[1]) + (s[2] + s[3]));
@@ -538,17 +499,30 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
 }
 
 // y = (x - h) * f + bc over len values.
-template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
+// Stream: y written around the caches (numerics/stream.h), from its first address aligned for it.
+template <class S, bool Stream = false>
+inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-  columns_part<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
-                  [&](int64_t t, int64_t k) { vstore_part(y + t, (vload_part(x + t, k) - vh) * vf + vb, k); });
+  if constexpr (Stream) {
+    const int64_t k0 = to_stream_alignment(y, len);
+    if (k0 > 0) vstore_n(y, (vload_n(x, k0) - vh) * vf + vb, k0);
+    x += k0, y += k0, len -= k0;
+  }
+  columns_part<S>(len,
+                  [&](int64_t t) {
+                    const vec<A> v = (vload(x + t) - vh) * vf + vb;
+                    if constexpr (Stream) vstream(y + t, v);
+                    else vstore(y + t, v);
+                  },
+                  [&](int64_t t, int64_t k) { vstore_n(y + t, (vload_n(x + t, k) - vh) * vf + vb, k); });
 }
 
 // y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
 // (hi, a, b2 indexed by column - c0); S > 1: whole planes from channel ch0 (per-channel).
 // x, y: (R, W) storage.
-template <class S>
+// Stream: y streamed (a call whose x and y pass half the last-level cache: streams_output).
+template <class S, bool Stream = false>
 void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
                int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
   for (int64_t i = r0; i < r1; ++i) {
@@ -556,18 +530,26 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
     S* yr = y + i * width + c0;
     // the next row's stretch of y asked for ahead: a new stretch every row (a jump of the row
     // stride) outruns the hardware prefetcher, and the stores stall on their lines
-    if (i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
+    if (!Stream && i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
     if (s_len == 1) {
-      columns<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
-                 [&](int64_t u) { yr[u] = from_acc<S>((to_acc(xr[u]) - hi[u]) * a[u] + b2[u]); });
+      columns_part<S>(n,
+                      [&](int64_t u) {
+                        const auto v = (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u);
+                        if constexpr (Stream) vstream(yr + u, v);
+                        else vstore(yr + u, v);
+                      },
+                      [&](int64_t u, int64_t k) {
+                        vstore_n(yr + u, (vload_n(xr + u, k) - vload_n(hi + u, k)) * vload_n(a + u, k) + vload_n(b2 + u, k), k);
+                      });
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        normalise_run(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
+        normalise_run<S, Stream>(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
   }
+  if constexpr (Stream) fence_streams();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -709,8 +691,10 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
+  const bool stream = streams_output(2 * n * n_ch * s_len * int64_t(sizeof(S)));
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
-    normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
+    if (stream) normalise_run<S, true>(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]), fence_streams();
+    else normalise_run<S, false>(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
   });
 }
 
@@ -781,9 +765,12 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (tile) {
     ph = tiled(k.hi, n_ch, width, th.get()); pa = tiled(k.a, n_ch, width, ta.get()); pb = tiled(k.b2, n_ch, width, tb.get());
   }
+  // the output pass streams y when x and y pass half the last-level cache (numerics/stream.h)
+  const bool stream = streams_output(2 * n_rows * width * int64_t(sizeof(S)));
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
-    normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
+    if (stream) normalise<S, true>(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
+    else normalise<S, false>(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
   });
 }
 
@@ -856,19 +843,19 @@ void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int6
     std::fill(s1, s1 + 2 * n, A(0));
     for (int64_t i = r0; i < r1; ++i) {
       const S *xa = x + i * ld, *ga = dy + i * ld;
-      columns<S>(n, [&](int64_t u) {
+      columns_part<S>(n, [&](int64_t u) {
         vec<A> g = vload(ga + u);
         vstore(s1 + u, vload(s1 + u) + g);
         vstore(s2 + u, vload(s2 + u) + g * (vload(xa + u) - vload(eh + u)));
-      }, [&](int64_t u) {
-        A g = to_acc(ga[u]);
-        s1[u] += g;
-        s2[u] += g * (to_acc(xa[u]) - eh[u]);
+      }, [&](int64_t u, int64_t k) {
+        vec<A> g = vload_n(ga + u, k);
+        vstore_n(s1 + u, vload_n(s1 + u, k) + g, k);
+        vstore_n(s2 + u, vload_n(s2 + u, k) + g * (vload_n(xa + u, k) - vload_n(eh + u, k)), k);
       });
       if (fused) {
         S* o = dx + i * ld;
-        columns<S>(n, [&](int64_t u) { vstore(o + u, vload(ga + u) * vload(ea + u)); },
-                   [&](int64_t u) { o[u] = from_acc<S>(to_acc(ga[u]) * ea[u]); });
+        columns_part<S>(n, [&](int64_t u) { vstore(o + u, vload(ga + u) * vload(ea + u)); },
+                        [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(ga + u, k) * vload_n(ea + u, k), k); });
       }
     }
     for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
@@ -898,9 +885,9 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
   if (j < k) {  // the last values as a partial vector, 0 past the end (as sqdev4)
     alignas(64) A ms[L];
     for (int64_t l = 0; l < L; ++l) ms[l] = m;
-    const vec<A> gi = vload_part(g + j, k - j);
+    const vec<A> gi = vload_n(g + j, k - j);
     a[i] += gi;
-    q[i] += gi * (vload_part(x + j, k - j) - vload_part(ms, k - j));
+    q[i] += gi * (vload_n(x + j, k - j) - vload_n(ms, k - j));
   }
   *o1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3]));
   *o2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
@@ -916,11 +903,11 @@ inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, 
     vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
     columns_part<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
                     [&](int64_t t, int64_t k) {
-                      vstore_part(dx + t, (vf * vload_part(dy + t, k) - v2 * (vload_part(x + t, k) - vh)) - v0, k);
+                      vstore_n(dx + t, (vf * vload_n(dy + t, k) - v2 * (vload_n(x + t, k) - vh)) - v0, k);
                     });
   } else {
     columns_part<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
-                    [&](int64_t t, int64_t k) { vstore_part(dx + t, vload_part(dy + t, k) * vf, k); });
+                    [&](int64_t t, int64_t k) { vstore_n(dx + t, vload_n(dy + t, k) * vf, k); });
   }
 }
 
@@ -936,12 +923,16 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
     S* o = dx + i * width + c0;
     if (s_len == 1) {
       if (train)
-        columns<S>(n, [&](int64_t u) {
+        columns_part<S>(n, [&](int64_t u) {
           vstore(o + u, (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u));
-        }, [&](int64_t u) { o[u] = from_acc<S>((a[u] * to_acc(gr[u]) - k2[u] * (to_acc(xr[u]) - hi[u])) - k0[u]); });
+        }, [&](int64_t u, int64_t k) {
+          const vec<A> v = (vload_n(a + u, k) * vload_n(gr + u, k) - vload_n(k2 + u, k) * (vload_n(xr + u, k) - vload_n(hi + u, k))) -
+                           vload_n(k0 + u, k);
+          vstore_n(o + u, v, k);
+        });
       else
-        columns<S>(n, [&](int64_t u) { vstore(o + u, vload(gr + u) * vload(a + u)); },
-                   [&](int64_t u) { o[u] = from_acc<S>(to_acc(gr[u]) * a[u]); });
+        columns_part<S>(n, [&](int64_t u) { vstore(o + u, vload(gr + u) * vload(a + u)); },
+                        [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(gr + u, k) * vload_n(a + u, k), k); });
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {

@@ -14,8 +14,11 @@
 // Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
 // or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 2 of a tile (from
 // L2) asks for the next tile's cache lines, a few at each row, so that pass 1 finds them in cache
-// (memory read beside the arithmetic, not before it); the output pass runs row by row, all the
-// channels of a row in order (x read and y written as sequential streams). Neither changes a bit.
+// (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
+// run row by row, all the channels of a row in order (x read and y written as sequential streams).
+// Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
+// apply) go as one partial vector (vload_n / vstore_n: a masked load or store with AVX-512), and a
+// tile's per-channel sums are added per group as vectors (channel_sum), not one scalar chain.
 // Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
 // (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
 // (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
@@ -41,11 +44,11 @@ namespace normlab::group_norm {
 
 namespace {
 
-// f(j) on vectors of L channels at j, then fs(j) on the remaining channels one at a time.
-template <int64_t L, class F, class G> inline void over_channels(int64_t c, const F& f, const G& fs) {
+// f(j) on vectors of L channels at j, then part(j, n) on the n < L channels left (a partial vector).
+template <int64_t L, class F, class G> inline void over_channels(int64_t c, const F& f, const G& part) {
   int64_t j = 0;
   for (; j + L <= c; j += L) f(j);
-  for (; j < c; ++j) fs(j);
+  if (j < c) part(j, c - j);
 }
 
 // out[gi*cg + k] = v[gi]: a per-group value on each of its group's channels.
@@ -54,13 +57,28 @@ template <class A, class B> inline void spread(const A* v, int64_t g, int64_t cg
     for (int64_t k = 0; k < cg; ++k) out[gi * cg + k] = B(v[gi]);
 }
 
-// out[gi] = sum_k a[gi*cg + k], in channel order.
-template <class A> inline void group_sums(const A* a, int64_t g, int64_t cg, A* out) {
-  for (int64_t gi = 0; gi < g; ++gi) {
-    A s = a[gi * cg];
-    for (int64_t k = 1; k < cg; ++k) s += a[gi * cg + k];
-    out[gi] = s;
+// The sum of a[0..n): in order below two vectors; otherwise two vector chains (vectors 0, 2, 4, ...
+// and 1, 3, ...), added, then across lanes (hsum), then the values past the last whole vector in
+// order -- run once a tile per group, so a group of hundreds of channels is not one scalar chain.
+template <class A> inline A channel_sum(const A* a, int64_t n) {
+  constexpr int64_t L = lanes<A>;
+  if (n < 2 * L) {
+    A s = a[0];
+    for (int64_t k = 1; k < n; ++k) s += a[k];
+    return s;
   }
+  vec<A> s0 = vload(a), s1 = vload(a + L);
+  int64_t k = 2 * L;
+  for (; k + 2 * L <= n; k += 2 * L) s0 += vload(a + k), s1 += vload(a + k + L);
+  if (k + L <= n) s0 += vload(a + k), k += L;
+  A s = hsum<A>(s0 + s1);
+  for (; k < n; ++k) s += a[k];
+  return s;
+}
+// out[gi] = the sum of a[gi*cg + k] over the group's channels k (channel_sum).
+template <class A> inline void group_sums(const A* a, int64_t g, int64_t cg, A* out) {
+  if (cg == 1) return void(std::copy(a, a + g, out));
+  for (int64_t gi = 0; gi < g; ++gi) out[gi] = channel_sum(a + gi * cg, cg);
 }
 
 // Samples per row of the backward's dw/db partials: a run's terms are added in float32 (half types,
@@ -190,9 +208,118 @@ template <class A, int NV, class F> inline void col_sums3(int64_t rows, const F&
   col_sums_m<A, NV, 3>(rows, f, o);
 }
 
-// blk.template operator()<NV>(j0) over blocks of NV <= 4 vectors of channels, then tail(j) on the
-// channels past the last whole vector.
-template <int64_t L, class Blk, class Tail> inline void channel_blocks(int64_t c, const Blk& blk, const Tail& tail) {
+// Pass 1 of a tile whose rows are wider than a channel block (ce > 4 vectors): row by row, so that
+// x is read in address order (the hardware prefetcher's case; a channel block down the rows reads
+// a few lines of every row apart, and waited on memory for most of the pass). out[j] = the sum over
+// the rows of x[r, j] - sh[j]: rows in pairs ((x_r - sh) + (x_r+1 - sh)), kSumRows rows a block
+// summed from zero (in out for the first block, else in blk: ce values in L1), the blocks added
+// into out in order -- a fixed order for each (rows, ce).
+template <class S, bool First, bool Pair>
+inline void add_rows(const S* xa, int64_t ce, const acc_t<S>* sh, acc_t<S>* d) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const S* xb = xa + ce;
+  over_channels<L>(
+      ce,
+      [&](int64_t j) {
+        const vec<A> s = vload(sh + j);
+        vec<A> t = vload(xa + j) - s;
+        if constexpr (Pair) t = t + (vload(xb + j) - s);
+        if constexpr (First) vstore(d + j, t);
+        else vstore(d + j, vload(d + j) + t);
+      },
+      [&](int64_t j, int64_t nl) {
+        const vec<A> s = vload_n(sh + j, nl);
+        vec<A> t = vload_n(xa + j, nl) - s;
+        if constexpr (Pair) t = t + (vload_n(xb + j, nl) - s);
+        if constexpr (First) vstore_n(d + j, t, nl);
+        else vstore_n(d + j, vload_n(d + j, nl) + t, nl);
+      });
+}
+template <class S>
+void row_sums(const S* x, int64_t rows, int64_t ce, const acc_t<S>* sh, acc_t<S>* out, acc_t<S>* blk) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  for (int64_t b0 = 0; b0 < rows; b0 += kSumRows) {
+    const int64_t b1 = std::min(rows, b0 + kSumRows);
+    A* d = b0 == 0 ? out : blk;
+    int64_t r = b0;
+    if (r + 2 <= b1) add_rows<S, true, true>(x + r * ce, ce, sh, d), r += 2;
+    else add_rows<S, true, false>(x + r * ce, ce, sh, d), r += 1;
+    for (; r + 2 <= b1; r += 2) add_rows<S, false, true>(x + r * ce, ce, sh, d);
+    if (r < b1) add_rows<S, false, false>(x + r * ce, ce, sh, d);
+    if (b0 == 0) continue;
+    over_channels<L>(
+        ce, [&](int64_t j) { vstore(out + j, vload(out + j) + vload(blk + j)); },
+        [&](int64_t j, int64_t nl) { vstore_n(out + j, vload_n(out + j, nl) + vload_n(blk + j, nl), nl); });
+  }
+}
+
+// The backward's sums of a tile whose rows are wider than a channel block, row by row as row_sums:
+// sy[j], sp[j], sx[j] = the sums over the rows of dy, dy * (x - m[j]), x - m[j] -- rows in pairs,
+// kSumRows rows a block from zero (in the outputs for the first block, else in blk: 3 ce values),
+// the blocks added in order.
+template <class S, bool First, bool Pair>
+inline void add_grad_rows(const S* ga, const S* xa, int64_t ce, const acc_t<S>* m, acc_t<S>* sy, acc_t<S>* sp,
+                          acc_t<S>* sx) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  auto one = [&](const vec<A>& mm, const vec<A>& g0, const vec<A>& x0, const vec<A>& g1, const vec<A>& x1, vec<A>* t) {
+    vec<A> e0 = x0 - mm;
+    t[0] = g0, t[1] = g0 * e0, t[2] = e0;
+    if constexpr (Pair) {
+      const vec<A> e1 = x1 - mm;
+      t[0] = t[0] + g1, t[1] = t[1] + g1 * e1, t[2] = t[2] + e1;
+    }
+  };
+  over_channels<L>(
+      ce,
+      [&](int64_t j) {
+        vec<A> t[3];
+        const vec<A> g1 = Pair ? vload(ga + ce + j) : vzero<A>(), x1 = Pair ? vload(xa + ce + j) : vzero<A>();
+        one(vload(m + j), vload(ga + j), vload(xa + j), g1, x1, t);
+        if constexpr (First) vstore(sy + j, t[0]), vstore(sp + j, t[1]), vstore(sx + j, t[2]);
+        else vstore(sy + j, vload(sy + j) + t[0]), vstore(sp + j, vload(sp + j) + t[1]), vstore(sx + j, vload(sx + j) + t[2]);
+      },
+      [&](int64_t j, int64_t nl) {
+        vec<A> t[3];
+        const vec<A> g1 = Pair ? vload_n(ga + ce + j, nl) : vzero<A>(), x1 = Pair ? vload_n(xa + ce + j, nl) : vzero<A>();
+        one(vload_n(m + j, nl), vload_n(ga + j, nl), vload_n(xa + j, nl), g1, x1, t);
+        if constexpr (First) {
+          vstore_n(sy + j, t[0], nl), vstore_n(sp + j, t[1], nl), vstore_n(sx + j, t[2], nl);
+        } else {
+          vstore_n(sy + j, vload_n(sy + j, nl) + t[0], nl), vstore_n(sp + j, vload_n(sp + j, nl) + t[1], nl);
+          vstore_n(sx + j, vload_n(sx + j, nl) + t[2], nl);
+        }
+      });
+}
+template <class S>
+void grad_row_sums(const S* g, const S* x, int64_t rows, int64_t ce, const acc_t<S>* m, acc_t<S>* sy, acc_t<S>* sp,
+                   acc_t<S>* sx, acc_t<S>* blk) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  for (int64_t b0 = 0; b0 < rows; b0 += kSumRows) {
+    const int64_t b1 = std::min(rows, b0 + kSumRows);
+    A *dy_ = b0 == 0 ? sy : blk, *dp = b0 == 0 ? sp : blk + ce, *dx_ = b0 == 0 ? sx : blk + 2 * ce;
+    int64_t r = b0;
+    if (r + 2 <= b1) add_grad_rows<S, true, true>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_), r += 2;
+    else add_grad_rows<S, true, false>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_), r += 1;
+    for (; r + 2 <= b1; r += 2) add_grad_rows<S, false, true>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_);
+    if (r < b1) add_grad_rows<S, false, false>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_);
+    if (b0 == 0) continue;
+    A* outs[3] = {sy, sp, sx};
+    for (int k = 0; k < 3; ++k) {
+      A *o = outs[k], *bk = blk + k * ce;
+      over_channels<L>(
+          ce, [&](int64_t j) { vstore(o + j, vload(o + j) + vload(bk + j)); },
+          [&](int64_t j, int64_t nl) { vstore_n(o + j, vload_n(o + j, nl) + vload_n(bk + j, nl), nl); });
+    }
+  }
+}
+
+// blk.template operator()<NV>(j0) over blocks of NV <= 4 vectors of channels, then part(j, n) on the
+// n < L channels past the last whole vector (one partial vector: vload_n / vstore_n).
+template <int64_t L, class Blk, class Part> inline void channel_blocks(int64_t c, const Blk& blk, const Part& part) {
   int64_t j = 0;
   for (; j + 4 * L <= c; j += 4 * L) blk.template operator()<4>(j);
   switch ((c - j) / L) {
@@ -201,7 +328,8 @@ template <int64_t L, class Blk, class Tail> inline void channel_blocks(int64_t c
     case 1: blk.template operator()<1>(j); break;
     default: break;
   }
-  for (j += (c - j) / L * L; j < c; ++j) tail(j);
+  j += (c - j) / L * L;
+  if (j < c) part(j, c - j);
 }
 
 // The running (count, mean, M2) of G groups in float64 (the count is the same for every group of a
@@ -245,12 +373,16 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   const int64_t cg = c / g;
   const View vw = view_of<L>(c);
   const int64_t ce = vw.ce;
-  std::vector<A> vbuf(ce == c ? 0 : 3 * ce);  // the view's sh, ct and sums
+  std::vector<A> vbuf(ce == c ? 0 : 3 * ce), blk(ce > 4 * L ? ce : 0);  // the view's sh, ct and sums; row_sums'
   A* shv = ce == c ? const_cast<A*>(sh) : vbuf.data();
   A* ctv = ce == c ? ctc : vbuf.data() + ce;
   A* accv = ce == c ? acc : vbuf.data() + 2 * ce;
   if (ce != c) tiled(sh, c, ce, shv);
   double *tmean = tm, *tm2 = tm + g;
+  // the groups' shifts in float64, side by side: the per-tile loops over the groups below are
+  // plain loops over arrays (vectorised by the compiler: at G = C they cost as much as the passes)
+  std::vector<double> gshd(g);
+  for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = double(sh[gi * cg]);
   out.reset();
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
@@ -263,7 +395,8 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     const int64_t lines = (pf_end - pf + kCacheLineBytes - 1) / kCacheLineBytes;
     const int64_t pf_step = vr * n_blocks > 0 ? (lines + vr * n_blocks - 1) / (vr * n_blocks) * kCacheLineBytes : 0;
     if (pf_step == 0 && pf < pf_end) prefetch_read(pf, pf_end - pf), pf = pf_end;
-    channel_blocks<L>(
+    if (ce > 4 * L) row_sums(xt, vr, ce, shv, accv, blk.data());
+    else channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
           vec<A> vs[NV], o[NV];
@@ -271,8 +404,11 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
           col_sums<A, NV>(vr, [&](int64_t r, int v) { return vload(xt + r * ce + j0 + v * L) - vs[v]; }, o);
           for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
         },
-        [&](int64_t j) {
-          tail_sums<A, 1>(vr, [&](int64_t r, A* t) { t[0] = to_acc(xt[r * ce + j]) - shv[j]; }, accv + j);
+        [&](int64_t j, int64_t nl) {
+          const vec<A> vs = vload_n(shv + j, nl);
+          vec<A> o[1];
+          col_sums<A, 1>(vr, [&](int64_t r, int) { return vload_n(xt + r * ce + j, nl) - vs; }, o);
+          vstore_n(accv + j, o[0], nl);
         });
     if (ce != c) fold(accv, c, ce, acc);
     for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
@@ -284,7 +420,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     const double cnt = double(rows * cg), inv = 1.0 / cnt;
     for (int64_t gi = 0; gi < g; ++gi) {
       tmean[gi] = double(gs[gi]) * inv;  // the tile's mean of x - sh
-      gs[gi] = A(double(sh[gi * cg]) + tmean[gi]);  // ct
+      gs[gi] = A(gshd[gi] + tmean[gi]);  // ct
     }
     spread(gs, g, cg, ctc);
     if (ce != c) tiled(ctc, c, ce, ctv);
@@ -303,13 +439,16 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
                           });
           for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
         },
-        [&](int64_t j) {
-          tail_sums<A, 1>(vr,
-                          [&](int64_t r, A* t) {
-                            const A e = to_acc(xt[r * ce + j]) - ctv[j];
-                            t[0] = e * e;
-                          },
-                          accv + j);
+        [&](int64_t j, int64_t nl) {
+          const vec<A> vm = vload_n(ctv + j, nl);
+          vec<A> o[1];
+          col_sums<A, 1>(vr,
+                         [&](int64_t r, int) {
+                           const vec<A> e = vload_n(xt + r * ce + j, nl) - vm;
+                           return e * e;
+                         },
+                         o);
+          vstore_n(accv + j, o[0], nl);
         });
     if (ce != c) fold(accv, c, ce, acc);
     for (int64_t j = 0; rr < rows && j < c; ++j) {
@@ -322,11 +461,11 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
                       &t);
       acc[j] += t;
     }
+    A* m2g = ctc;  // (G,): ctc is free after pass 2
+    group_sums(acc, g, cg, m2g);
     for (int64_t gi = 0; gi < g; ++gi) {
-      A m2 = acc[gi * cg];
-      for (int64_t k = 1; k < cg; ++k) m2 += acc[gi * cg + k];
-      const double off = (double(sh[gi * cg]) + tmean[gi]) - double(gs[gi]);
-      tm2[gi] = std::max(0.0, double(m2) - cnt * (off * off));
+      const double off = (gshd[gi] + tmean[gi]) - double(gs[gi]);
+      tm2[gi] = std::max(0.0, double(m2g[gi]) - cnt * (off * off));
     }
     out.merge(cnt, tmean, tm2);
   }
@@ -368,7 +507,10 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
             if constexpr (Stream) vstream(yr + j, v);
             else vstore(yr + j, v);
           },
-          [&](int64_t j) { yr[j] = out_act1<S, Act>((to_acc(xr[j]) - chv[j]) * av[j] + bv[j], p); });
+          [&](int64_t j, int64_t nl) {
+            const vec<A> v = out_act<S, Act>((vload_n(xr + j, nl) - vload_n(chv + j, nl)) * vload_n(av + j, nl) + vload_n(bv + j, nl), p);
+            vstore_n(yr + j, v, nl);
+          });
     }
     for (int64_t o = rr * c; o < rows * c; ++o) {
       const int64_t j = o % c;
@@ -605,13 +747,14 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // its means m per channel
   // (mv: mc tiled to the view's ce values, or mc; wv: 3 ce scratch for the view's sums)
   const int64_t ce = vw.ce;
-  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* mv, A* wv, A* sdy, A* sdx,
+  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* mv, A* wv, A* blk, A* sdy, A* sdx,
                        A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
     const S* gs = dy + (i * ns + r0) * c;
     const int64_t rows = r1 - r0, vr = rows / vw.rep, rr = vr * vw.rep;
     A *vy = ce == c ? sdy : wv, *vx = ce == c ? sdx : wv + ce, *vm = ce == c ? sxm : wv + 2 * ce;
-    channel_blocks<L>(
+    if (ce > 4 * L) grad_row_sums(gs, xs, vr, ce, mv, vy, vx, vm, blk);
+    else channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
           vec<A> cm[NV], o[3][NV];
@@ -630,18 +773,20 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
             vstore(vm + j0 + v * L, o[2][v]);
           }
         },
-        [&](int64_t j) {
-          A t3[3];
-          tail_sums<A, 3>(vr,
-                          [&](int64_t r, A* t) {
-                            t[0] = to_acc(gs[r * ce + j]);
-                            t[2] = to_acc(xs[r * ce + j]) - mv[j];
+        [&](int64_t j, int64_t nl) {
+          const vec<A> cm = vload_n(mv + j, nl);
+          vec<A> o[3][1];
+          col_sums3<A, 1>(vr,
+                          [&](int64_t r, int, vec<A>* t) {
+                            const int64_t o = r * ce + j;
+                            t[0] = vload_n(gs + o, nl);
+                            t[2] = vload_n(xs + o, nl) - cm;
                             t[1] = t[0] * t[2];
                           },
-                          t3);
-          vy[j] = t3[0];
-          vx[j] = t3[1];
-          vm[j] = t3[2];
+                          o);
+          vstore_n(vy + j, o[0][0], nl);
+          vstore_n(vx + j, o[1][0], nl);
+          vstore_n(vm + j, o[2][0], nl);
         });
     if (ce != c) {
       fold(vy, c, ce, sdy);
@@ -665,11 +810,11 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
   // acc (3C,) scratch
   auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* acc, double* out) {
-    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
+    std::vector<A> vbuf(ce == c ? 0 : 4 * ce), blk(ce > 4 * L ? 3 * ce : 0);
     const A* mv = mc;
     if (ce != c) tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
-      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c);
+      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, mv, vbuf.data() + ce, blk.data(), acc, acc + c, acc + 2 * c);
       for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
     }
   };
@@ -710,33 +855,26 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       tiled(t3, c, ce, vbuf.data() + 3 * ce);
       mv = vbuf.data(), av = mv + ce, v2p = av + ce, v3p = v2p + ce;
     }
-    for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
-      const int64_t rows = std::min(bk.tile, r1 - t0), off = (i * ns + t0) * c;
-      const int64_t vr = rows / vw.rep, rr = vr * vw.rep;
+    // row by row, each (virtual) row's channels in order, as the forward's output pass
+    const int64_t rows = r1 - r0, off = (i * ns + r0) * c, vr = rows / vw.rep, rr = vr * vw.rep;
+    {
       const S *xs = x + off, *gs = dy + off;
       S* ds = dx + off;
-      channel_blocks<L>(
-          ce,
-          [&]<int NV>(int64_t j0) {
-            vec<A> vm[NV], va[NV], v2[NV], v3[NV];
-            for (int v = 0; v < NV; ++v) {
-              vm[v] = vload(mv + j0 + v * L);
-              va[v] = vload(av + j0 + v * L);
-              v2[v] = vload(v2p + j0 + v * L);
-              v3[v] = vload(v3p + j0 + v * L);
-            }
-            for (int64_t r = 0; r < vr; ++r)
-              for (int v = 0; v < NV; ++v) {
-                const int64_t o = r * ce + j0 + v * L;
-                vstore(ds + o, (vload(gs + o) * va[v] - (vload(xs + o) - vm[v]) * v3[v]) - v2[v]);
-              }
-          },
-          [&](int64_t j) {
-            for (int64_t r = 0; r < vr; ++r) {
-              const int64_t o = r * ce + j;
-              ds[o] = from_acc<S>((to_acc(gs[o]) * av[j] - (to_acc(xs[o]) - mv[j]) * v3p[j]) - v2p[j]);
-            }
-          });
+      for (int64_t r = 0; r < vr; ++r) {
+        const S *xr = xs + r * ce, *gr = gs + r * ce;
+        S* dr = ds + r * ce;
+        over_channels<L>(
+            ce,
+            [&](int64_t j) {
+              vstore(dr + j, (vload(gr + j) * vload(av + j) - (vload(xr + j) - vload(mv + j)) * vload(v3p + j)) - vload(v2p + j));
+            },
+            [&](int64_t j, int64_t nl) {
+              vstore_n(dr + j,
+                       (vload_n(gr + j, nl) * vload_n(av + j, nl) - (vload_n(xr + j, nl) - vload_n(mv + j, nl)) * vload_n(v3p + j, nl)) -
+                           vload_n(v2p + j, nl),
+                       nl);
+            });
+      }
       for (int64_t o = rr * c; o < rows * c; ++o) {
         const int64_t j = o % c;
         ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "half.h"
 
@@ -131,7 +132,39 @@ inline void vstore(f16* p, vec<float> v) {
 #endif
 }
 
-// Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero.
+// Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero, and v's first n lanes
+// stored at p. With AVX-512 one masked load / store (no byte past the n values is touched: a tail
+// of scalar conversions otherwise costs as much as a quarter of a short run's vectors); otherwise
+// through a buffer. The values and roundings of the full-width loads and stores, lane by lane.
+#if NORMLAB_VEC_BYTES == 64
+template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    return (vec<float>)_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+  } else if constexpr (std::is_same_v<S, double>) {
+    return (vec<double>)_mm512_maskz_loadu_pd(__mmask8((1u << n) - 1), p);
+  } else {  // bf16, f16: widened as vload does
+    static_assert(sizeof(S) == 2, "vload_n: float, double, bf16 or f16");
+    const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p);
+    if constexpr (std::is_same_v<S, f16>) {
+      return (vec<float>)_mm512_maskz_cvtph_ps(0xFFFF, h);
+    } else {
+      return (vec<float>)_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    }
+  }
+}
+template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), (__m512)v);
+  } else if constexpr (std::is_same_v<S, double>) {
+    _mm512_mask_storeu_pd(p, __mmask8((1u << n) - 1), (__m512d)v);
+  } else {  // rounded as vstore does, then the n half values stored
+    static_assert(sizeof(S) == 2, "vstore_n: float, double, bf16 or f16");
+    S t[16];
+    vstore(t, v);
+    _mm256_mask_storeu_epi16(p, __mmask16((1u << n) - 1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+  }
+}
+#else
 template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
   S buf[vlanes<S>];
   std::memset(buf, 0, sizeof buf);
@@ -143,6 +176,7 @@ template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
   vstore(buf, v);
   std::memcpy(p, buf, n * sizeof(S));
 }
+#endif
 
 // hsum(v): the sum of v's lanes as a fixed tree (halves added pairwise: lane i + lane i + w for
 // w = lanes / 2, ..., 1), the same bits on any run. Written as half-width vector adds, so it
