@@ -125,8 +125,10 @@ alignas(64) inline constexpr float kT[16] = {
 };
 }  // namespace exp_table
 inline vf vexp_t16(vf v) {
-  v = vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v));  // (vmaxps, vminps: a NaN stays)
 #if NORMLAB_VEC_BYTES == 64
+  // v clamped by vmaxps and vminps (a NaN stays: their second operand; GCC compiles the generic
+  // form to a compare and a masked move each)
+  v = (vf)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)v));
   const vf shifted = vfma(v, vset1(23.083120346069336f), vset1(12582912.0f));
   const vf n = shifted - 12582912.0f;
   vf r = vfma(n, vset1(-0.043321698904037476f), v);
@@ -136,7 +138,7 @@ inline vf vexp_t16(vf v) {
   const vf t = (vf)_mm512_maskz_permutexvar_ps(0xFFFF, (__m512i)sb, _mm512_load_ps(exp_table::kT));
   return from_bits(bits(vfma(t, q, t)) + ((sb >> 4) << 23));
 #else
-  return vexp_in_range(v);
+  return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v)));
 #endif
 }
 
