@@ -11,7 +11,8 @@
 //   gelu       z * 0.5 * (1 + erf(z / sqrt 2))          act' = Phi(z) + z * exp(-z^2 / 2) / sqrt(2 pi)
 //   gelu_tanh  0.5 z (1 + tanh(k (z + 0.044715 z^3)))   act' as ops/activation.py
 // The first three are exact (the same bits as torch's). The float32 transcendental functions are
-// numerics/vmath.h's (one copy, shared with DyT): exp (silu, gelu's derivative), tanh (tanh,
+// numerics/vmath.h's (one copy, shared with DyT): exp (silu, gelu's derivative: vexp_t16, a table
+// of 2^(j/16) on AVX-512, vexp elsewhere), tanh (tanh,
 // gelu_tanh; tanh's derivative as vmath's 1 - tanh^2, without the cancellation near |t| = 1),
 // erf (gelu); the float64 ones are the C library's, lane by lane.
 #pragma once
@@ -58,7 +59,7 @@ template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
     return z * t / A(6);
   } else if constexpr (Act == kSilu) {
     if constexpr (sizeof(A) == 4) {
-      const vec<float> e = detail::vexp(-z);
+      const vec<float> e = vmath::vexp_t16(-z);
       const vec<float> big = vset1(__builtin_inff());
       return z / (1.0f + (-z > 88.0f ? big : e));
     } else {
@@ -99,7 +100,7 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
   } else if constexpr (Act == kSilu) {
     vec<A> s;
     if constexpr (sizeof(A) == 4) {
-      const vec<float> e = detail::vexp(-z);
+      const vec<float> e = vmath::vexp_t16(-z);
       s = 1.0f / (1.0f + (-z > 88.0f ? vset1(__builtin_inff()) : e));
     } else {
       s = detail::lanewise<A>(z, [](A v) { return A(1) / (A(1) + std::exp(-v)); });
@@ -116,7 +117,7 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
   } else if constexpr (Act == kGelu) {
     if constexpr (sizeof(A) == 4) {
       const vec<float> cdf = 0.5f * (1.0f + vmath::verf(z * 0.7071067811865476f));
-      const vec<float> pdf = vmath::vexp(-0.5f * z * z) * 0.3989422804014327f;
+      const vec<float> pdf = vmath::vexp_t16(-0.5f * z * z) * 0.3989422804014327f;
       return cdf + z * pdf;
     } else {
       return detail::lanewise<A>(z, [](A v) {

@@ -5,6 +5,7 @@
 //   vfma(a, b, c)     a * b + c, rounded once where the build level has fused multiply-add
 //                     (x86-64-v3, v4), else a * b rounded and then + c (the baseline, SSE2)
 //   vexp(v)           exp, v clamped to [-87, 88] (Cody-Waite reduction, a degree-7 polynomial)
+//   vexp_t16(v)       the same on AVX-512 by a table of 2^(j/16) and a degree-3 expm1 (SiLU's)
 //   vtanh<S>(u, &s)   tanh, and with S also 1 - tanh^2: docs/derivations/dyt.md, "Numerics"
 //   verf(v)           erf: docs/derivations/norm_act.md, "Accuracy"
 // tanh and erf are evaluated by intervals, their coefficients looked up per lane (scripts/vmath-fit.py
@@ -102,6 +103,45 @@ inline vf vexp(vf v) {
   return vexp_in_range(v);
 }
 
+// min(x, y) and max(x, y), y where either is NaN (as minps and maxps)
+inline vf vmin_nan(vf x, vf y) { return x < y ? x : y; }
+inline vf vmax_nan(vf x, vf y) { return x > y ? x : y; }
+
+// exp(v), v clamped to [-87, 88], for SiLU and GELU's derivative (numerics/activation.h). On
+// AVX-512 by a table of 16, exp(v) = 2^k 2^(j/16) exp(r): n = round(16 v / ln 2) by the 1.5 * 2^23
+// shifter (k = n >> 4; j = n & 15, the low 4 bits, which vpermps reads), r = v - n (ln 2 / 16) by
+// two fused steps (ln 2 / 16 as float, exact with n times it; then what it lacks), |r| <= ln 2 / 32,
+// expm1(r) = r + r^2 (1/2 + r/6) (Taylor; the rest, r^4 / 24 < 9.2e-9, is 0.08 ulp), then
+// T + T q as one fused step (T = 2^(j/16) rounded) and k added to its exponent bits (the clamps keep
+// it normal: k in [-126, 126], and T (1 + q) >= 1.38 where k = -126). 7 instructions on the
+// multiply pipes where vexp takes 11; SiLU within 3.1 ulp (2.3 through vexp), mean 0.124 ulp
+// (0.121): docs/performance.md, "Norm + activation". Not vexp's bits; the other levels: vexp's own
+// steps (a table of 16 is one permute only on AVX-512).
+namespace exp_table {
+alignas(64) inline constexpr float kT[16] = {
+    1.0f, 1.0442737340927124f, 1.0905077457427979f, 1.1387885808944702f, 1.1892070770263672f, 1.2418577671051025f,
+    1.2968395948410034f, 1.3542555570602417f, 1.4142135381698608f, 1.4768261909484863f, 1.5422108173370361f,
+    1.610490322113037f, 1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f, 1.9152065515518188f,
+};
+}  // namespace exp_table
+inline vf vexp_t16(vf v) {
+#if NORMLAB_VEC_BYTES == 64
+  // v clamped by vmaxps and vminps (a NaN stays: their second operand; GCC compiles the generic
+  // form to a compare and a masked move each)
+  v = (vf)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)v));
+  const vf shifted = vfma(v, vset1(23.083120346069336f), vset1(12582912.0f));
+  const vf n = shifted - 12582912.0f;
+  vf r = vfma(n, vset1(-0.043321698904037476f), v);
+  r = vfma(n, vset1(1.1904088825787085e-10f), r);
+  const vf q = vfma(vfma(vset1(0.16666667f), r, vset1(0.5f)), r * r, r);
+  const i32v sb = bits(shifted);
+  const vf t = (vf)_mm512_maskz_permutexvar_ps(0xFFFF, (__m512i)sb, _mm512_load_ps(exp_table::kT));
+  return from_bits(bits(vfma(t, q, t)) + ((sb >> 4) << 23));
+#else
+  return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v)));
+#endif
+}
+
 #if !NORMLAB_VMATH_FMA
 // 1 - t^2 rounded once without fused multiply-add: t * t is exact in float64 (24-bit by 24-bit),
 // 1 - t^2 rounded to float64 and then to float32.
@@ -179,10 +219,6 @@ alignas(64) inline constexpr float kR4[16] = {
     0.0039765155f, 0.0019149999f, 0.00077059475f, 0.00029267019f, 6.82622e-05f, 9.275459e-06f, 1.2561153e-06f, 3.275605e-08f,
 };
 }  // namespace tanh_table
-
-// min(x, y) and max(x, y), y where either is NaN (as minps and maxps)
-inline vf vmin_nan(vf x, vf y) { return x < y ? x : y; }
-inline vf vmax_nan(vf x, vf y) { return x > y ? x : y; }
 
 // table[k] per lane, k in [0, 16) (table: 16 floats, 64-byte aligned): one permute on AVX-512,
 // two and a blend on AVX2, lane by lane on the baseline
