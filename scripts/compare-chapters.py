@@ -10,12 +10,13 @@ medians of normlab's time (us; the loops: ms per run), new / base (below 1: the 
 with the range of the per-run ratios, and the same ratio against torch's time measured beside it
 in the same run (new's torch / normlab over base's: the load of the moment divided out)."""
 
-import argparse
 import csv
 import pathlib
 import statistics
 import subprocess
 import sys
+
+import compare_runs
 
 
 def load(path: pathlib.Path) -> dict:
@@ -33,48 +34,34 @@ def load(path: pathlib.Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", required=True, help="Python of the environment compared against")
-    ap.add_argument("--new", required=True, help="Python of the environment measured")
-    ap.add_argument("--runs", type=int, default=4, help="runs per environment, alternating (default 4)")
-    ap.add_argument("--out", default="chapters-runs", help="folder for each run's files (default chapters-runs)")
-    a = ap.parse_args()
-    if a.runs < 1:
-        ap.error(f"--runs: expected at least 1 run, got {a.runs}")
-    for flag, exe in (("--base", a.base), ("--new", a.new)):
-        if not pathlib.Path(exe).is_file():
-            ap.error(f"{flag}: no Python interpreter at {exe!r}")
-    out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for i in range(1, a.runs + 1):
-        for who, exe in (("base", a.base), ("new", a.new)):
-            dest = out / f"{who}-{i}"
-            if (dest / "done").exists():
-                continue
-            print(f"run {i}/{a.runs} {who}", file=sys.stderr, flush=True)
-            res = subprocess.run([exe, "-m", "normlab.bench", "--suite", "chapters", "--quick", "--out", str(dest)],
-                                 check=False, capture_output=True, text=True)
-            if res.returncode != 0:
-                print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
-                return res.returncode
+    a = compare_runs.arguments(__doc__, runs=4, out="chapters-runs", out_help="folder for each run's files")
+
+    def run(who: str, i: int, exe: str) -> int:
+        dest = a.out / f"{who}-{i}"
+        res = subprocess.run([exe, "-m", "normlab.bench", "--suite", "chapters", "--quick", "--out", str(dest)],
+                             check=False, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
+        else:
             (dest / "done").write_text("")
-    base = [load(out / f"base-{i}" / "chapters.csv") for i in range(1, a.runs + 1)]
-    new = [load(out / f"new-{i}" / "chapters.csv") for i in range(1, a.runs + 1)]
+        return res.returncode
+
+    rc = compare_runs.alternate(a, lambda who, i: (a.out / f"{who}-{i}" / "done").exists(), run)
+    if rc != 0:
+        return rc
+    base, new = compare_runs.results(a, lambda who, i: load(a.out / f"{who}-{i}" / "chapters.csv"))
     print("| row | base | new | new / base (runs) | vs torch beside it |")
     print("| --- | ---: | ---: | ---: | ---: |")
     all_ratios, all_rel = [], []
     for name in base[0]:
         if not all(name in r for r in base + new):
             continue
-        b = [r[name][0] for r in base]
-        n = [r[name][0] for r in new]
-        ratios = [y / x for x, y in zip(b, n)]
+        mb, mn, lo, hi = compare_runs.medians([r[name][0] for r in base], [r[name][0] for r in new])
         rel = statistics.median(r[name][0] / r[name][1] for r in new) / statistics.median(
             r[name][0] / r[name][1] for r in base)
-        mb, mn = statistics.median(b), statistics.median(n)
         all_ratios.append(mn / mb)
         all_rel.append(rel)
-        print(f"| {name} | {mb:.1f} | {mn:.1f} | **{mn / mb:.2f}** ({min(ratios):.2f}-{max(ratios):.2f}) | {rel:.2f} |")
+        print(f"| {name} | {mb:.1f} | {mn:.1f} | **{mn / mb:.2f}** ({lo:.2f}-{hi:.2f}) | {rel:.2f} |")
     print(f"\n{len(all_ratios)} rows: new / base median {statistics.median(all_ratios):.3f} "
           f"(rows {min(all_ratios):.2f}-{max(all_ratios):.2f}); against torch beside it: median "
           f"{statistics.median(all_rel):.3f} (rows {min(all_rel):.2f}-{max(all_rel):.2f})")

@@ -4,6 +4,7 @@ state_dict loading in both states, and the errors."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -33,6 +34,16 @@ def _pair(name, **kwargs):
 def _keys_and_kinds(sd):
     return {k: type(v).__name__ if isinstance(v, (UninitializedParameter, UninitializedBuffer)) else tuple(v.shape)
             for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_constructor_signature_is_torchs(name):
+    # the six classes share one __init__ (nn/lazy.py's _LazyNormBase): names, defaults and kinds
+    # (positional or keyword-only) still those of each torch class
+    def params(cls):
+        return [(p.name, p.default, p.kind) for p in inspect.signature(cls.__init__).parameters.values()]
+
+    assert params(getattr(normlab.nn, name)) == params(getattr(torch.nn, name))
 
 
 @pytest.mark.parametrize("name", NAMES)

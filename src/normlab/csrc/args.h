@@ -1,17 +1,22 @@
 // The dtype and argument helpers every family's op layer shares (cpu/, meta/, autograd/ and the
 // typed op API of csrc/<family>.cpp): the accumulation dtype, the kernels' dtype enum and type
 // tags from an at::ScalarType, the pieces of each fast entry's argument-fit test (fits_fast),
-// plain_eps, and the cached typed handle of a registered op.
+// plain_eps, the CPU entries' pieces (outputs allocated and advised, raw pointers, the 2-D
+// families' memory format, float64 partials summed in order), and the cached typed handle of a
+// registered op.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
+#include "cpu/huge_pages.h"
 #include "numerics/dtype.h"
 #include "numerics/half.h"
 
@@ -96,6 +101,12 @@ inline bool param_fits(const OptTensor& p, at::IntArrayRef sizes, at::ScalarType
   return st == x_dtype || (half_params && half_dtype(x_dtype) && st == at::kFloat);
 }
 
+// A backward's dy: of x's shape and dtype.
+inline void check_dy(const at::Tensor& dy, const at::Tensor& x, const char* op) {
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(), op, ": expected dy of x's shape ",
+              x.sizes(), " and dtype ", x.scalar_type(), ", got ", dy.sizes(), " ", dy.scalar_type());
+}
+
 // A parameter of n values (a per-channel or per-column weight, bias, or DyT's alpha) read into
 // a vector of A (the accumulation type), in whatever float dtype it comes; `fill` where the
 // parameter is absent (n copies), or an empty vector without a fill. The kernels take these.
@@ -112,6 +123,51 @@ std::vector<A> param_values(const OptTensor& t, int64_t n, const char* op, const
     for (int64_t j = 0; j < n; ++j) out[j] = A(to_acc(q[j]));
   });
   return out;
+}
+
+// nullptr for an empty vector (param_values without a fill: the parameter absent), else
+// its values.
+template <class A> const A* data_or_null(const std::vector<A>& v) { return v.empty() ? nullptr : v.data(); }
+
+// ---- the CPU entries: outputs and pointers ----
+
+// A tensor's data as T* for the raw-pointer kernels; nullptr for an undefined tensor.
+template <class T> T* ptr(const at::Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
+
+// A fresh output, large ones advised onto transparent huge pages (cpu/huge_pages.h).
+inline at::Tensor advised(at::Tensor t) {
+  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
+  return t;
+}
+
+// An uninitialised output of x's shape, dtype and device in memory format fmt, advised.
+inline at::Tensor empty_out(const at::Tensor& x, at::MemoryFormat fmt = at::MemoryFormat::Contiguous) {
+  return advised(at::empty(x.sizes(), x.options().memory_format(fmt)));
+}
+
+// The memory format of an (N, C, H, W) family that has NCHW and NHWC kernels (frn, scale_norm):
+// channels_last where x suggests it, else contiguous. The CPU and Meta kernels share it.
+inline at::MemoryFormat nchw_or_nhwc(const at::Tensor& x) {
+  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
+                                                                     : at::MemoryFormat::Contiguous;
+}
+
+// t as a contiguous tensor of dtype dt: t itself when it is one (no copy).
+inline at::Tensor contiguous_in(const at::Tensor& t, at::ScalarType dt) {
+  return (t.scalar_type() == dt && t.is_contiguous()) ? t : t.to(dt).contiguous();
+}
+
+// (rows, c) float64 partials (a task's or a sample's sums, contiguous) summed over the rows in
+// row order, as a (c,) tensor of dtype acc (rounded once).
+inline at::Tensor rows_summed(const at::Tensor& part, at::ScalarType acc) {
+  const int64_t rows = part.size(0), c = part.size(1);
+  std::vector<double> s(c, 0.0);
+  const double* p = ptr<const double>(part);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < c; ++k) s[k] += p[r * c + k];  // in row order
+  at::Tensor out = at::empty({c}, part.options());
+  std::copy(s.begin(), s.end(), ptr<double>(out));
+  return out.to(acc);
 }
 
 // ---- the registered ops ----

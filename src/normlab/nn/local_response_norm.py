@@ -13,7 +13,31 @@ from ._base import _NotScriptable
 __all__ = ["LocalResponseNorm", "CrossMapLRN2d"]
 
 
-class LocalResponseNorm(_NotScriptable, nn.Module):
+class _LRNBase(_NotScriptable, nn.Module):
+    """What the two classes share: the four arguments, checked at construction (the messages name
+    ``_who``), kept as attributes, and the ``repr``. Each class keeps its own ``__init__`` with
+    its twin's signature: torch's defaults differ (``k=1.0`` and ``k=1``)."""
+
+    __constants__ = ["size", "alpha", "beta", "k"]
+    _who: str
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+    def __init__(self, size: int, alpha: float, beta: float, k: float) -> None:
+        _check_arguments(self._who, size, alpha, beta, k)
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class LocalResponseNorm(_LRNBase):
     """Local response normalization across channels (dim 1), as in AlexNet:
     ``y = x / (k + alpha / size * sum_window x^2) ** beta``, the window the channels
     ``c - size // 2 .. c + (size - 1) // 2`` (zeros beyond the ends; always divided by ``size``).
@@ -34,28 +58,16 @@ class LocalResponseNorm(_NotScriptable, nn.Module):
              [0.1538]]])
     """
 
-    __constants__ = ["size", "alpha", "beta", "k"]
-    size: int
-    alpha: float
-    beta: float
-    k: float
+    _who = "LocalResponseNorm"
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> None:
-        _check_arguments("LocalResponseNorm", size, alpha, beta, k)
-        super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        super().__init__(size, alpha, beta, k)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
 
-    def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
 
-
-class CrossMapLRN2d(_NotScriptable, nn.Module):
+class CrossMapLRN2d(_LRNBase):
     """Cross-map local response normalization of a 4-D input (Lua Torch's SpatialCrossMapLRN):
     ``y = x / (k + alpha / size * sum_window x^2) ** beta`` across channels.
 
@@ -79,22 +91,10 @@ class CrossMapLRN2d(_NotScriptable, nn.Module):
              [[0.3333]]]])
     """
 
-    __constants__ = ["size", "alpha", "beta", "k"]
-    size: int
-    alpha: float
-    beta: float
-    k: float
+    _who = "CrossMapLRN2d"
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1) -> None:
-        _check_arguments("CrossMapLRN2d", size, alpha, beta, k)
-        super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        super().__init__(size, alpha, beta, k)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return cross_map_lrn2d(input, self.size, self.alpha, self.beta, self.k)
-
-    def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

@@ -11,7 +11,6 @@
 #include "batch_norm.h"
 #include "cpu/batch_norm.h"
 #include "cpu/batch_norm_kernels.h"
-#include "cpu/huge_pages.h"
 
 namespace normlab::batch_norm {
 
@@ -24,7 +23,7 @@ Dtype dtype_of(const at::Tensor& t, const char* what) {
 }
 
 void check_chan(const std::optional<at::Tensor>& t, int64_t c, const char* what) {
-  if (!t.has_value() || !t->defined()) return;
+  if (!given(t)) return;
   TORCH_CHECK(t->device().is_cpu(), "normlab batch_norm: expected ", what, " on the CPU, got ", t->device());
   TORCH_CHECK(t->dim() == 1 && t->size(0) == c, "normlab batch_norm: expected ", what, " of shape (", c,
               ",) (one value per channel, C = input.shape[1]), got ", t->sizes());
@@ -32,7 +31,7 @@ void check_chan(const std::optional<at::Tensor>& t, int64_t c, const char* what)
 }
 
 Chan chan(const std::optional<at::Tensor>& t) {
-  if (!t.has_value() || !t->defined()) return {};
+  if (!given(t)) return {};
   return {t->data_ptr(), dtype_of(*t, "a per-channel tensor"), t->stride(0)};
 }
 
@@ -56,12 +55,6 @@ View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
 
 at::MemoryFormat memory_format(const at::Tensor& x) { return x.suggest_memory_format(); }
 
-at::Tensor empty_output(const at::Tensor& x, at::MemoryFormat fmt) {
-  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(fmt));
-  advise_huge_pages(out.data_ptr(), int64_t(out.nbytes()));  // cpu/huge_pages.h
-  return out;
-}
-
 std::tuple<at::Tensor, at::Tensor> batch_norm_fwd_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& w,
                                                  const std::optional<at::Tensor>& b, double eps) {
   check_input(x_in);
@@ -72,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_fwd_cpu(const at::Tensor& x_in, co
               "Expected more than 1 value per channel when training, got input size ", x_in.sizes());
   const at::MemoryFormat fmt = memory_format(x_in);
   at::Tensor x = x_in.contiguous(fmt);
-  at::Tensor y = empty_output(x, fmt);
+  at::Tensor y = empty_out(x, fmt);
   at::Tensor stats = at::empty({3, c}, x.options().dtype(at::kDouble));
   if (x.numel() == 0) return {y, stats.fill_(std::numeric_limits<double>::quiet_NaN())};
   forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), {}, {},
@@ -91,7 +84,7 @@ at::Tensor batch_norm_eval_fwd_cpu(const at::Tensor& x_in, const std::optional<a
   check_chan(b, c, "bias");
   const at::MemoryFormat fmt = memory_format(x_in);
   at::Tensor x = x_in.contiguous(fmt);
-  at::Tensor y = empty_output(x, fmt);
+  at::Tensor y = empty_out(x, fmt);
   if (x.numel() == 0) return y;
   StatsScratch buf(3 * c);  // the running statistics as float64, and rstd: not returned
   double* stats = buf.data();
@@ -129,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_bwd_cpu(const at::Tens
   at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
   at::Tensor stats = stats_in.to(at::kDouble).contiguous();
   const int64_t n_out = (training || need_wb) ? c : 0;
-  at::Tensor dx = need_dx ? empty_output(x, fmt) : at::empty({0}, x.options());
+  at::Tensor dx = need_dx ? empty_out(x, fmt) : at::empty({0}, x.options());
   at::Tensor dw = at::empty({n_out}, x.options().dtype(at::kDouble));
   at::Tensor db = at::empty({n_out}, x.options().dtype(at::kDouble));
   if (x.numel() == 0) {
@@ -148,7 +141,7 @@ at::Tensor forward_into(const at::Tensor& x_in, const std::optional<at::Tensor>&
                         bool training, double* stats) {
   const at::MemoryFormat fmt = memory_format(x_in);
   const at::Tensor x = x_in.contiguous(fmt);
-  at::Tensor y = empty_output(x, fmt);
+  at::Tensor y = empty_out(x, fmt);
   forward(dtype_of(x, "the input"), x.const_data_ptr(), y.data_ptr(), chan(w), chan(b), training ? Chan{} : chan(rm),
           training ? Chan{} : chan(rv), stats, view_of(x, fmt), eps, training);
   return y;
@@ -164,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_typed(const at::Tensor& dy_in
   const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(fmt);
   const at::Tensor stats = stats_in.scalar_type() == at::kDouble ? stats_in.contiguous() : stats_in.to(at::kDouble).contiguous();
   const bool need_wb = need_dw || need_db;
-  at::Tensor dx = need_dx ? empty_output(x, fmt) : at::Tensor();
+  at::Tensor dx = need_dx ? empty_out(x, fmt) : at::Tensor();
   StatsScratch scratch(2 * c);
   double* sums = scratch.data();  // dw, db as float64 sums
   if (x.numel() == 0) {

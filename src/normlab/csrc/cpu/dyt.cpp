@@ -12,21 +12,12 @@
 
 #include "args.h"
 #include "cpu/dyt_kernels.h"
-#include "cpu/huge_pages.h"
 
 namespace normlab::dyt {
 
 namespace {
 
 using at::Tensor;
-
-template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
-
-Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& opts) {
-  Tensor t = at::empty(sizes, opts);
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
 
 int64_t columns(const Tensor& x, at::IntArrayRef shape, const char* op) {
   const int64_t k = int64_t(shape.size());
@@ -43,7 +34,7 @@ Tensor dyt_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor&
   const char* op = "normlab::dyt_fwd";
   const int64_t n_cols = columns(x_in, shape, op);
   const Tensor x = x_in.contiguous();
-  Tensor y = empty_out(x.sizes(), x.options());
+  Tensor y = empty_out(x);
   if (x.numel() == 0) return y;
   const int64_t n_rows = x.numel() / n_cols;
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
@@ -52,8 +43,7 @@ Tensor dyt_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor&
     const std::vector<A> w = param_values<A>(weight, n_cols, op, "weight");
     const std::vector<A> b = param_values<A>(bias, n_cols, op, "bias");
     const A a = param_values<A>(alpha, 1, op, "alpha").at(0);
-    forward<S>(ptr<S>(x), a, w.empty() ? nullptr : w.data(), b.empty() ? nullptr : b.data(), ptr<S>(y), n_rows,
-               n_cols);
+    forward<S>(ptr<S>(x), a, data_or_null(w), data_or_null(b), ptr<S>(y), n_rows, n_cols);
   });
   return y;
 }
@@ -63,13 +53,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, cons
                                                        bool need_dalpha, bool need_wb) {
   const char* op = "normlab::dyt_bwd";
   const int64_t n_cols = columns(x_in, shape, op);
-  TORCH_CHECK(dy_in.sizes() == x_in.sizes() && dy_in.scalar_type() == x_in.scalar_type(), op,
-              ": expected dy of x's shape ", x_in.sizes(), " and dtype ", x_in.scalar_type(), ", got ", dy_in.sizes(),
-              " ", dy_in.scalar_type());
+  check_dy(dy_in, x_in, op);
   const Tensor x = x_in.contiguous(), dy = dy_in.contiguous();
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
   const auto f64 = x.options().dtype(at::kDouble);
-  Tensor dx = need_dx ? empty_out(x.sizes(), x.options()) : at::empty({0}, x.options());
+  Tensor dx = need_dx ? empty_out(x) : at::empty({0}, x.options());
   const int64_t n_rows = n_cols == 0 ? 0 : x.numel() / n_cols;
   const Geometry g = geometry(n_rows, n_cols);
   Tensor dw_part = need_wb ? at::empty({g.n_chunks, n_cols}, f64) : Tensor();
@@ -81,7 +69,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, cons
       using A = acc_t<S>;
       const std::vector<A> w = param_values<A>(weight, n_cols, op, "weight");
       const A a = param_values<A>(alpha, 1, op, "alpha").at(0);
-      backward<S>(ptr<S>(dy), ptr<S>(x), a, w.empty() ? nullptr : w.data(), need_dx ? ptr<S>(dx) : nullptr,
+      backward<S>(ptr<S>(dy), ptr<S>(x), a, data_or_null(w), need_dx ? ptr<S>(dx) : nullptr,
                   need_wb ? ptr<double>(dw_part) : nullptr, need_wb ? ptr<double>(db_part) : nullptr,
                   need_dalpha ? ptr<double>(da_part) : nullptr, n_rows, n_cols, g);
     });

@@ -14,7 +14,6 @@
 
 #include "args.h"
 #include "cpu/frn_kernels.h"
-#include "cpu/huge_pages.h"
 
 namespace normlab::frn {
 
@@ -22,30 +21,15 @@ namespace {
 
 using at::Tensor;
 
-template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
-
-at::MemoryFormat layout_of(const Tensor& x) {
-  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                     : at::MemoryFormat::Contiguous;
-}
-
-Tensor empty_out(const Tensor& x, at::MemoryFormat fmt) {
-  Tensor t = at::empty(x.sizes(), x.options().memory_format(fmt));
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
-
 Args args_of(const Tensor& x, at::MemoryFormat fmt, double eps, const char* op) {
   TORCH_CHECK(x.dim() == 4, op, ": expected a 4-D input (N, C, H, W), got ", x.sizes());
   return {x.size(0), x.size(1), x.size(2) * x.size(3), fmt == at::MemoryFormat::ChannelsLast, eps};
 }
 
-template <class A> const A* opt(const std::vector<A>& v) { return v.empty() ? nullptr : v.data(); }
-
 std::tuple<Tensor, Tensor> frn_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor& bias,
                                        const OptTensor& tau, double eps) {
   const char* op = "normlab::frn_fwd";
-  const at::MemoryFormat fmt = layout_of(x_in);
+  const at::MemoryFormat fmt = nchw_or_nhwc(x_in);
   const Args a = args_of(x_in, fmt, eps, op);
   const Tensor x = x_in.contiguous(fmt);
   Tensor y = empty_out(x, fmt);
@@ -57,19 +41,9 @@ std::tuple<Tensor, Tensor> frn_fwd_cpu(const Tensor& x_in, const OptTensor& weig
     const std::vector<A> w = param_values<A>(weight, a.c, op, "weight");
     const std::vector<A> b = param_values<A>(bias, a.c, op, "bias");
     const std::vector<A> t = param_values<A>(tau, a.c, op, "tau");
-    forward<S>(ptr<S>(x), opt(w), opt(b), opt(t), ptr<S>(y), ptr<A>(rstd), a);
+    forward<S>(ptr<S>(x), data_or_null(w), data_or_null(b), data_or_null(t), ptr<S>(y), ptr<A>(rstd), a);
   });
   return {y, rstd};
-}
-
-Tensor over_samples(const Tensor& part, int64_t n, int64_t c, at::ScalarType acc) {
-  std::vector<double> s(c, 0.0);
-  const double* p = ptr<double>(part);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < c; ++k) s[k] += p[i * c + k];  // in sample order
-  Tensor out = at::empty({c}, part.options());
-  std::copy(s.begin(), s.end(), ptr<double>(out));
-  return out.to(acc);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd_cpu(const Tensor& dy_in, const Tensor& x_in,
@@ -77,11 +51,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd_cpu(const Tensor& dy_in, cons
                                                        const OptTensor& tau, const Tensor& rstd_in, bool need_dx,
                                                        bool need_dw, bool need_db, bool need_dtau) {
   const char* op = "normlab::frn_bwd";
-  const at::MemoryFormat fmt = layout_of(x_in);
+  const at::MemoryFormat fmt = nchw_or_nhwc(x_in);
   const Args a = args_of(x_in, fmt, 0.0, op);
-  TORCH_CHECK(dy_in.sizes() == x_in.sizes() && dy_in.scalar_type() == x_in.scalar_type(), op,
-              ": expected dy of x's shape ", x_in.sizes(), " and dtype ", x_in.scalar_type(), ", got ", dy_in.sizes(),
-              " ", dy_in.scalar_type());
+  check_dy(dy_in, x_in, op);
   const at::ScalarType acc = acc_dtype(x_in.scalar_type());
   TORCH_CHECK(rstd_in.numel() == a.n * a.c && rstd_in.scalar_type() == acc, op, ": expected rstd of ", a.n * a.c,
               " values of dtype ", acc, ", got ", rstd_in.sizes(), " ", rstd_in.scalar_type());
@@ -99,15 +71,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd_cpu(const Tensor& dy_in, cons
       const std::vector<A> w = param_values<A>(weight, a.c, op, "weight");
       const std::vector<A> b = param_values<A>(bias, a.c, op, "bias");
       const std::vector<A> t = param_values<A>(tau, a.c, op, "tau");
-      backward<S>(ptr<S>(dy), ptr<S>(x), opt(w), opt(b), opt(t), ptr<A>(rstd), need_dx ? ptr<S>(dx) : nullptr,
-                  need_dw ? ptr<double>(dw_part) : nullptr, need_db ? ptr<double>(db_part) : nullptr,
-                  need_dtau ? ptr<double>(dt_part) : nullptr, a);
+      backward<S>(ptr<S>(dy), ptr<S>(x), data_or_null(w), data_or_null(b), data_or_null(t), ptr<A>(rstd),
+                  need_dx ? ptr<S>(dx) : nullptr, need_dw ? ptr<double>(dw_part) : nullptr,
+                  need_db ? ptr<double>(db_part) : nullptr, need_dtau ? ptr<double>(dt_part) : nullptr, a);
     });
   }
   const auto empty = at::empty({0}, x.options().dtype(acc));
-  return {dx, need_dw ? over_samples(dw_part, a.n, a.c, acc) : empty,
-          need_db ? over_samples(db_part, a.n, a.c, acc) : empty,
-          need_dtau ? over_samples(dt_part, a.n, a.c, acc) : empty};
+  return {dx, need_dw ? rows_summed(dw_part, acc) : empty, need_db ? rows_summed(db_part, acc) : empty,
+          need_dtau ? rows_summed(dt_part, acc) : empty};  // in sample order
 }
 
 }  // namespace

@@ -15,23 +15,12 @@
 
 #include "args.h"
 #include "cpu/group_norm_kernels.h"
-#include "cpu/huge_pages.h"
 
 namespace normlab::group_norm {
 
 namespace {
 
 using at::Tensor;
-
-template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
-
-// An uninitialised tensor like torch's empty, large ones advised onto transparent huge pages
-// (cpu/huge_pages.h).
-Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& opts, at::MemoryFormat fmt) {
-  Tensor t = at::empty(sizes, opts.memory_format(fmt));
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
 
 
 // t in memory format fmt: a channels_last t of at least 16 channels (a block of the transpose) made
@@ -48,11 +37,6 @@ Tensor contiguous_as(const Tensor& t, at::MemoryFormat fmt) {
     return out;
   }
   return t.contiguous(fmt);
-}
-
-// Statistics as a contiguous tensor of the accumulation dtype (no copy when they are).
-Tensor stats(const Tensor& t, at::ScalarType acc) {
-  return (t.scalar_type() == acc && t.is_contiguous()) ? t : t.to(acc).contiguous();
 }
 
 struct Shape {
@@ -81,7 +65,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTen
   const auto [fmt, nhwc] = layout(x, sh.s);
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   const Tensor xk = x.contiguous(fmt);
-  Tensor y = empty_out(x.sizes(), x.options(), fmt);
+  Tensor y = empty_out(x, fmt);
   Tensor mean, var, rstd;
   if (with_stats) {
     auto o = x.options().dtype(acc);
@@ -132,14 +116,14 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   const Tensor xk = x.contiguous(fmt);
   const Tensor dyk = contiguous_as(dy_in.scalar_type() == x.scalar_type() ? dy_in : dy_in.to(x.scalar_type()), fmt);
-  Tensor dx = need_dx ? empty_out(x.sizes(), x.options(), fmt) : at::empty({0}, x.options());
+  Tensor dx = need_dx ? empty_out(x, fmt) : at::empty({0}, x.options());
   Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
   if (x.numel() == 0) {
     dw.zero_();
     db.zero_();
     return {dx, dw, db};
   }
-  const Tensor mean = stats(mean_in, acc), rstd = stats(rstd_in, acc);
+  const Tensor mean = contiguous_in(mean_in, acc), rstd = contiguous_in(rstd_in, acc);
   const int64_t n_stats = fixed ? sh.c : sh.n * g;
   TORCH_CHECK(mean.numel() == n_stats && rstd.numel() == n_stats, op, ": expected mean and rstd with ", n_stats,
               " values, got ", mean.numel(), " and ", rstd.numel());
@@ -169,10 +153,10 @@ Tensor instance_norm_eval_fwd_cpu(const Tensor& x_in, const OptTensor& w, const 
   const char* op = "instance_norm";
   const Tensor x = x_in.contiguous();  // torch's instance_norm output is contiguous
   const Shape sh = shape_of(x, x.dim() >= 2 ? x.size(1) : 1, op);
-  Tensor y = empty_out(x.sizes(), x.options(), at::MemoryFormat::Contiguous);
+  Tensor y = empty_out(x, at::MemoryFormat::Contiguous);
   if (x.numel() == 0) return y;
   const at::ScalarType acc = acc_dtype(x.scalar_type());
-  const Tensor mean = stats(mean_in, acc), rstd = stats(rstd_in, acc);
+  const Tensor mean = contiguous_in(mean_in, acc), rstd = contiguous_in(rstd_in, acc);
   TORCH_CHECK(mean.numel() == sh.c && rstd.numel() == sh.c, op, ": expected running statistics with ", sh.c,
               " values (one per channel), got ", mean.numel(), " and ", rstd.numel());
   visit_dtype(x.scalar_type(), op, [&](auto tag) {
@@ -205,7 +189,7 @@ void instance_norm_update_stats_cpu(const Tensor& rm, const Tensor& rv, const Te
               ": expected per-instance statistics (N, C) for C = ", c, ", got ", mean_in.sizes(), " and ",
               var_in.sizes());
   const at::ScalarType acc = acc_dtype(mean_in.scalar_type());
-  const Tensor mean = stats(mean_in, acc), var = stats(var_in, acc);
+  const Tensor mean = contiguous_in(mean_in, acc), var = contiguous_in(var_in, acc);
   const int64_t n = mean.numel() / c;
   visit_dtype(rm.scalar_type(), op, [&](auto rtag) {
     using R = decltype(rtag);

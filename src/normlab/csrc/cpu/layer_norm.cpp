@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "args.h"
-#include "cpu/huge_pages.h"
 #include "cpu/layer_norm2d_kernels.h"
 #include "cpu/layer_norm_kernels.h"
 #include "layer_norm2d_layout.h"
@@ -19,13 +18,6 @@ namespace normlab::layer_norm {
 namespace {
 
 using at::Tensor;
-
-// at::empty, large buffers advised onto transparent huge pages (cpu/huge_pages.h).
-Tensor empty_out(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  Tensor t = at::empty(sizes, options);
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
 
 // (n_rows, n_cols) of x normalised over its trailing `shape` dims, with the checks.
 std::pair<int64_t, int64_t> row_shape(const char* op, const Tensor& x, at::IntArrayRef shape) {
@@ -102,8 +94,8 @@ struct Fwd {
   Params p = params(op, x, w_, b_, offset, n_rows, n_cols);
   const auto acc = acc_dtype(x.scalar_type());
   Fwd out;
-  out.y = empty_out(x.sizes(), x.options());
-  if (res.defined()) out.h = empty_out(x.sizes(), x.options());
+  out.y = empty_out(x);
+  if (res.defined()) out.h = empty_out(x);
   if (stats) {
     if (center) out.mean = at::empty({n_rows}, x.options().dtype(acc));
     out.rstd = at::empty({n_rows}, x.options().dtype(acc));
@@ -151,7 +143,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
   Tensor dy = dy_.scalar_type() == st ? dy_ : dy_.to(st);
   if (!dy.is_contiguous()) dy = dy.contiguous();
   Tensor dh;
-  if (dh_.has_value() && dh_->defined()) {
+  if (given(dh_)) {
     dh = *dh_;
     TORCH_CHECK(dh.sizes() == x.sizes(), op, ": expected dh of the input's shape ", x.sizes(), ", got ", dh.sizes());
     if (dh.scalar_type() != st) dh = dh.to(st);
@@ -162,16 +154,16 @@ std::tuple<Tensor, Tensor, Tensor> backward(const char* op, const Tensor& dy_, c
   TORCH_CHECK(rstd.numel() == n_rows && rstd.scalar_type() == acc && (!center || (mean.numel() == n_rows &&
               mean.scalar_type() == acc)), op, ": expected (", n_rows, ",) statistics in ", acc,
               ", got rstd ", rstd.sizes(), " ", rstd.scalar_type());
-  Tensor dx = empty_out(x.sizes(), x.options());
+  Tensor dx = empty_out(x);
   // dw in the weight's dtype (the accumulation dtype without one), db in db_dtype (None: the
   // accumulation dtype). The kernel writes either the accumulation dtype or x's storage dtype
   // (half-precision parameters: no conversion op after it); any other dtype is converted after.
-  const auto dw_dt = w_.has_value() && w_->defined() ? w_->scalar_type() : acc;
+  const auto dw_dt = given(w_) ? w_->scalar_type() : acc;
   const auto db_dt = db_dtype.value_or(acc);
   auto kernel_dt = [&](at::ScalarType t) { return t == st ? st : acc; };
   Tensor dw, db;
   if (need_wb) {
-    std::vector<int64_t> s = w_.has_value() && w_->defined() ? w_->sizes().vec() : shape.vec();
+    std::vector<int64_t> s = given(w_) ? w_->sizes().vec() : shape.vec();
     dw = at::empty(s, x.options().dtype(kernel_dt(dw_dt)));
     db = at::empty(center ? s : std::vector<int64_t>{0}, x.options().dtype(kernel_dt(db_dt)));
   } else {
@@ -264,12 +256,6 @@ std::tuple<Tensor, Tensor> rms_norm_bwd_cpu(const Tensor& dy, const OptTensor& d
 
 // ---- LayerNorm2d ----
 
-// A fresh output, large ones advised onto transparent huge pages (cpu/huge_pages.h).
-Tensor advised(Tensor t) {
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
-
 void check_input(const char* fn, const Tensor& x) {
   TORCH_CHECK(x.dim() >= 2, fn, ": expected an input of shape (N, C, *) with at least 2 dims, got input of shape ",
               x.sizes());
@@ -279,7 +265,7 @@ void check_input(const char* fn, const Tensor& x) {
 }
 
 void check_param(const char* fn, const char* name, const OptTensor& p, const Tensor& x) {
-  if (!p.has_value() || !p->defined()) return;
+  if (!given(p)) return;
   TORCH_CHECK(p->dim() == 1 && p->size(0) == x.size(1), fn, ": expected ", name, " of shape [", x.size(1),
               "] (one value per channel, C = input.shape[1]), got ", name, " of shape ", p->sizes());
   TORCH_CHECK(p->device() == x.device(), fn, ": expected ", name, " on the input's device (", x.device(), "), got ",
@@ -292,14 +278,8 @@ void check_param(const char* fn, const char* name, const OptTensor& p, const Ten
 
 // A weight or bias as a contiguous tensor of the accumulation dtype (undefined for None).
 Tensor as_acc(const OptTensor& p, at::ScalarType acc) {
-  if (!p.has_value() || !p->defined()) return Tensor();
-  if (p->scalar_type() == acc && p->is_contiguous()) return *p;
-  return p->to(acc).contiguous();
+  return given(p) ? contiguous_in(*p, acc) : Tensor();
 }
-
-void* raw(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-
-template <class T> T* ptr(const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
 
 struct Shape2d {
   int64_t n, c, s;  // samples, channels, pixels per sample
@@ -339,11 +319,11 @@ std::tuple<Tensor, Tensor, Tensor> forward_2d(const Tensor& x, const OptTensor& 
   if (plan.layout == Layout::kRows) {  // the pixels as rows of C values: LayerNorm's row kernel
     ln::FwdArgs a{};
     a.x = xd.data_ptr();
-    a.w = raw(wa);
-    a.b = raw(ba);
+    a.w = ptr<void>(wa);
+    a.b = ptr<void>(ba);
     a.y = y.data_ptr();
-    a.mean = raw(mean);
-    a.rstd = raw(rstd);
+    a.mean = ptr<void>(mean);
+    a.rstd = ptr<void>(rstd);
     a.n_rows = sh.n * sh.s;
     a.n_cols = sh.c;
     a.n_w = a.n_b = 1;
@@ -406,7 +386,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm2d_bwd_cpu(const Tensor& dy, const 
     ln::BwdArgs a{};
     a.dy = dyd.data_ptr();
     a.x = xd.data_ptr();
-    a.w = raw(wa);
+    a.w = ptr<void>(wa);
     a.mean = m.data_ptr();
     a.rstd = r.data_ptr();
     a.dx = dx.data_ptr();

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "args.h"
-#include "cpu/huge_pages.h"
 #include "cpu/scale_norm_kernels.h"
 
 namespace normlab::scale_norm {
@@ -21,19 +20,6 @@ namespace normlab::scale_norm {
 namespace {
 
 using at::Tensor;
-
-template <class S> S* ptr(const Tensor& t) { return reinterpret_cast<S*>(t.data_ptr()); }
-
-at::MemoryFormat layout_of(const Tensor& x) {
-  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                     : at::MemoryFormat::Contiguous;
-}
-
-Tensor empty_out(const Tensor& x, at::MemoryFormat fmt) {
-  Tensor t = at::empty(x.sizes(), x.options().memory_format(fmt));
-  advise_huge_pages(t.data_ptr(), int64_t(t.nbytes()));
-  return t;
-}
 
 Args args_of(const Tensor& x, at::MemoryFormat fmt, bool simple, double eps, const char* op) {
   TORCH_CHECK(x.dim() == 4, op, ": expected a 4-D input (N, C, H, W), got ", x.sizes());
@@ -43,7 +29,7 @@ Args args_of(const Tensor& x, at::MemoryFormat fmt, bool simple, double eps, con
 std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd_cpu(const Tensor& x_in, const OptTensor& weight, bool simple,
                                                         double eps) {
   const char* op = "normlab::scale_norm2d_fwd";
-  const at::MemoryFormat fmt = layout_of(x_in);
+  const at::MemoryFormat fmt = nchw_or_nhwc(x_in);
   const Args a = args_of(x_in, fmt, simple, eps, op);
   const Tensor x = x_in.contiguous(fmt);
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
@@ -56,7 +42,7 @@ std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd_cpu(const Tensor& x_in, cons
     using S = decltype(tag);
     using A = acc_t<S>;
     const std::vector<A> w = param_values<A>(weight, a.c, op, "weight");
-    forward<S>(ptr<S>(x), w.empty() ? nullptr : w.data(), ptr<S>(y), ptr<A>(rstd), simple ? ptr<A>(mean) : nullptr,
+    forward<S>(ptr<S>(x), data_or_null(w), ptr<S>(y), ptr<A>(rstd), simple ? ptr<A>(mean) : nullptr,
                a, g);
   });
   return {y, rstd, mean};
@@ -66,11 +52,9 @@ std::tuple<Tensor, Tensor> scale_norm2d_bwd_cpu(const Tensor& dy_in, const Tenso
                                                 const Tensor& rstd_in, const Tensor& mean_in, bool simple,
                                                 bool need_dx, bool need_dw) {
   const char* op = "normlab::scale_norm2d_bwd";
-  const at::MemoryFormat fmt = layout_of(x_in);
+  const at::MemoryFormat fmt = nchw_or_nhwc(x_in);
   const Args a = args_of(x_in, fmt, simple, 0.0, op);
-  TORCH_CHECK(dy_in.sizes() == x_in.sizes() && dy_in.scalar_type() == x_in.scalar_type(), op,
-              ": expected dy of x's shape ", x_in.sizes(), " and dtype ", x_in.scalar_type(), ", got ", dy_in.sizes(),
-              " ", dy_in.scalar_type());
+  check_dy(dy_in, x_in, op);
   const at::ScalarType acc = acc_dtype(x_in.scalar_type());
   TORCH_CHECK(rstd_in.numel() == a.n * a.hw && rstd_in.scalar_type() == acc &&
                   (!simple || (mean_in.numel() == a.n * a.hw && mean_in.scalar_type() == acc)),
@@ -86,22 +70,12 @@ std::tuple<Tensor, Tensor> scale_norm2d_bwd_cpu(const Tensor& dy_in, const Tenso
       using S = decltype(tag);
       using A = acc_t<S>;
       const std::vector<A> w = param_values<A>(weight, a.c, op, "weight");
-      backward<S>(ptr<S>(dy), ptr<S>(x), w.empty() ? nullptr : w.data(), ptr<A>(rstd),
+      backward<S>(ptr<S>(dy), ptr<S>(x), data_or_null(w), ptr<A>(rstd),
                   simple ? ptr<A>(mean) : nullptr, need_dx ? ptr<S>(dx) : nullptr,
                   need_dw ? ptr<double>(part) : nullptr, a, g);
     });
   }
-  Tensor dw = at::empty({0}, x.options().dtype(acc));
-  if (need_dw) {
-    std::vector<double> s(a.c, 0.0);
-    const double* p = ptr<double>(part);
-    for (int64_t t = 0; t < g.n_tasks; ++t)
-      for (int64_t k = 0; k < a.c; ++k) s[k] += p[t * a.c + k];  // in task order
-    Tensor dw64 = at::empty({a.c}, part.options());
-    std::copy(s.begin(), s.end(), ptr<double>(dw64));
-    dw = dw64.to(acc);
-  }
-  return {dx, dw};
+  return {dx, need_dw ? rows_summed(part, acc) : at::empty({0}, x.options().dtype(acc))};  // in task order
 }
 
 }  // namespace

@@ -12,15 +12,10 @@ namespace {
 
 using at::Tensor;
 
-at::MemoryFormat layout_of(const Tensor& x) {
-  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                     : at::MemoryFormat::Contiguous;
-}
-
 std::tuple<Tensor, Tensor> frn_fwd_meta(const Tensor& x, const OptTensor&, const OptTensor&, const OptTensor&,
                                         double) {
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
-  return {at::empty_symint(x.sym_sizes(), x.options().memory_format(layout_of(x))),
+  return {at::empty_symint(x.sym_sizes(), x.options().memory_format(nchw_or_nhwc(x))),
           at::empty_symint({x.sym_size(0), x.sym_size(1)}, acc)};
 }
 
@@ -28,7 +23,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd_meta(const Tensor&, const Ten
                                                         const OptTensor&, const OptTensor& tau, const Tensor&,
                                                         bool need_dx, bool need_dw, bool need_db, bool need_dtau) {
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
-  Tensor dx = need_dx ? at::empty_symint(x.sym_sizes(), x.options().memory_format(layout_of(x)))
+  Tensor dx = need_dx ? at::empty_symint(x.sym_sizes(), x.options().memory_format(nchw_or_nhwc(x)))
                       : at::empty({0}, x.options());
   auto per_channel = [&](bool need) { return need ? at::empty_symint({x.sym_size(1)}, acc) : at::empty({0}, acc); };
   return {dx, per_channel(need_dw), per_channel(need_db), per_channel(need_dtau && tau.has_value())};

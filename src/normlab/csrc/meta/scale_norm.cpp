@@ -12,15 +12,10 @@ namespace {
 
 using at::Tensor;
 
-at::MemoryFormat layout_of(const Tensor& x) {
-  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                     : at::MemoryFormat::Contiguous;
-}
-
 std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd_meta(const Tensor& x, const OptTensor&, bool simple, double) {
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
   const c10::SymInt hw = x.sym_size(2) * x.sym_size(3);
-  return {at::empty_symint(x.sym_sizes(), x.options().memory_format(layout_of(x))),
+  return {at::empty_symint(x.sym_sizes(), x.options().memory_format(nchw_or_nhwc(x))),
           at::empty_symint({x.sym_size(0), hw}, acc),
           simple ? at::empty_symint({x.sym_size(0), hw}, acc) : at::empty({0}, acc)};
 }
@@ -28,7 +23,7 @@ std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd_meta(const Tensor& x, const 
 std::tuple<Tensor, Tensor> scale_norm2d_bwd_meta(const Tensor&, const Tensor& x, const OptTensor& weight,
                                                  const Tensor&, const Tensor&, bool, bool need_dx, bool need_dw) {
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
-  Tensor dx = need_dx ? at::empty_symint(x.sym_sizes(), x.options().memory_format(layout_of(x)))
+  Tensor dx = need_dx ? at::empty_symint(x.sym_sizes(), x.options().memory_format(nchw_or_nhwc(x)))
                       : at::empty({0}, x.options());
   Tensor dw = need_dw && weight.has_value() ? at::empty_symint({x.sym_size(1)}, acc) : at::empty({0}, acc);
   return {dx, dw};
