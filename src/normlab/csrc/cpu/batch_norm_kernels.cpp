@@ -4,9 +4,9 @@
 // Rows view, statistics of a chunk: columns in blocks of 8 vectors (pass 1) / 4 vectors (pass 2)
 // whose sums stay in registers down the chunk's rows; the last columns row by row, their tail a
 // masked vector. Every column's additions keep one order (four rows paired, then single rows).
-// The forward's separate output pass (rows: phase 1; planes: over_planes) streams y past the
-// caches when x and y together pass half the last-level cache (numerics/stream.h), as the other
-// families do: no read-for-ownership of y's lines, and x kept in cache.
+// The output pass does not stream y (numerics/stream.h): measured on channels-last bfloat16
+// eval forward, 4x128x166x152 (52 MB of x and y), streamed stores ran at 0.82-0.96x torch against
+// 1.00-1.21x with plain stores and the next row's lines asked for ahead (three rounds each).
 #include "cpu/batch_norm_kernels.h"
 
 #include <algorithm>
@@ -23,7 +23,6 @@
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
-#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::bn {
@@ -499,30 +498,17 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
 }
 
 // y = (x - h) * f + bc over len values.
-// Stream: y written around the caches (numerics/stream.h), from its first address aligned for it.
-template <class S, bool Stream = false>
-inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
+template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-  if constexpr (Stream) {
-    const int64_t k0 = to_stream_alignment(y, len);
-    if (k0 > 0) vstore_n(y, (vload_n(x, k0) - vh) * vf + vb, k0);
-    x += k0, y += k0, len -= k0;
-  }
-  columns_part<S>(len,
-                  [&](int64_t t) {
-                    const vec<A> v = (vload(x + t) - vh) * vf + vb;
-                    if constexpr (Stream) vstream(y + t, v);
-                    else vstore(y + t, v);
-                  },
+  columns_part<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
                   [&](int64_t t, int64_t k) { vstore_n(y + t, (vload_n(x + t, k) - vh) * vf + vb, k); });
 }
 
 // y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
 // (hi, a, b2 indexed by column - c0); S > 1: whole planes from channel ch0 (per-channel).
 // x, y: (R, W) storage.
-// Stream: y streamed (a call whose x and y pass half the last-level cache: streams_output).
-template <class S, bool Stream = false>
+template <class S>
 void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
                int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
   for (int64_t i = r0; i < r1; ++i) {
@@ -530,26 +516,20 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
     S* yr = y + i * width + c0;
     // the next row's stretch of y asked for ahead: a new stretch every row (a jump of the row
     // stride) outruns the hardware prefetcher, and the stores stall on their lines
-    if (!Stream && i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
+    if (i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
     if (s_len == 1) {
-      columns_part<S>(n,
-                      [&](int64_t u) {
-                        const auto v = (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u);
-                        if constexpr (Stream) vstream(yr + u, v);
-                        else vstore(yr + u, v);
-                      },
+      columns_part<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
                       [&](int64_t u, int64_t k) {
                         vstore_n(yr + u, (vload_n(xr + u, k) - vload_n(hi + u, k)) * vload_n(a + u, k) + vload_n(b2 + u, k), k);
                       });
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        normalise_run<S, Stream>(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
+        normalise_run(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
   }
-  if constexpr (Stream) fence_streams();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -691,10 +671,8 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  const bool stream = streams_output(2 * n * n_ch * s_len * int64_t(sizeof(S)));
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
-    if (stream) normalise_run<S, true>(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]), fence_streams();
-    else normalise_run<S, false>(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
+    normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
   });
 }
 
@@ -765,12 +743,9 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (tile) {
     ph = tiled(k.hi, n_ch, width, th.get()); pa = tiled(k.a, n_ch, width, ta.get()); pb = tiled(k.b2, n_ch, width, tb.get());
   }
-  // the output pass streams y when x and y pass half the last-level cache (numerics/stream.h)
-  const bool stream = streams_output(2 * n_rows * width * int64_t(sizeof(S)));
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
-    if (stream) normalise<S, true>(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
-    else normalise<S, false>(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
+    normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
   });
 }
 
