@@ -208,115 +208,6 @@ template <class A, int NV, class F> inline void col_sums3(int64_t rows, const F&
   col_sums_m<A, NV, 3>(rows, f, o);
 }
 
-// Pass 1 of a tile whose rows are wider than a channel block (ce > 4 vectors): row by row, so that
-// x is read in address order (the hardware prefetcher's case; a channel block down the rows reads
-// a few lines of every row apart, and waited on memory for most of the pass). out[j] = the sum over
-// the rows of x[r, j] - sh[j]: rows in pairs ((x_r - sh) + (x_r+1 - sh)), kSumRows rows a block
-// summed from zero (in out for the first block, else in blk: ce values in L1), the blocks added
-// into out in order -- a fixed order for each (rows, ce).
-template <class S, bool First, bool Pair>
-inline void add_rows(const S* xa, int64_t ce, const acc_t<S>* sh, acc_t<S>* d) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  const S* xb = xa + ce;
-  over_channels<L>(
-      ce,
-      [&](int64_t j) {
-        const vec<A> s = vload(sh + j);
-        vec<A> t = vload(xa + j) - s;
-        if constexpr (Pair) t = t + (vload(xb + j) - s);
-        if constexpr (First) vstore(d + j, t);
-        else vstore(d + j, vload(d + j) + t);
-      },
-      [&](int64_t j, int64_t nl) {
-        const vec<A> s = vload_n(sh + j, nl);
-        vec<A> t = vload_n(xa + j, nl) - s;
-        if constexpr (Pair) t = t + (vload_n(xb + j, nl) - s);
-        if constexpr (First) vstore_n(d + j, t, nl);
-        else vstore_n(d + j, vload_n(d + j, nl) + t, nl);
-      });
-}
-template <class S>
-void row_sums(const S* x, int64_t rows, int64_t ce, const acc_t<S>* sh, acc_t<S>* out, acc_t<S>* blk) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  for (int64_t b0 = 0; b0 < rows; b0 += kSumRows) {
-    const int64_t b1 = std::min(rows, b0 + kSumRows);
-    A* d = b0 == 0 ? out : blk;
-    int64_t r = b0;
-    if (r + 2 <= b1) add_rows<S, true, true>(x + r * ce, ce, sh, d), r += 2;
-    else add_rows<S, true, false>(x + r * ce, ce, sh, d), r += 1;
-    for (; r + 2 <= b1; r += 2) add_rows<S, false, true>(x + r * ce, ce, sh, d);
-    if (r < b1) add_rows<S, false, false>(x + r * ce, ce, sh, d);
-    if (b0 == 0) continue;
-    over_channels<L>(
-        ce, [&](int64_t j) { vstore(out + j, vload(out + j) + vload(blk + j)); },
-        [&](int64_t j, int64_t nl) { vstore_n(out + j, vload_n(out + j, nl) + vload_n(blk + j, nl), nl); });
-  }
-}
-
-// The backward's sums of a tile whose rows are wider than a channel block, row by row as row_sums:
-// sy[j], sp[j], sx[j] = the sums over the rows of dy, dy * (x - m[j]), x - m[j] -- rows in pairs,
-// kSumRows rows a block from zero (in the outputs for the first block, else in blk: 3 ce values),
-// the blocks added in order.
-template <class S, bool First, bool Pair>
-inline void add_grad_rows(const S* ga, const S* xa, int64_t ce, const acc_t<S>* m, acc_t<S>* sy, acc_t<S>* sp,
-                          acc_t<S>* sx) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  auto one = [&](const vec<A>& mm, const vec<A>& g0, const vec<A>& x0, const vec<A>& g1, const vec<A>& x1, vec<A>* t) {
-    vec<A> e0 = x0 - mm;
-    t[0] = g0, t[1] = g0 * e0, t[2] = e0;
-    if constexpr (Pair) {
-      const vec<A> e1 = x1 - mm;
-      t[0] = t[0] + g1, t[1] = t[1] + g1 * e1, t[2] = t[2] + e1;
-    }
-  };
-  over_channels<L>(
-      ce,
-      [&](int64_t j) {
-        vec<A> t[3];
-        const vec<A> g1 = Pair ? vload(ga + ce + j) : vzero<A>(), x1 = Pair ? vload(xa + ce + j) : vzero<A>();
-        one(vload(m + j), vload(ga + j), vload(xa + j), g1, x1, t);
-        if constexpr (First) vstore(sy + j, t[0]), vstore(sp + j, t[1]), vstore(sx + j, t[2]);
-        else vstore(sy + j, vload(sy + j) + t[0]), vstore(sp + j, vload(sp + j) + t[1]), vstore(sx + j, vload(sx + j) + t[2]);
-      },
-      [&](int64_t j, int64_t nl) {
-        vec<A> t[3];
-        const vec<A> g1 = Pair ? vload_n(ga + ce + j, nl) : vzero<A>(), x1 = Pair ? vload_n(xa + ce + j, nl) : vzero<A>();
-        one(vload_n(m + j, nl), vload_n(ga + j, nl), vload_n(xa + j, nl), g1, x1, t);
-        if constexpr (First) {
-          vstore_n(sy + j, t[0], nl), vstore_n(sp + j, t[1], nl), vstore_n(sx + j, t[2], nl);
-        } else {
-          vstore_n(sy + j, vload_n(sy + j, nl) + t[0], nl), vstore_n(sp + j, vload_n(sp + j, nl) + t[1], nl);
-          vstore_n(sx + j, vload_n(sx + j, nl) + t[2], nl);
-        }
-      });
-}
-template <class S>
-void grad_row_sums(const S* g, const S* x, int64_t rows, int64_t ce, const acc_t<S>* m, acc_t<S>* sy, acc_t<S>* sp,
-                   acc_t<S>* sx, acc_t<S>* blk) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  for (int64_t b0 = 0; b0 < rows; b0 += kSumRows) {
-    const int64_t b1 = std::min(rows, b0 + kSumRows);
-    A *dy_ = b0 == 0 ? sy : blk, *dp = b0 == 0 ? sp : blk + ce, *dx_ = b0 == 0 ? sx : blk + 2 * ce;
-    int64_t r = b0;
-    if (r + 2 <= b1) add_grad_rows<S, true, true>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_), r += 2;
-    else add_grad_rows<S, true, false>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_), r += 1;
-    for (; r + 2 <= b1; r += 2) add_grad_rows<S, false, true>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_);
-    if (r < b1) add_grad_rows<S, false, false>(g + r * ce, x + r * ce, ce, m, dy_, dp, dx_);
-    if (b0 == 0) continue;
-    A* outs[3] = {sy, sp, sx};
-    for (int k = 0; k < 3; ++k) {
-      A *o = outs[k], *bk = blk + k * ce;
-      over_channels<L>(
-          ce, [&](int64_t j) { vstore(o + j, vload(o + j) + vload(bk + j)); },
-          [&](int64_t j, int64_t nl) { vstore_n(o + j, vload_n(o + j, nl) + vload_n(bk + j, nl), nl); });
-    }
-  }
-}
-
 // blk.template operator()<NV>(j0) over blocks of NV <= 4 vectors of channels, then part(j, n) on the
 // n < L channels past the last whole vector (one partial vector: vload_n / vstore_n).
 template <int64_t L, class Blk, class Part> inline void channel_blocks(int64_t c, const Blk& blk, const Part& part) {
@@ -373,7 +264,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   const int64_t cg = c / g;
   const View vw = view_of<L>(c);
   const int64_t ce = vw.ce;
-  std::vector<A> vbuf(ce == c ? 0 : 3 * ce), blk(ce > 4 * L ? ce : 0);  // the view's sh, ct and sums; row_sums'
+  std::vector<A> vbuf(ce == c ? 0 : 3 * ce);  // the view's sh, ct and sums
   A* shv = ce == c ? const_cast<A*>(sh) : vbuf.data();
   A* ctv = ce == c ? ctc : vbuf.data() + ce;
   A* accv = ce == c ? acc : vbuf.data() + 2 * ce;
@@ -395,8 +286,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     const int64_t lines = (pf_end - pf + kCacheLineBytes - 1) / kCacheLineBytes;
     const int64_t pf_step = vr * n_blocks > 0 ? (lines + vr * n_blocks - 1) / (vr * n_blocks) * kCacheLineBytes : 0;
     if (pf_step == 0 && pf < pf_end) prefetch_read(pf, pf_end - pf), pf = pf_end;
-    if (ce > 4 * L) row_sums(xt, vr, ce, shv, accv, blk.data());
-    else channel_blocks<L>(
+    channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
           vec<A> vs[NV], o[NV];
@@ -747,14 +637,13 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // its means m per channel
   // (mv: mc tiled to the view's ce values, or mc; wv: 3 ce scratch for the view's sums)
   const int64_t ce = vw.ce;
-  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* mv, A* wv, A* blk, A* sdy, A* sdx,
+  auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* mv, A* wv, A* sdy, A* sdx,
                        A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
     const S* gs = dy + (i * ns + r0) * c;
     const int64_t rows = r1 - r0, vr = rows / vw.rep, rr = vr * vw.rep;
     A *vy = ce == c ? sdy : wv, *vx = ce == c ? sdx : wv + ce, *vm = ce == c ? sxm : wv + 2 * ce;
-    if (ce > 4 * L) grad_row_sums(gs, xs, vr, ce, mv, vy, vx, vm, blk);
-    else channel_blocks<L>(
+    channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
           vec<A> cm[NV], o[3][NV];
@@ -810,11 +699,11 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
   // acc (3C,) scratch
   auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* acc, double* out) {
-    std::vector<A> vbuf(ce == c ? 0 : 4 * ce), blk(ce > 4 * L ? 3 * ce : 0);
+    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
     const A* mv = mc;
     if (ce != c) tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
-      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, mv, vbuf.data() + ce, blk.data(), acc, acc + c, acc + 2 * c);
+      tile_sums(i, t0, std::min(r1, t0 + bk.tile), mc, mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c);
       for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
     }
   };
