@@ -514,9 +514,10 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
   for (int64_t i = r0; i < r1; ++i) {
     const S* xr = x + i * width + c0;
     S* yr = y + i * width + c0;
-    // the next row's stretch of y asked for ahead: a new stretch every row (a jump of the row
-    // stride) outruns the hardware prefetcher, and the stores stall on their lines
-    if (i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
+    // the next row's stretch of y asked for ahead where the stretches are apart (a jump of the row
+    // stride every row outruns the hardware prefetcher, and the stores stall on their lines);
+    // whole rows are one sequential stream, which the prefetcher follows
+    if (n < width && i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
     if (s_len == 1) {
       columns_part<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
                       [&](int64_t u, int64_t k) {
