@@ -248,14 +248,18 @@ struct Moments {
   void merge(const Moments& o) { merge(o.n, o.mean, o.m2); }
 };
 
-// The forward's statistics of rows [r0, r1) of sample x (S, C) (a chunk), shift sh (C,) per channel,
-// merged into out in tile order; per tile and group:
-//   pass 1   md_t = mean(x - sh)                         (sums from zero: small terms)
-//   pass 2   M2_t = sum (x - ct)^2 - count * (sh + md_t - ct)^2,  ct = sh + md_t rounded to A
-// -- the second pass about the rounded tile mean ct (one subtraction: x - ct is exact where x is
-// within a factor 2 of ct), its offset from the float64 mean taken out exactly as Chan's merge
-// would (a term of the offset's square: no cancellation). acc, ctc: (C,) scratch; gs: (G,), tm:
-// (2G,) scratch.
+// The forward's statistics of rows [r0, r1) of sample x (S, C) (a chunk), group shift sh (C,) per
+// channel, merged into out in tile order. Per tile and group, about a shift c (the group's first
+// value for the chunk's first tile, then the chunk's running mean so far, rounded to A):
+//   pass 1   s1 = sum (x - c), s2 = sum (x - c)^2,  md = s1 / count     (one pass, from memory)
+//   accept   M2 = s2 - count * md^2 when count * md^2 <= s2 / 4 (c within ~0.58 std of the tile's
+//            mean: the subtraction then loses at most 2 bits of s2's; x - c is exact where x is
+//            within a factor 2 of c) -- for every group of the tile, else
+//   pass 2   M2 = sum (x - ct)^2 - count * (c + md - ct)^2,  ct = c + md rounded to A (from L2)
+// -- the second pass about the tile's own rounded mean (no cancellation), its offset from the
+// float64 mean taken out exactly as Chan's merge would. The chunk's first tile usually takes pass 2
+// (one value is a poor shift); the next ones, shifted by the running mean, pass 1 only. tm: (2G,),
+// acc, ctc: (C,), gs: (G,) scratch.
 template <class S>
 void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t tile, int64_t c, int64_t g, const acc_t<S>* sh,
                    acc_t<S>* acc, acc_t<S>* ctc, acc_t<S>* gs, double* tm, Moments& out) {
@@ -264,21 +268,25 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   const int64_t cg = c / g;
   const View vw = view_of<L>(c);
   const int64_t ce = vw.ce;
-  std::vector<A> vbuf(ce == c ? 0 : 3 * ce);  // the view's sh, ct and sums
-  A* shv = ce == c ? const_cast<A*>(sh) : vbuf.data();
+  std::vector<A> vbuf(ce == c ? 0 : 4 * ce);  // the view's shift, ct and two sums
+  std::vector<A> ebuf(2 * c + g);             // the tile's shift and second sums per channel; per group
+  A *cvc = ebuf.data(), *s2c = cvc + c, *gs2 = s2c + c;
+  A* cvv = ce == c ? cvc : vbuf.data();
   A* ctv = ce == c ? ctc : vbuf.data() + ce;
   A* accv = ce == c ? acc : vbuf.data() + 2 * ce;
-  if (ce != c) tiled(sh, c, ce, shv);
+  A* s2v = ce == c ? s2c : vbuf.data() + 3 * ce;
   double *tmean = tm, *tm2 = tm + g;
   // the groups' shifts in float64, side by side: the per-tile loops over the groups below are
   // plain loops over arrays (vectorised by the compiler: at G = C they cost as much as the passes)
-  std::vector<double> gshd(g);
-  for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = double(sh[gi * cg]);
+  std::vector<double> gshd(g), gcd(g);  // the group shifts; the tile's shift c (float64 of its A value)
+  for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = gcd[gi] = double(sh[gi * cg]);
+  std::copy(sh, sh + c, cvc);
   out.reset();
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
-    // the next tile's lines asked for during pass 2 (from L2), a few at each row of each block
+    if (ce != c) tiled(cvc, c, ce, cvv);
+    // the next tile's lines asked for during pass 1, a few at each row of each block
     const int64_t next_rows = std::max<int64_t>(0, std::min(tile, r_end - t0 - tile));
     const char* pf = reinterpret_cast<const char*>(xt + tile * c);
     const char* pf_end = pf + next_rows * c * int64_t(sizeof(S));
@@ -289,75 +297,102 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
-          vec<A> vs[NV], o[NV];
-          for (int v = 0; v < NV; ++v) vs[v] = vload(shv + j0 + v * L);
-          col_sums<A, NV>(vr, [&](int64_t r, int v) { return vload(xt + r * ce + j0 + v * L) - vs[v]; }, o);
-          for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
+          vec<A> vs[NV], o[2][NV];
+          for (int v = 0; v < NV; ++v) vs[v] = vload(cvv + j0 + v * L);
+          col_sums_m<A, NV, 2>(vr,
+                               [&](int64_t r, int v, vec<A>* t) {
+                                 t[0] = vload(xt + r * ce + j0 + v * L) - vs[v];
+                                 t[1] = t[0] * t[0];
+                               },
+                               o, [&](int64_t) {
+                                 if (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
+                               });
+          for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[0][v]), vstore(s2v + j0 + v * L, o[1][v]);
         },
         [&](int64_t j, int64_t nl) {
-          const vec<A> vs = vload_n(shv + j, nl);
-          vec<A> o[1];
-          col_sums<A, 1>(vr, [&](int64_t r, int) { return vload_n(xt + r * ce + j, nl) - vs; }, o);
-          vstore_n(accv + j, o[0], nl);
+          const vec<A> vs = vload_n(cvv + j, nl);
+          vec<A> o[2][1];
+          col_sums_m<A, 1, 2>(vr,
+                              [&](int64_t r, int, vec<A>* t) {
+                                t[0] = vload_n(xt + r * ce + j, nl) - vs;
+                                t[1] = t[0] * t[0];
+                              },
+                              o);
+          vstore_n(accv + j, o[0][0], nl);
+          vstore_n(s2v + j, o[1][0], nl);
         });
-    if (ce != c) fold(accv, c, ce, acc);
+    while (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
+    if (ce != c) fold(accv, c, ce, acc), fold(s2v, c, ce, s2c);
     for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
-      A t;
-      tail_sums<A, 1>(rows - rr, [&](int64_t r, A* q) { q[0] = to_acc(xt[(rr + r) * c + j]) - sh[j]; }, &t);
-      acc[j] += t;
+      A t[2];
+      tail_sums<A, 2>(rows - rr,
+                      [&](int64_t r, A* q) {
+                        q[0] = to_acc(xt[(rr + r) * c + j]) - cvc[j];
+                        q[1] = q[0] * q[0];
+                      },
+                      t);
+      acc[j] += t[0], s2c[j] += t[1];
     }
     group_sums(acc, g, cg, gs);
+    group_sums(s2c, g, cg, gs2);
     const double cnt = double(rows * cg), inv = 1.0 / cnt;
+    bool one_pass = true;
     for (int64_t gi = 0; gi < g; ++gi) {
-      tmean[gi] = double(gs[gi]) * inv;  // the tile's mean of x - sh
-      gs[gi] = A(gshd[gi] + tmean[gi]);  // ct
+      const double md = double(gs[gi]) * inv, q = cnt * (md * md), s2 = double(gs2[gi]);
+      tmean[gi] = (gcd[gi] - gshd[gi]) + md;  // the tile's mean of x - sh
+      tm2[gi] = s2 - q;
+      one_pass = one_pass && std::isfinite(q) && std::isfinite(s2) && 4.0 * q <= s2;
     }
-    spread(gs, g, cg, ctc);
-    if (ce != c) tiled(ctc, c, ce, ctv);
-    channel_blocks<L>(
-        ce,
-        [&]<int NV>(int64_t j0) {
-          vec<A> vm[NV], o[NV];
-          for (int v = 0; v < NV; ++v) vm[v] = vload(ctv + j0 + v * L);
-          col_sums<A, NV>(vr,
-                          [&](int64_t r, int v) {
-                            const vec<A> e = vload(xt + r * ce + j0 + v * L) - vm[v];
-                            return e * e;
-                          },
-                          o, [&](int64_t) {
-                            if (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
-                          });
-          for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
-        },
-        [&](int64_t j, int64_t nl) {
-          const vec<A> vm = vload_n(ctv + j, nl);
-          vec<A> o[1];
-          col_sums<A, 1>(vr,
-                         [&](int64_t r, int) {
-                           const vec<A> e = vload_n(xt + r * ce + j, nl) - vm;
-                           return e * e;
-                         },
-                         o);
-          vstore_n(accv + j, o[0], nl);
-        });
-    if (ce != c) fold(accv, c, ce, acc);
-    for (int64_t j = 0; rr < rows && j < c; ++j) {
-      A t;
-      tail_sums<A, 1>(rows - rr,
-                      [&](int64_t r, A* q) {
-                        const A e = to_acc(xt[(rr + r) * c + j]) - ctc[j];
-                        q[0] = e * e;
-                      },
-                      &t);
-      acc[j] += t;
-    }
-    A* m2g = ctc;  // (G,): ctc is free after pass 2
-    group_sums(acc, g, cg, m2g);
-    for (int64_t gi = 0; gi < g; ++gi) {
-      const double off = (gshd[gi] + tmean[gi]) - double(gs[gi]);
-      tm2[gi] = std::max(0.0, double(m2g[gi]) - cnt * (off * off));
+    if (!one_pass) {  // pass 2 about the tile's rounded mean ct, from L2
+      for (int64_t gi = 0; gi < g; ++gi) gs[gi] = A(gshd[gi] + tmean[gi]);  // ct
+      spread(gs, g, cg, ctc);
+      if (ce != c) tiled(ctc, c, ce, ctv);
+      channel_blocks<L>(
+          ce,
+          [&]<int NV>(int64_t j0) {
+            vec<A> vm[NV], o[NV];
+            for (int v = 0; v < NV; ++v) vm[v] = vload(ctv + j0 + v * L);
+            col_sums<A, NV>(vr,
+                            [&](int64_t r, int v) {
+                              const vec<A> e = vload(xt + r * ce + j0 + v * L) - vm[v];
+                              return e * e;
+                            },
+                            o);
+            for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[v]);
+          },
+          [&](int64_t j, int64_t nl) {
+            const vec<A> vm = vload_n(ctv + j, nl);
+            vec<A> o[1];
+            col_sums<A, 1>(vr,
+                           [&](int64_t r, int) {
+                             const vec<A> e = vload_n(xt + r * ce + j, nl) - vm;
+                             return e * e;
+                           },
+                           o);
+            vstore_n(accv + j, o[0], nl);
+          });
+      if (ce != c) fold(accv, c, ce, acc);
+      for (int64_t j = 0; rr < rows && j < c; ++j) {
+        A t;
+        tail_sums<A, 1>(rows - rr,
+                        [&](int64_t r, A* q) {
+                          const A e = to_acc(xt[(rr + r) * c + j]) - ctc[j];
+                          q[0] = e * e;
+                        },
+                        &t);
+        acc[j] += t;
+      }
+      A* m2g = ctc;  // (G,): ctc is free after pass 2
+      group_sums(acc, g, cg, m2g);
+      for (int64_t gi = 0; gi < g; ++gi) {
+        const double off = (gshd[gi] + tmean[gi]) - double(gs[gi]);
+        tm2[gi] = std::max(0.0, double(m2g[gi]) - cnt * (off * off));
+      }
     }
     out.merge(cnt, tmean, tm2);
+    // the next tile's shift: the chunk's running mean so far, rounded to A
+    for (int64_t gi = 0; gi < g; ++gi) gs[gi] = A(gshd[gi] + out.mean[gi]), gcd[gi] = double(gs[gi]);
+    spread(gs, g, cg, cvc);
   }
 }
 
