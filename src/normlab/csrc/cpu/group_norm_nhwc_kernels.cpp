@@ -5,15 +5,16 @@
 // docs/derivations/group_norm.md.
 //
 // The rule (from the shape alone, so the bits are the same for any number of threads):
-//   tile   ceil(64 KiB / a row's bytes) rows of a sample: the forward's two statistics passes run
-//          over a tile from L2 (x read from memory once), each giving per group (count, mean, M2);
+//   tile   ceil(64 KiB / a row's bytes) rows of a sample: the forward's statistics read a tile
+//          once about a shift, and again from L2 where that shift is far from the tile's mean
+//          (chunk_moments), giving per group (count, mean, M2);
 //          the backward's column sums run per tile in float32 and are added in float64;
 //   chunk  a run of tiles: rows = max(ceil(32K / C), ceil(S / 32)) rounded up to whole tiles -- the
 //          unit of work a thread takes; tiles merge into their chunk and chunks into their sample
 //          in order (Chan in float64; backward: float64 sums).
 // Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
-// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 2 of a tile (from
-// L2) asks for the next tile's cache lines, a few at each row, so that pass 1 finds them in cache
+// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 1 of a tile asks
+// for the next tile's cache lines, a few at each row, so that the next pass 1 finds them in cache
 // (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
 // run row by row, all the channels of a row in order (x read and y written as sequential streams).
 // Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
