@@ -278,7 +278,8 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   A* s2v = ce == c ? s2c : vbuf.data() + 3 * ce;
   double *tmean = tm, *tm2 = tm + g;
   // the groups' shifts in float64, side by side: the per-tile loops over the groups below are
-  // plain loops over arrays (vectorised by the compiler: at G = C they cost as much as the passes)
+  // plain loops over arrays, which the compiler may vectorise (at G = C they run once a tile for
+  // every channel)
   std::vector<double> gshd(g), gcd(g);  // the group shifts; the tile's shift c (float64 of its A value)
   for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = gcd[gi] = double(sh[gi * cg]);
   std::copy(sh, sh + c, cvc);
