@@ -199,10 +199,9 @@ template <class A, int M, class F> inline void tail_sums(int64_t rows, const F& 
     for (int m = 0; m < M; ++m) sums[m] += a[m];
   }
 }
-template <class A, int NV, class F, class H = NoHook>
-inline void col_sums(int64_t rows, const F& f, vec<A>* out, const H& hook = H{}) {
+template <class A, int NV, class F> inline void col_sums(int64_t rows, const F& f, vec<A>* out) {
   vec<A> o[1][NV];
-  col_sums_m<A, NV, 1>(rows, [&](int64_t r, int v, vec<A>* t) { t[0] = f(r, v); }, o, hook);
+  col_sums_m<A, NV, 1>(rows, [&](int64_t r, int v, vec<A>* t) { t[0] = f(r, v); }, o);
   for (int v = 0; v < NV; ++v) out[v] = o[0][v];
 }
 template <class A, int NV, class F> inline void col_sums3(int64_t rows, const F& f, vec<A> (*o)[NV]) {
