@@ -63,6 +63,14 @@ def _float64(x, w, b, dy, groups):
     return [y.reshape(x.shape), dx.reshape(x.shape), dw.reshape(-1), db.reshape(-1)]
 
 
+def _expected_rounding(ref, dtype):
+    """The expected relative error of rounding ``ref`` to ``dtype`` (Frobenius norm): a value's
+    rounding error is uniform over its ulp, so its variance is ulp^2 / 12."""
+    r = ref.to(dtype)
+    ulp = (torch.nextafter(r, torch.full_like(r, float("inf"))) - r).double()
+    return ((ulp.square() / 12).sum().sqrt() / ref.norm()).item()
+
+
 def _check(shape, groups, dtype, mean, seed=3, step=None):
     x, w, b, dy = _inputs(shape, dtype, mean, seed, step)
     got = _run("cpu", lambda x, w, b: NF.group_norm(x, groups, w, b), (x, w, b), dy)
@@ -75,8 +83,10 @@ def _check(shape, groups, dtype, mean, seed=3, step=None):
         elif dtype in HALF:
             assert_within_rounding(a, r, 2.0, what)
         else:  # float32: dw, db sum thousands of terms of both signs (their error grows with that);
-            # the rounding error of a few values (dw of 3 channels) is a noisy estimate: at least 2^-26
-            bound = (8.0 if name in ("y", "dx") else 16.0) * max(rounding_err(r, dtype), 2.0**-26)
+            # the rounding error of a few values (dw of 3 channels) is a noisy estimate: at least
+            # its expectation (which the actual rounding of many values matches within ~20 %; for
+            # dw of 3 channels at mean 1e4 it reads 0.36x)
+            bound = (8.0 if name in ("y", "dx") else 16.0) * max(rounding_err(r, dtype), _expected_rounding(r, dtype))
             assert rel_err(a, r) <= bound, (what, rel_err(a, r), bound)
 
 

@@ -16,7 +16,9 @@
 // or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 1 of a tile asks
 // for the next tile's cache lines, a few at each row, so that the next pass 1 finds them in cache
 // (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
-// run row by row, all the channels of a row in order (x read and y written as sequential streams).
+// run kOutRows = 4 rows at a time, channel vector by channel vector, the per-channel vectors loaded
+// once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order). A chunk's
+// first tile is shifted by its groups' means over the chunk's first 32 rows (then by the running mean).
 // Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
 // apply) go as one partial vector (vload_n / vstore_n: a masked load or store with AVX-512), and a
 // tile's per-channel sums are added per group as vectors (channel_sum), not one scalar chain.
@@ -31,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -54,6 +57,10 @@ template <int64_t L, class F, class G> inline void over_channels(int64_t c, cons
 
 // out[gi*cg + k] = v[gi]: a per-group value on each of its group's channels.
 template <class A, class B> inline void spread(const A* v, int64_t g, int64_t cg, B* out) {
+  if (cg == 1) {  // one loop the compiler vectorises (at G = C this runs once a tile)
+    for (int64_t gi = 0; gi < g; ++gi) out[gi] = B(v[gi]);
+    return;
+  }
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t k = 0; k < cg; ++k) out[gi * cg + k] = B(v[gi]);
 }
@@ -90,6 +97,10 @@ constexpr int64_t kRun = 16;
 constexpr int64_t kTileBytes = 65536;
 constexpr int64_t kChunkValues = 32768;
 constexpr int64_t kMaxChunks = 32;
+// Rows of a chunk whose per-group mean shifts its first tile (chunk_moments).
+constexpr int64_t kShiftRows = 32;
+// (Virtual) rows the output pass writes at a time (affine_rows).
+constexpr int64_t kOutRows = 4;
 
 // C not a multiple of the lanes: runs of rep = P / C rows (P = lcm(C, lanes), at most 64 vectors)
 // are read as virtual rows of ce = P values -- whole vectors, lane k holding channel k % C -- with
@@ -281,7 +292,24 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   // every channel)
   std::vector<double> gshd(g), gcd(g);  // the group shifts; the tile's shift c (float64 of its A value)
   for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = gcd[gi] = double(sh[gi * cg]);
-  std::copy(sh, sh + c, cvc);
+  {  // the first tile's shift: per group the mean of the chunk's first kShiftRows rows (in float32
+     // for half types; only an estimate), where finite -- near the tile's mean, so that its one pass
+     // is accepted for every group (about one value, 1 std off on average, it mostly took pass 2)
+    const int64_t k = std::min(kShiftRows, r1 - r0);
+    std::fill(acc, acc + c, A(0));
+    for (int64_t r = 0; r < k; ++r) {
+      const S* xr = x + (r0 + r) * c;
+      for (int64_t j = 0; j < c; ++j) acc[j] += to_acc(xr[j]);
+    }
+    group_sums(acc, g, cg, gs);
+    const double inv = 1.0 / double(k * cg);
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const A e = A(double(gs[gi]) * inv);
+      if (std::isfinite(e)) gcd[gi] = double(e);
+      gs[gi] = A(gcd[gi]);
+    }
+    spread(gs, g, cg, cvc);
+  }
   out.reset();
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
@@ -337,12 +365,12 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     group_sums(acc, g, cg, gs);
     group_sums(s2c, g, cg, gs2);
     const double cnt = double(rows * cg), inv = 1.0 / cnt;
-    bool one_pass = true;
+    int one_pass = 1;  // for every group 4 q <= s2 < inf (false for NaN); no branch: a vector loop
     for (int64_t gi = 0; gi < g; ++gi) {
       const double md = double(gs[gi]) * inv, q = cnt * (md * md), s2 = double(gs2[gi]);
       tmean[gi] = (gcd[gi] - gshd[gi]) + md;  // the tile's mean of x - sh
       tm2[gi] = s2 - q;
-      one_pass = one_pass && std::isfinite(q) && std::isfinite(s2) && 4.0 * q <= s2;
+      one_pass &= int(4.0 * q <= s2) & int(s2 <= std::numeric_limits<double>::max());
     }
     if (!one_pass) {  // pass 2 about the tile's rounded mean ct, from L2
       for (int64_t gi = 0; gi < g; ++gi) gs[gi] = A(gshd[gi] + tmean[gi]);  // ct
@@ -391,6 +419,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
       }
     }
     out.merge(cnt, tmean, tm2);
+    if (t0 + tile >= r1) break;
     // the next tile's shift: the chunk's running mean so far, rounded to A
     for (int64_t gi = 0; gi < g; ++gi) gs[gi] = A(gshd[gi] + out.mean[gi]), gcd[gi] = double(gs[gi]);
     spread(gs, g, cg, cvc);
@@ -416,23 +445,43 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
     tiled(bb, c, ce, vbuf.data() + 2 * ce);
     chv = vbuf.data(), av = vbuf.data() + ce, bv = vbuf.data() + 2 * ce;
   }
-  // row by row, each (virtual) row's channels in order: x read and y written as one sequential
-  // stream (a channel block down the rows would read 2-3 lines of every row apart, and leave a
-  // streamed line half-written between blocks)
+  // kOutRows (virtual) rows at a time, channel by channel: a channel's ch, a, bb loaded once for
+  // the kOutRows rows (four loads a vector of output made the pass ~1.3x a plain scaling of x:
+  // the loads, not memory, bounded it), x read and y written over kOutRows adjacent rows -- one
+  // region of memory, in order (a channel block down a whole tile would read 2-3 lines of every
+  // row apart, and leave a streamed line half-written between blocks)
+  auto put = [&](S* yr, const vec<A>& v) {
+    if constexpr (Stream) vstream(yr, v);
+    else vstore(yr, v);
+  };
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
     S* yt = y + t0 * c;
-    for (int64_t r = 0; r < vr; ++r) {
+    int64_t r = 0;
+    for (; r + kOutRows <= vr; r += kOutRows) {
       const S* xr = xt + r * ce;
       S* yr = yt + r * ce;
       over_channels<L>(
           ce,
           [&](int64_t j) {
-            const vec<A> v = out_act<S, Act>((vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j), p);
-            if constexpr (Stream) vstream(yr + j, v);
-            else vstore(yr + j, v);
+            const vec<A> m = vload(chv + j), va = vload(av + j), vb = vload(bv + j);
+#pragma GCC unroll 4
+            for (int64_t k = 0; k < kOutRows; ++k)
+              put(yr + k * ce + j, out_act<S, Act>((vload(xr + k * ce + j) - m) * va + vb, p));
           },
+          [&](int64_t j, int64_t nl) {
+            const vec<A> m = vload_n(chv + j, nl), va = vload_n(av + j, nl), vb = vload_n(bv + j, nl);
+            for (int64_t k = 0; k < kOutRows; ++k)
+              vstore_n(yr + k * ce + j, out_act<S, Act>((vload_n(xr + k * ce + j, nl) - m) * va + vb, p), nl);
+          });
+    }
+    for (; r < vr; ++r) {
+      const S* xr = xt + r * ce;
+      S* yr = yt + r * ce;
+      over_channels<L>(
+          ce,
+          [&](int64_t j) { put(yr + j, out_act<S, Act>((vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j), p)); },
           [&](int64_t j, int64_t nl) {
             const vec<A> v = out_act<S, Act>((vload_n(xr + j, nl) - vload_n(chv + j, nl)) * vload_n(av + j, nl) + vload_n(bv + j, nl), p);
             vstore_n(yr + j, v, nl);
@@ -780,12 +829,35 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       tiled(t3, c, ce, vbuf.data() + 3 * ce);
       mv = vbuf.data(), av = mv + ce, v2p = av + ce, v3p = v2p + ce;
     }
-    // row by row, each (virtual) row's channels in order, as the forward's output pass
+    // kOutRows rows at a time, each channel's four vectors loaded once for them, as the forward's
+    // output pass
     const int64_t rows = r1 - r0, off = (i * ns + r0) * c, vr = rows / vw.rep, rr = vr * vw.rep;
     {
       const S *xs = x + off, *gs = dy + off;
       S* ds = dx + off;
-      for (int64_t r = 0; r < vr; ++r) {
+      int64_t r = 0;
+      for (; r + kOutRows <= vr; r += kOutRows) {
+        const S *xr = xs + r * ce, *gr = gs + r * ce;
+        S* dr = ds + r * ce;
+        over_channels<L>(
+            ce,
+            [&](int64_t j) {
+              const vec<A> va = vload(av + j), vm = vload(mv + j), v3 = vload(v3p + j), v2 = vload(v2p + j);
+#pragma GCC unroll 4
+              for (int64_t k = 0; k < kOutRows; ++k) {
+                const int64_t o = k * ce + j;
+                vstore(dr + o, (vload(gr + o) * va - (vload(xr + o) - vm) * v3) - v2);
+              }
+            },
+            [&](int64_t j, int64_t nl) {
+              const vec<A> va = vload_n(av + j, nl), vm = vload_n(mv + j, nl), v3 = vload_n(v3p + j, nl), v2 = vload_n(v2p + j, nl);
+              for (int64_t k = 0; k < kOutRows; ++k) {
+                const int64_t o = k * ce + j;
+                vstore_n(dr + o, (vload_n(gr + o, nl) * va - (vload_n(xr + o, nl) - vm) * v3) - v2, nl);
+              }
+            });
+      }
+      for (; r < vr; ++r) {
         const S *xr = xs + r * ce, *gr = gs + r * ce;
         S* dr = ds + r * ce;
         over_channels<L>(
