@@ -30,10 +30,14 @@ def _params(n, dtype, seed):
     return (1 + 0.5 * torch.randn(n, generator=g)).to(dtype), (0.5 * torch.randn(n, generator=g)).to(dtype)
 
 
-@pytest.mark.parametrize("shape,dtype", [((4099, 1000), torch.float32), ((2049, 4099), torch.bfloat16)], ids=str)
+@pytest.mark.parametrize(
+    "shape,dtype", [((4099, 1000), torch.float32), ((2049, 4099), torch.bfloat16), ((6345, 1781), torch.float16)], ids=str
+)
 def test_streamed_output_same_bits_as_small_calls(shape, dtype):
     """x and y over 32 MiB (rows of 1000 float32: every other row starts off a cache line; 4099
-    bfloat16: odd rows), against 16-row calls of a few hundred KiB."""
+    bfloat16: odd rows; 1781 float16, rows under 4 KiB streamed past the whole last level: rows
+    start anywhere in a line, and a line holds the end of one row and the start of the next),
+    against 16-row calls of a few hundred KiB."""
     g = torch.Generator().manual_seed(1)
     x = (3 + torch.randn(shape, generator=g)).to(dtype)
     w, b = _params(shape[1], dtype, 2)

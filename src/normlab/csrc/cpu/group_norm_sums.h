@@ -128,27 +128,24 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
 }
 
 // y[j] = act(((x[j] - shift) - md) * a + bc) over a contiguous run of n values (one channel).
-// Stream: y written around the caches (numerics/stream.h), the values before the first aligned
-// address one at a time (the same arithmetic: the same bits).
+// Stream: y written around the caches (numerics/stream.h) in whole cache lines (whole_lines); the
+// values before and after them stored plainly, as partial vectors (vstore_n: the same arithmetic
+// lane by lane, the same bits).
 template <class S, bool Stream = false, int Act = act::kIdentity>
 inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
                        acc_t<S> p = acc_t<S>(0)) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), va = vset1<A>(a), vb = vset1<A>(bc);
+  auto part = [&](int64_t j, int64_t m) { vstore_n(y + j, out_act<S, Act>(((vload_n(x + j, m) - vs) - vm) * va + vb, p), m); };
   int64_t j = 0;
   if constexpr (Stream) {
-    for (const int64_t k = to_stream_alignment(y, n); j < k; ++j)
-      y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
-    for (; j + L <= n; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
-  } else {
-    for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+    const auto [k, e] = whole_lines(y, n);
+    for (; j < k; j += L) part(j, std::min(L, k - j));
+    for (j = k; j < e; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
   }
-  if constexpr (Act != act::kIdentity) {  // the tail as one partial vector (one activation, not one a value)
-    if (j < n) vstore_n(y + j, out_act<S, Act>(((vload_n(x + j, n - j) - vs) - vm) * va + vb, p), n - j);
-    return;
-  }
-  for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
+  for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  if (j < n) part(j, n - j);  // one partial vector (one activation, not one a value)
 }
 
 // The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.

@@ -497,8 +497,9 @@ constexpr int64_t kWidenCols = 512;
 // xr: n values of P (S, or the float32 scratch row d of a half row), shift: what the passes
 // subtract from xr (the row's shift, or 0 for the scratch row, which holds d already);
 // mean_at: the row's mean, shift + mean(d).
-// Stream: y written around the caches (numerics/stream.h), the values up to the first aligned
-// address one at a time (the same arithmetic as the vectors: elementwise, the same bits).
+// Stream: y written around the caches (numerics/stream.h) in whole cache lines (whole_lines), the
+// values before and after them stored plainly; ends as partial vectors (vstore_n: the same
+// arithmetic lane by lane, the same bits).
 template <class S, class P, class W, bool Stream>
 inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                        acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
@@ -510,28 +511,30 @@ inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, 
   if (mean != nullptr) *mean = mean_at;
   if (rstd != nullptr) *rstd = rs;
   const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
-  auto one = [&](int64_t j) {
-    A v = ((to_acc(xr[j]) - shift) - md) * rs;
-    if (cast) v = round_as<S>(v);
-    if (wr != nullptr) v = v * to_acc(wr[j]);
-    if (br != nullptr) v = v + to_acc(br[j]);
-    else if (center) v = v + A(0);
-    yr[j] = from_acc<S>(v);
+  auto part = [&](int64_t j, int64_t m) {  // m < L values: one masked vector, the same arithmetic
+    vec<A> v = ((vload_n(xr + j, m) - vs) - vm) * vr;
+    if (cast) v = vround<S>(v);
+    if (wr != nullptr) v = v * vload_n(wr + j, m);
+    if (br != nullptr) v = v + vload_n(br + j, m);
+    else if (center) v = v + vzero<A>();
+    vstore_n(yr + j, v, m);
   };
-  int64_t j = 0;
-  if constexpr (Stream) {
-    for (const int64_t k = to_stream_alignment(yr, n); j < k; ++j) one(j);
-  }
-  for (; j + L <= n; j += L) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
+  auto full = [&](int64_t j) {  // y = x_hat * w + b, x_hat = ((x - shift) - mean(d)) * rstd
     vec<A> v = ((vload(xr + j) - vs) - vm) * vr;
     if (cast) v = vround<S>(v);
     if (wr != nullptr) v = v * vload(wr + j);
     if (br != nullptr) v = v + vload(br + j);
     else if (center) v = v + vzero<A>();
-    if constexpr (Stream) vstream(yr + j, v);
-    else vstore(yr + j, v);
+    return v;
+  };
+  int64_t j = 0;
+  if constexpr (Stream) {  // streamed: whole cache lines only, plain stores before and after them
+    const auto [k, e] = whole_lines(yr, n);
+    for (; j < k; j += L) part(j, std::min(L, k - j));
+    for (j = k; j < e; j += L) vstream(yr + j, full(j));
   }
-  for (; j < n; ++j) one(j);
+  for (; j + L <= n; j += L) vstore(yr + j, full(j));
+  if (j < n) part(j, n - j);
 }
 
 // One row of S, read by every pass.
@@ -562,7 +565,7 @@ inline void fwd_row_widened(const S* xr, float* d, const W* wr, const W* br, S* 
 // took 1.7x as long, the backward 1.6x, without). A hint only: no result changes.
 constexpr int64_t kFarBytes = 1 << 20;     // tensors from this size stream from memory
 constexpr int64_t kAheadBytes = 2048;      // how far ahead, at least
-constexpr int64_t kAheadMaxRow = 4096;     // longer rows: the hardware prefetcher keeps up
+constexpr int64_t kAheadMaxRow = 2048;     // longer rows: the hardware prefetcher keeps up
 // How many rows ahead to ask for rows of row_bytes (0: none).
 inline int64_t rows_ahead(int64_t n_rows, int64_t row_bytes) {
   if (row_bytes > kAheadMaxRow || n_rows * row_bytes < kFarBytes) return 0;

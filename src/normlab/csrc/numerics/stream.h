@@ -81,11 +81,18 @@ template <class S> inline void vstream(S* p, vacc<S> v) {
 }
 inline void fence_streams() { _mm_sfence(); }
 
-// Values from p to the next address aligned for vstream (at most n).
-template <class S> inline int64_t to_stream_alignment(const S* p, int64_t n) {
-  const int64_t off = int64_t(reinterpret_cast<uintptr_t>(p) % vstore_bytes<S>);
-  const int64_t k = off == 0 ? 0 : (vstore_bytes<S> - off) / int64_t(sizeof(S));
-  return k < n ? k : n;
+// The values [k, e) of the n from p that fill whole cache lines: a streamed output stores those
+// with vstream and the values before k and from e on plainly (a line streamed in part and stored
+// in part is written to memory in pieces: float16 rows of 1781 values ran 1.6x the time of rows
+// of 1792). k is 0 or n for a line-aligned p.
+struct Span {
+  int64_t k, e;
+};
+template <class S> inline Span whole_lines(const S* p, int64_t n) {
+  constexpr int64_t line = 64 / int64_t(sizeof(S));
+  const int64_t off = int64_t(reinterpret_cast<uintptr_t>(p) % 64) / int64_t(sizeof(S));
+  const int64_t k = off == 0 ? 0 : (line - off < n ? line - off : n);
+  return {k, k + (n - k) / line * line};
 }
 
 }  // namespace normlab
