@@ -167,9 +167,6 @@ template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, con
 
 // Per-column loops over u in [0, n): body(u) on a vector of L columns, then part(u, k) on the
 // k < L columns left as one partial vector (loads and stores through vload_n / vstore_n).
-// Rows the per-column output passes (normalise, grad_x at S == 1) write at a time.
-constexpr int64_t kRowsAtOnce = 4;
-
 template <class S, class V, class P> inline void columns_part(int64_t n, const V& body, const P& part) {
   constexpr int64_t L = vlanes<S>;
   int64_t u = 0;
@@ -514,27 +511,7 @@ template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_
 template <class S>
 void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
                int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
-  using A = acc_t<S>;
-  int64_t i0 = r0;
-  if (s_len == 1)  // kRowsAtOnce rows at a time: a column's hi, a, b2 loaded once for them (loaded
-                   // for every row, three loads a vector of output bounded the pass, not memory)
-    for (; i0 + kRowsAtOnce <= r1; i0 += kRowsAtOnce) {
-      const S* xr = x + i0 * width + c0;
-      S* yr = y + i0 * width + c0;
-      if (n < width)
-        for (int64_t k = 0; k < kRowsAtOnce && i0 + kRowsAtOnce + k < r1; ++k)
-          prefetch_write(yr + (kRowsAtOnce + k) * width, n * int64_t(sizeof(S)));
-      columns_part<S>(n, [&](int64_t u) {
-        const vec<A> m = vload(hi + u), va = vload(a + u), vb = vload(b2 + u);
-#pragma GCC unroll 4
-        for (int64_t k = 0; k < kRowsAtOnce; ++k) vstore(yr + k * width + u, (vload(xr + k * width + u) - m) * va + vb);
-      }, [&](int64_t u, int64_t kk) {
-        const vec<A> m = vload_n(hi + u, kk), va = vload_n(a + u, kk), vb = vload_n(b2 + u, kk);
-        for (int64_t k = 0; k < kRowsAtOnce; ++k)
-          vstore_n(yr + k * width + u, (vload_n(xr + k * width + u, kk) - m) * va + vb, kk);
-      });
-    }
-  for (int64_t i = i0; i < r1; ++i) {
+  for (int64_t i = r0; i < r1; ++i) {
     const S* xr = x + i * width + c0;
     S* yr = y + i * width + c0;
     // the next row's stretch of y asked for ahead where the stretches are apart (a jump of the row
@@ -917,37 +894,7 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
             int64_t s_len, int64_t ch0, int64_t n_ch, const acc_t<S>* a, const acc_t<S>* hi, const acc_t<S>* k2,
             const acc_t<S>* k0, bool train) {
   using A = acc_t<S>;
-  int64_t i0 = r0;
-  if (s_len == 1)  // kRowsAtOnce rows at a time, a column's constants loaded once for them (normalise)
-    for (; i0 + kRowsAtOnce <= r1; i0 += kRowsAtOnce) {
-      const S *xr = x + i0 * width + c0, *gr = dy + i0 * width + c0;
-      S* o = dx + i0 * width + c0;
-      if (train)
-        columns_part<S>(n, [&](int64_t u) {
-          const vec<A> va = vload(a + u), v2 = vload(k2 + u), vh = vload(hi + u), v0 = vload(k0 + u);
-#pragma GCC unroll 4
-          for (int64_t k = 0; k < kRowsAtOnce; ++k) {
-            const int64_t e = k * width + u;
-            vstore(o + e, (va * vload(gr + e) - v2 * (vload(xr + e) - vh)) - v0);
-          }
-        }, [&](int64_t u, int64_t kk) {
-          const vec<A> va = vload_n(a + u, kk), v2 = vload_n(k2 + u, kk), vh = vload_n(hi + u, kk), v0 = vload_n(k0 + u, kk);
-          for (int64_t k = 0; k < kRowsAtOnce; ++k) {
-            const int64_t e = k * width + u;
-            vstore_n(o + e, (va * vload_n(gr + e, kk) - v2 * (vload_n(xr + e, kk) - vh)) - v0, kk);
-          }
-        });
-      else
-        columns_part<S>(n, [&](int64_t u) {
-          const vec<A> va = vload(a + u);
-#pragma GCC unroll 4
-          for (int64_t k = 0; k < kRowsAtOnce; ++k) vstore(o + k * width + u, vload(gr + k * width + u) * va);
-        }, [&](int64_t u, int64_t kk) {
-          const vec<A> va = vload_n(a + u, kk);
-          for (int64_t k = 0; k < kRowsAtOnce; ++k) vstore_n(o + k * width + u, vload_n(gr + k * width + u, kk) * va, kk);
-        });
-    }
-  for (int64_t i = i0; i < r1; ++i) {
+  for (int64_t i = r0; i < r1; ++i) {
     const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
     S* o = dx + i * width + c0;
     if (s_len == 1) {
