@@ -18,7 +18,8 @@
 // (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
 // run kOutRows = 4 rows at a time, channel vector by channel vector, the per-channel vectors loaded
 // once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order). A chunk's
-// first tile is shifted by its groups' means over the chunk's first 32 rows (then by the running mean).
+// first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at most
+// 32 rows), the next tiles by the chunk's running mean.
 // Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
 // apply) go as one partial vector (vload_n / vstore_n: a masked load or store with AVX-512), and a
 // tile's per-channel sums are added per group as vectors (channel_sum), not one scalar chain.
@@ -97,8 +98,10 @@ constexpr int64_t kRun = 16;
 constexpr int64_t kTileBytes = 65536;
 constexpr int64_t kChunkValues = 32768;
 constexpr int64_t kMaxChunks = 32;
-// Rows of a chunk whose per-group mean shifts its first tile (chunk_moments).
-constexpr int64_t kShiftRows = 32;
+// The first tile of a chunk is shifted by its groups' means over its first rows (chunk_moments):
+// enough rows for kShiftValues values a group (the shift then within ~0.15 std of the tile's mean
+// for a tile of normal values: far inside the one-pass test's 0.58), at most kShiftRows.
+constexpr int64_t kShiftRows = 32, kShiftValues = 64;
 // (Virtual) rows the output pass writes at a time (affine_rows).
 constexpr int64_t kOutRows = 4;
 
@@ -292,10 +295,11 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   // every channel)
   std::vector<double> gshd(g), gcd(g);  // the group shifts; the tile's shift c (float64 of its A value)
   for (int64_t gi = 0; gi < g; ++gi) gshd[gi] = gcd[gi] = double(sh[gi * cg]);
-  {  // the first tile's shift: per group the mean of the chunk's first kShiftRows rows (in float32
-     // for half types; only an estimate), where finite -- near the tile's mean, so that its one pass
-     // is accepted for every group (about one value, 1 std off on average, it mostly took pass 2)
-    const int64_t k = std::min(kShiftRows, r1 - r0);
+  {  // the first tile's shift: per group the mean of the chunk's first rows (kShiftValues; in
+     // float32 for half types: only an estimate), where finite -- near the tile's mean, so that its
+     // one pass is accepted for every group (about one value, 1 std off on average, it mostly took
+     // pass 2)
+    const int64_t k = std::min({kShiftRows, r1 - r0, (kShiftValues + cg - 1) / cg});
     std::fill(acc, acc + c, A(0));
     for (int64_t r = 0; r < k; ++r) {
       const S* xr = x + (r0 + r) * c;
