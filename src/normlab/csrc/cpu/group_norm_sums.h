@@ -145,6 +145,11 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
     for (j = k; j < e; j += L) vstream(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
   }
   for (; j + L <= n; j += L) vstore(y + j, out_act<S, Act>(((vload(x + j) - vs) - vm) * va + vb, p));
+  if constexpr (Act == act::kIdentity) {  // value by value (measured: as a partial vector, half
+                                          // InstanceNorm3d(384) 2x384x15x17x17 ran ~8 % slower)
+    for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * a + bc, p);
+    return;
+  }
   if (j < n) part(j, n - j);  // one partial vector (one activation, not one a value)
 }
 
