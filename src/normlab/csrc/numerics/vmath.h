@@ -6,6 +6,8 @@
 //                     (x86-64-v3, v4), else a * b rounded and then + c (the baseline, SSE2)
 //   vexp(v)           exp, v clamped to [-87, 88] (Cody-Waite reduction, a degree-7 polynomial)
 //   vexp_t16(v)       the same on AVX-512 by a table of 2^(j/16) and a degree-3 expm1 (SiLU's)
+//   vexp_nonpos_low<D>(v)  exp for v <= 0 to half precision's needs (AVX-512: D = 1 bfloat16, 2 float16)
+//   vrcp14(v)         1 / v to 2^-14 (AVX-512)
 //   vtanh<S>(u, &s)   tanh, and with S also 1 - tanh^2: docs/derivations/dyt.md, "Numerics"
 //   verf(v)           erf: docs/derivations/norm_act.md, "Accuracy"
 // tanh and erf are evaluated by intervals, their coefficients looked up per lane (scripts/vmath-fit.py
@@ -141,6 +143,33 @@ inline vf vexp_t16(vf v) {
   return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v)));
 #endif
 }
+
+#if NORMLAB_VEC_BYTES == 64
+#define NORMLAB_VMATH_LOW_EXP 1
+// exp(v) for v <= 0 (and NaN) only as precisely as a result stored as bfloat16 (Deg 1) or float16
+// (Deg 2) needs: vexp_t16's table of 2^(j/16), but r = v - n (ln 2 / 16) by one fused step (its
+// error, n times ln 2 / 16's rounding, under 2^-22 for v >= -110) and expm1(r) by r (Deg 1: the
+// rest r^2 / 2 <= 2^-12.1 relative) or r + r^2 / 2 (Deg 2: r^3 / 6 < 2^-19); 2^k by vscalefps, so
+// that exp(v) underflows through the subnormals to 0 as it should (v clamped at -110, where it is 0
+// in float32: the shifter's range). A NaN stays NaN (vmaxps' second operand). AVX-512 only (the
+// table is one permute there): numerics/activation.h's silu for a half-precision output.
+template <int Deg> inline vf vexp_nonpos_low(vf v) {
+  static_assert(Deg == 1 || Deg == 2);
+  v = (vf)_mm512_max_ps(_mm512_set1_ps(-110.0f), (__m512)v);
+  const vf shifted = vfma(v, vset1(23.083120346069336f), vset1(12582912.0f));
+  const vf n = shifted - 12582912.0f;
+  const vf r = vfma(n, vset1(-0.043321698904037476f), v);
+  const vf t = (vf)_mm512_permutexvar_ps((__m512i)bits(shifted), _mm512_load_ps(exp_table::kT));
+  vf e;
+  if constexpr (Deg == 1) e = vfma(t, r, t);
+  else e = vfma(t, vfma(r * 0.5f, r, r), t);
+  return (vf)_mm512_scalef_ps((__m512)e, (__m512)(n * 0.0625f));  // (2^floor(n / 16))
+}
+// 1 / v to 2^-14 relative (vrcp14ps, no Newton step): +-inf -> +-0, +-0 -> +-inf, NaN -> NaN
+inline vf vrcp14(vf v) { return (vf)_mm512_rcp14_ps((__m512)v); }
+#else
+#define NORMLAB_VMATH_LOW_EXP 0
+#endif
 
 #if !NORMLAB_VMATH_FMA
 // 1 - t^2 rounded once without fused multiply-add: t * t is exact in float64 (24-bit by 24-bit),
