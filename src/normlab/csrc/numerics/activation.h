@@ -42,18 +42,18 @@ template <class A, class F> inline vec<A> lanewise(vec<A> z, const F& f) {
   return r;
 }
 
-// silu at the stored type's precision: S = bf16 or f16 on AVX-512 (vmath::vexp_nonpos_low).
+// silu at the stored type's precision: S = bf16 or f16 on AVX-512 (vmath::vexp_neg_abs_low).
 template <class S> inline constexpr bool kLow = NORMLAB_VMATH_LOW_EXP && sizeof(S) == 2;
 #if NORMLAB_VMATH_LOW_EXP
 // sigma(z) = 1 / (1 + exp(-z)) without overflow: e = exp(-|z|) in [0, 1], q = 1 / (1 + e) by vrcp14ps
 // alone (1 + e in [1, 2]); sigma = q where z > 0, e q where not, 1 - sigma the other one. The
-// mask: the lanes where z <= 0 (a NaN: neither; its q is NaN). Relative error of q and e q: under
+// mask: the lanes where z <= 0. Relative error of q and e q: under
 // 2^-13.9 (rcp14) plus 2^-12.1 (bf16: expm1 of degree 1) or 2^-19 (f16: degree 2), against the
 // stored result's half unit in the last place, 2^-9 (bf16) and 2^-12 (f16) relative at the least
-// (docs/derivations/norm_act.md, "SiLU at the stored precision").
+// (docs/derivations/norm_act.md, "SiLU at the stored precision"). A NaN z: q, e q of -110's, and
+// the caller's product with z is NaN.
 template <class S> inline __mmask16 sigmoid_low(vec<float> z, vec<float>* q, vec<float>* eq) {
-  const vec<float> m = vmath::from_bits(vmath::bits(z) | int32_t(0x80000000u));  // -|z|
-  const vec<float> e = vmath::vexp_nonpos_low<std::is_same_v<S, bf16> ? 1 : 2>(m);
+  const vec<float> e = vmath::vexp_neg_abs_low<std::is_same_v<S, bf16> ? 1 : 2>(z);
   *q = vmath::vrcp14(e + 1.0f);
   *eq = e * *q;
   return _mm512_cmp_ps_mask((__m512)z, _mm512_setzero_ps(), _CMP_LE_OQ);
