@@ -10,7 +10,14 @@ Frobenius norm at most twice torch's own or the rounding of the float64 result, 
 (tests/oracle.assert_accurate_vs_unfused). SiLU also value by value: within 4 ulp of the float64
 value wherever |y| >= 2^-100 (3.1 ulp is the worst over every float32 in [-80, 80] on AVX-512,
 2.3 through vmath::vexp at the other levels: docs/performance.md, "Norm + activation"); and at
-+-inf, NaN, 0 and far from 0 the same values as torch's F.silu."""
++-inf, NaN, 0 and far from 0 the same values as torch's F.silu.
+
+SiLU stored as bfloat16 / float16 (on AVX-512 computed only to the stored type's precision:
+numerics/activation.h, detail::sigmoid_low): every finite value of the type in [-200, 200] through
+the same exact-z layer (float32 parameters), value by value against float64 -- each result one of
+the two neighbours of the exact value in the stored type; the derivative within a unit in the last
+place plus 2^-10 / 2^-12 of its terms' size -- and the accuracy rule against torch's ops in the same
+dtype."""
 
 from __future__ import annotations
 
