@@ -122,6 +122,18 @@ def test_layer_norm2d(shape, dtype, layout):
     _same_bits(lambda x, w, b: F.layer_norm2d(x, w, b), [x, w, b])
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 64, 16, 16), (4, 96, 30, 30), (1, 768, 7, 7)], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_layer_norm_act2d(shape, dtype, layout, act):
+    """LayerNormAct2d fused in both layouts (NCHW: the activation in LayerNorm2d's NCHW kernels)."""
+    c = shape[1]
+    x = _randn(*shape, dtype=dtype, shift=1.0, memory_format=layout)
+    w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    _same_bits(lambda x, w, b: F.layer_norm_act2d(x, w, b, 1e-6, act), [x, w, b])
+
+
 # DyT: elementwise forward; the backward's sums over fixed (row chunk, column block) tasks
 DYT_SHAPES = [(31, 1024), (700, 96), (4096, 64), (9, 5000), (3000, 40)]
 

@@ -24,6 +24,13 @@
 //   layer_norm_act_bwd(dy, x, weight, bias, mean, rstd, n_cols, act, act_param, need_dwb)
 //     -> (dx, dw, db): dz = dy * act'(z) into dx's buffer, then LayerNorm's row backward over it;
 //     dw, db in the accumulation dtype (empty when there is no weight / bias).
+//   layer_norm_act2d_fwd(x, weight, bias, eps, act, act_param) -> (y, mean, rstd)
+//     LayerNormAct2d on a contiguous (NCHW) x (N, C, *): LayerNorm2d's NCHW kernel
+//     (cpu/layer_norm2d_kernels.h) with the activation in its output pass (to each value as
+//     rounded to storage). mean, rstd: (N * S,) per pixel, in the accumulation dtype.
+//   layer_norm_act2d_bwd(dy, x, weight, bias, mean, rstd, act, act_param, need_dwb) -> (dx, dw, db)
+//     LayerNorm2d's NCHW backward with dz = dy * act'(z) written into dx's buffer by its first pass
+//     and read back by its second; dw, db (C,) in the accumulation dtype (empty unless need_dwb).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -36,6 +43,7 @@
 #include "cpu/batch_norm.h"
 #include "cpu/batch_norm_kernels.h"
 #include "cpu/group_norm_kernels.h"
+#include "cpu/layer_norm2d_kernels.h"
 #include "cpu/layer_norm_kernels.h"
 #include "group_norm.h"
 #include "cpu/norm_act_kernels.h"
@@ -413,9 +421,101 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_bwd_cpu(
   return {dx, dw, db};
 }
 
+// ---- LayerNorm2d + act, NCHW ----
+
+namespace {
+
+constexpr const char* kWhoLn2d = "normlab layer_norm_act2d";
+
+struct Nchw {
+  int64_t n, c, s;
+};
+Nchw nchw_of(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() >= 2 && x.is_contiguous() && x.size(1) > 0, kWhoLn2d,
+              ": expected a contiguous (N, C, *) CPU input with C > 0, got ", x.sizes(), " strides ", x.strides(),
+              " on ", x.device(), " (a channels_last input takes layer_norm_act_fwd: rows of C values)");
+  const int64_t n = x.size(0), c = x.size(1);
+  return {n, c, n == 0 ? 0 : x.numel() / (n * c)};
+}
+
+// weight / bias as (C,) contiguous tensors of the accumulation dtype (undefined: ones / zeros)
+at::Tensor param_acc(const std::optional<at::Tensor>& t, int64_t c, at::ScalarType acc, const char* what) {
+  if (!t.has_value() || !t->defined()) return {};
+  TORCH_CHECK(t->device().is_cpu() && t->numel() == c, kWhoLn2d, ": expected a ", what, " of ", c,
+              " values (the channels) on the CPU, got ", t->sizes(), " on ", t->device());
+  (void)kernel_dtype(t->scalar_type(), kWhoLn2d, what);
+  return t->reshape({c}).to(acc).contiguous();
+}
+
+template <class T> T* ptr_of(const at::Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_fwd_cpu(const at::Tensor& x,
+                                                                        const std::optional<at::Tensor>& w,
+                                                                        const std::optional<at::Tensor>& b, double eps,
+                                                                        int64_t act, double act_param) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn2d, ": expected an activation id in 0..7, got ", act);
+  TORCH_CHECK(eps >= 0, kWhoLn2d, ": expected eps >= 0, got ", eps);
+  const Nchw sh = nchw_of(x);
+  (void)kernel_dtype(x.scalar_type(), kWhoLn2d, "the input");
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  const at::Tensor wa = param_acc(w, sh.c, acc, "weight"), ba = param_acc(b, sh.c, acc, "bias");
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor mean = at::empty({sh.n * sh.s}, x.options().dtype(acc)), rstd = at::empty({sh.n * sh.s}, x.options().dtype(acc));
+  if (x.numel() == 0) return {y, mean, rstd};
+  const bool far = x.numel() * x.element_size() >= ln2d::kFarBytes;
+  visit_dtype(x.scalar_type(), kWhoLn2d, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    ln2d::fwd_nchw<S>(static_cast<const S*>(x.const_data_ptr()), ptr_of<const A>(wa), ptr_of<const A>(ba),
+                      static_cast<S*>(y.data_ptr()), ptr_of<A>(mean), ptr_of<A>(rstd), sh.n, sh.c, sh.s, eps, far,
+                      int(act), act_param);
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_bwd_cpu(
+    const at::Tensor& dy_in, const at::Tensor& x, const std::optional<at::Tensor>& w,
+    const std::optional<at::Tensor>& b, const at::Tensor& mean, const at::Tensor& rstd, int64_t act, double act_param,
+    bool need_dwb) {
+  TORCH_CHECK(act >= 0 && act < 8, kWhoLn2d, ": expected an activation id in 0..7, got ", act);
+  const Nchw sh = nchw_of(x);
+  (void)kernel_dtype(x.scalar_type(), kWhoLn2d, "the input");
+  const at::ScalarType acc = acc_dtype(x.scalar_type());
+  TORCH_CHECK(mean.numel() == sh.n * sh.s && rstd.numel() == sh.n * sh.s && mean.scalar_type() == acc &&
+                  rstd.scalar_type() == acc,
+              kWhoLn2d, ": expected mean and rstd of ", sh.n * sh.s, " values of ", acc,
+              " (layer_norm_act2d_fwd's), got ", mean.sizes(), " ", mean.scalar_type(), " and ", rstd.sizes(), " ",
+              rstd.scalar_type());
+  TORCH_CHECK(dy_in.sizes() == x.sizes(), kWhoLn2d, ": expected dy of the input's shape ", x.sizes(), ", got ",
+              dy_in.sizes());
+  const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const at::Tensor wa = param_acc(w, sh.c, acc, "weight"), ba = param_acc(b, sh.c, acc, "bias");
+  const at::Tensor m = mean.contiguous(), r = rstd.contiguous();
+  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor dw = at::zeros({need_dwb ? sh.c : 0}, x.options().dtype(acc)),
+             db = at::zeros({need_dwb ? sh.c : 0}, x.options().dtype(acc));
+  if (x.numel() == 0) return {dx, dw, db};
+  const bool far = x.numel() * x.element_size() >= ln2d::kFarBytes;
+  visit_dtype(x.scalar_type(), kWhoLn2d, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    ln2d::bwd_nchw<S>(static_cast<const S*>(dy.const_data_ptr()), static_cast<const S*>(x.const_data_ptr()),
+                      ptr_of<const A>(wa), ptr_of<const A>(m), ptr_of<const A>(r), static_cast<S*>(dx.data_ptr()),
+                      need_dwb ? ptr_of<A>(dw) : nullptr, need_dwb ? ptr_of<A>(db) : nullptr, sh.n, sh.c, sh.s, far,
+                      ptr_of<const A>(ba), int(act), act_param);
+  });
+  return {dx, dw, db};
+}
+
 }  // namespace normlab::norm_act
 
 TORCH_LIBRARY_FRAGMENT(normlab, m) {
+  m.def("layer_norm_act2d_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps, int act, float act_param) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_act2d_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+        "int act, float act_param, bool need_dwb) -> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
         "Tensor(b!)? running_var, bool training, float momentum, float eps, int act, float act_param) "
         "-> (Tensor, Tensor)");
@@ -438,4 +538,6 @@ TORCH_LIBRARY_IMPL(normlab, CPU, m) {
   m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
   m.impl("layer_norm_act_fwd", &normlab::norm_act::layer_norm_act_fwd_cpu);
   m.impl("layer_norm_act_bwd", &normlab::norm_act::layer_norm_act_bwd_cpu);
+  m.impl("layer_norm_act2d_fwd", &normlab::norm_act::layer_norm_act2d_fwd_cpu);
+  m.impl("layer_norm_act2d_bwd", &normlab::norm_act::layer_norm_act2d_bwd_cpu);
 }

@@ -9,7 +9,7 @@ the ``"ref"`` path (and wherever no fused kernel serves the call) it is exactly 
 own function, then the activation's torch function. The eager ``"cpu"`` path applies the
 activation inside the normalization's output pass (``batch_norm_act``, ``group_norm_act``) or to
 each block of rows while it is in cache (``layer_norm_act``, and ``layer_norm_act2d`` on a
-channels_last input; an NCHW one takes the unfused path), and its derivative in the backward
+channels_last input; on an NCHW one inside LayerNorm2d's NCHW output pass), and its derivative in the backward
 (docs/derivations/norm_act.md): the same values within the project's accuracy rule (the same
 bits as the unfused path for the piecewise-linear activations, except BatchNorm's in half
 precision), nothing saved but what the norm saves.

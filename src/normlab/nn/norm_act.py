@@ -8,8 +8,8 @@ dropout, ``.drop``, applied between the two, where timm applies it). The activat
 timm gives it (``act_layer``: a name, a Module class or instance; ``act_kwargs``; ``apply_act``;
 ``inplace``), resolved by ``normlab.nn._activations``; without a dropout the norm and the
 activation run as one call of ``normlab.functional``'s ``*_act`` functions (on the eager
-``"cpu"`` path the activation runs inside the norm's kernels each way; LayerNormAct2d on an NCHW
-input excepted). A timm checkpoint loads
+``"cpu"`` path the activation runs inside the norm's kernels each way, LayerNormAct2d's in
+both layouts). A timm checkpoint loads
 with ``strict=True``, and these modules' checkpoints load into timm's classes.
 """
 

@@ -235,20 +235,86 @@ def test_layer_norm_act2d_channels_last_fused(shape, dtype):
         assert torch.equal(u, v), i
 
 
-def test_layer_norm_act2d_nchw_takes_the_unfused_path():
+# NCHW LayerNormAct2d: LayerNorm2d's NCHW kernels with the activation in their passes. Shapes: one
+# pixel block and several, a last vector of 1..15 pixels, C = 1, 3, 24, 96.
+LN2D_NCHW = [(2, 24, 9, 10), (3, 7, 5, 4), (2, 96, 17, 19), (1, 3, 40, 41), (2, 1, 6, 7), (4, 16, 1, 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", LN2D_NCHW)
+def test_layer_norm_act2d_nchw_forward_is_the_unfused_path(shape, dtype):
+    """The piecewise-linear activations: the bits of LayerNorm2d's own NCHW output, then torch's
+    activation; the smooth ones: the accuracy rule against the float64 reference."""
+    x = _x(shape, dtype)
+    w, b = _params(shape[1], dtype)
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
+    assert err is None and "normlab.layer_norm_act2d_fwd.default" in ops, ops
+    z = NF.layer_norm2d(x, w, b, 1e-6)
+    for act in EXACT:
+        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
+        assert y.is_contiguous() and y.dtype == dtype and torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    with normlab.use_backend("ref"):
+        z64 = NF.layer_norm2d(x.double(), w.double(), b.double(), 1e-6)
+    for act in SMOOTH:
+        y = NF.layer_norm_act2d(x, w, b, 1e-6, act)
+        assert_accurate_vs_unfused(y, A.act_forward(z, A.ID[act]), A.act_forward(z64, A.ID[act]), f"{shape} {act}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [s for s in LN2D_NCHW if s[1] > 1])  # (C = 1: x_hat = 0, dw's reference is 0)
+def test_layer_norm_act2d_nchw_backward(shape, dtype):
+    """identity: LayerNorm2d's own gradients bit for bit (dz = dy exactly); relu, silu, gelu_tanh:
+    the accuracy rule against the float64 reference path, torch's unfused gradients the yardstick."""
+    x, dy = _x(shape, dtype), _x(shape, dtype, seed=3)
+    w, b = _params(shape[1], dtype)
+    fused = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "identity"), (x, w, b), dy)
+    plain = _grads_of(lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (x, w, b), dy)
+    for i, (u, v) in enumerate(zip(fused, plain)):
+        assert u.dtype == v.dtype and torch.equal(u, v), i
+    for act in ("relu", "silu", "gelu_tanh"):
+        got = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, act), (x, w, b), dy)
+        with normlab.use_backend("ref"):
+            ref = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, act),
+                            (x.double(), w.double(), b.double()), dy.double())
+            unfused = _grads_of(lambda x, w, b: A.act_forward(NF.layer_norm2d(x, w, b, 1e-6), A.ID[act]), (x, w, b),
+                                dy)
+        for i, (u, r, t) in enumerate(zip(got, ref, unfused)):
+            assert u.dtype == t.dtype, (act, i)
+            assert_accurate_vs_unfused(u, t, r, f"{shape} {dtype} {act} {i}")
+
+
+@pytest.mark.parametrize("act", ["leaky_relu", "silu", "gelu", "tanh", "hardswish"])
+def test_layer_norm_act2d_nchw_gradcheck(act):
+    x = _x((2, 5, 3, 4), torch.float64).requires_grad_()
+    w, b = (t.requires_grad_() for t in _params(5, torch.float64))
+    with normlab.use_backend("cpu"):
+        ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2))
+        assert err is None and "normlab.layer_norm_act2d_fwd.default" in ops, ops
+        assert torch.autograd.gradcheck(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2), (x, w, b))
+
+
+def test_layer_norm_act2d_nchw_without_affine_and_bad_input():
     x = _x((2, 8, 5, 5), torch.float32)
     ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, None, None, 1e-6, "relu"))
-    assert err is None and "normlab.layer_norm_act_fwd.default" not in ops, ops
+    assert err is None and "normlab.layer_norm_act2d_fwd.default" in ops, ops
+    assert torch.equal(NF.layer_norm_act2d(x, None, None, 1e-6, "relu"), torch.relu(NF.layer_norm2d(x, None, None, 1e-6)))
+    with pytest.raises(RuntimeError, match="expected a contiguous"):
+        torch.ops.normlab.layer_norm_act2d_fwd(x.transpose(2, 3), None, None, 1e-6, 1, 0.0)
+    with pytest.raises(RuntimeError, match="expected a weight of 8 values"):
+        torch.ops.normlab.layer_norm_act2d_fwd(x, torch.ones(7), None, 1e-6, 1, 0.0)
+    with pytest.raises(RuntimeError, match="activation id in 0..7"):
+        torch.ops.normlab.layer_norm_act2d_fwd(x, None, None, 1e-6, 9, 0.0)
 
 
-@pytest.mark.parametrize("fn", ["layer_norm_act", "layer_norm_act2d channels_last"])
+@pytest.mark.parametrize("fn", ["layer_norm_act", "layer_norm_act2d channels_last", "layer_norm_act2d nchw"])
 def test_layer_norm_act_same_bits_on_one_and_two_threads(fn):
     if fn == "layer_norm_act":
         x, dy, ns = _x((3000, 40), torch.float32), _x((3000, 40), torch.float32, seed=3), (40,)
         w, b = _ln_params(ns, torch.float32, (True, True))
         call = lambda x, w, b: NF.layer_norm_act(x, ns, w, b, 1e-5, "silu")  # noqa: E731
     else:
-        x, dy = _x((8, 32, 24, 24), torch.float32, fmt=CL), _x((8, 32, 24, 24), torch.float32, seed=3, fmt=CL)
+        fmt = CL if fn.endswith("channels_last") else None
+        x, dy = _x((8, 32, 24, 24), torch.float32, fmt=fmt), _x((8, 32, 24, 24), torch.float32, seed=3, fmt=fmt)
         w, b = _params(32, torch.float32)
         call = lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "gelu_tanh")  # noqa: E731
     threads = torch.get_num_threads()

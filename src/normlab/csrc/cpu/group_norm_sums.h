@@ -99,12 +99,12 @@ template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
       vstore(t, z);
       z = vload(t);
     }
-    return act::apply<Act, acc_t<S>>(z, p);
+    return act::apply<Act, S>(z, p);
   }
 }
 template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
   if constexpr (Act == act::kIdentity) return from_acc<S>(z);
-  else return from_acc<S>(act::apply<Act, acc_t<S>>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
+  else return from_acc<S>(act::apply<Act, S>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
 }
 
 // y = act(y) over n values in place, on the calling thread (a row in cache: one loop, the
@@ -112,8 +112,8 @@ template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
 template <class S, int Act> inline void act_row(S* y, int64_t n, acc_t<S> p) {
   constexpr int64_t L = vlanes<S>;
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
-  if (j < n) vstore_n(y + j, act::apply<Act, acc_t<S>>(vload_n(y + j, n - j), p), n - j);
+  for (; j + L <= n; j += L) vstore(y + j, act::apply<Act, S>(vload(y + j), p));
+  if (j < n) vstore_n(y + j, act::apply<Act, S>(vload_n(y + j, n - j), p), n - j);
 }
 
 // y = act(y) over n values in place (the output paths that write y before the activation can join).
@@ -122,7 +122,7 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
   for_rows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b0, int64_t b1) {
     const int64_t e = std::min(n, b1 * kBlock);
     int64_t j = b0 * kBlock;
-    for (; j + L <= e; j += L) vstore(y + j, act::apply<Act, acc_t<S>>(vload(y + j), p));
+    for (; j + L <= e; j += L) vstore(y + j, act::apply<Act, S>(vload(y + j), p));
     for (; j < e; ++j) y[j] = out_act1<S, Act>(to_acc(y[j]), p);
   });
 }

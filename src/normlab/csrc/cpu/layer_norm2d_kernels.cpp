@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "numerics/activation.h"
 #include "numerics/chunks.h"
 #include "numerics/prefetch.h"
 #include "numerics/vec.h"
@@ -108,6 +109,24 @@ template <class H> inline void store_part(H* p, vec<float> v, int64_t k) {  // b
 template <class S> inline vacc<S> load_part(const S* p, int64_t k) { return vload_n(p, k); }
 template <class S> inline void store_part(S* p, vacc<S> v, int64_t k) { vstore_n(p, v, k); }
 #endif
+// act(z) for LayerNormAct2d's output (Act = identity: z): z rounded to S first where S is narrower
+// than the accumulation type, as the plain norm's output is (the bits of the norm, then act) --
+// except for silu computed at S's own precision (act::detail::kLow: bf16/f16 on AVX-512), whose
+// bits are not torch's anyway: there z goes in unrounded (one rounding fewer, and 9 of the bf16
+// loop's ~36 instructions a vector)
+template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
+  if constexpr (Act == act::kIdentity) {
+    return z;
+  } else {
+    if constexpr (sizeof(S) < sizeof(acc_t<S>) && !(Act == act::kSilu && act::detail::kLow<S>)) {
+      S t[vlanes<S>];
+      vstore(t, z);
+      z = vload(t);
+    }
+    return act::apply<Act, S>(z, p);
+  }
+}
+
 template <class S> inline vacc<S> load_k(const S* p, int64_t k) {
   return k == vlanes<S> ? vload(p) : load_part(p, k);
 }
@@ -131,7 +150,7 @@ template <class S> inline void store_k(S* p, vacc<S> v, int64_t k) {
 // ------------------------------------------------------------------------------------------------
 template <class S>
 void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* mean, acc_t<S>* rstd,
-              int64_t n, int64_t nc, int64_t ns, double eps, bool far) {
+              int64_t n, int64_t nc, int64_t ns, double eps, bool far, int act_id, double act_param) {
   using A = acc_t<S>;
   using V = vec<A>;
   constexpr int64_t L = vlanes<S>;
@@ -140,6 +159,7 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   const int64_t nvmax = (block + L - 1) / L;
   const A an = A(nc), aeps = A(eps), one = A(1);
   const bool far_out = far && sizeof(S) >= 4;  // half precision's output pass is bound by conversions
+  const A ap = A(act_param);
   for_rows(n * n_blk, nc * block, [&](int64_t t0, int64_t t1) {
     std::unique_ptr<V[]> buf(new V[4 * nvmax]);
     V* sh = buf.get();       // (block,) per pixel: the shift, its channel 0
@@ -190,14 +210,19 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           std::memcpy(rstd + at, sv, k * sizeof(A));
         }
       }
-      for (int64_t c = 0; c < nc; ++c) {  // output: y = x_hat * w + b
-        if (far_out && c + kAhead < nc) prefetch_write(yi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
-        const S* xr = xi + c * ns;
-        S* yr = yi + c * ns;
-        const V wc = vset1<A>(w != nullptr ? w[c] : one), bc = vset1<A>(b != nullptr ? b[c] : A(0));
-        for (int64_t v = 0; v < last; ++v) vstore(yr + v * L, (((vload(xr + v * L) - sh[v]) - md[v]) * rs[v]) * wc + bc);
-        store_k(yr + last * L, (((load_k(xr + last * L, tail) - sh[last]) - md[last]) * rs[last]) * wc + bc, tail);
-      }
+      act::visit(act_id, [&]<int Act>() {
+        for (int64_t c = 0; c < nc; ++c) {  // output: y = act(x_hat * w + b)
+          if (far_out && c + kAhead < nc) prefetch_write(yi + (c + kAhead) * ns, m * int64_t(sizeof(S)));
+          const S* xr = xi + c * ns;
+          S* yr = yi + c * ns;
+          const V wc = vset1<A>(w != nullptr ? w[c] : one), bc = vset1<A>(b != nullptr ? b[c] : A(0));
+          for (int64_t v = 0; v < last; ++v)
+            vstore(yr + v * L, out_act<S, Act>((((vload(xr + v * L) - sh[v]) - md[v]) * rs[v]) * wc + bc, ap));
+          store_k(yr + last * L,
+                  out_act<S, Act>((((load_k(xr + last * L, tail) - sh[last]) - md[last]) * rs[last]) * wc + bc, ap),
+                  tail);
+        }
+      });
     }
   });
 }
@@ -215,9 +240,25 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 //
 // Memory traffic: read x and dy, write dx (the second pass reads x and dy from L2).
 // ------------------------------------------------------------------------------------------------
+template <class S, int Act>
+void bwd_nchw_act(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b, const acc_t<S>* mean,
+                  const acc_t<S>* rstd, S* dx, acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t nc, int64_t ns, bool far,
+                  acc_t<S> ap);
+
 template <class S>
 void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t nc, int64_t ns, bool far) {
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t nc, int64_t ns, bool far, const acc_t<S>* b,
+              int act_id, double act_param) {
+  act::visit(act_id, [&]<int Act>() {
+    bwd_nchw_act<S, Act>(dy, x, w, b, mean, rstd, dx, dw, db, n, nc, ns, far, acc_t<S>(act_param));
+  });
+}
+
+// bwd_nchw with the activation Act (identity: LayerNorm2d's own backward)
+template <class S, int Act>
+void bwd_nchw_act(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b, const acc_t<S>* mean,
+                  const acc_t<S>* rstd, S* dx, acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t nc, int64_t ns, bool far,
+                  acc_t<S> ap) {
   using A = acc_t<S>;
   using V = vec<A>;
   constexpr int64_t L = vlanes<S>;
@@ -254,12 +295,27 @@ void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         const S* xr = x + off + c * ns;
         const S* dyr = dy + off + c * ns;
         const V wc = vset1<A>(w != nullptr ? w[c] : one);
-        for (int64_t v = 0; v < nv; ++v) {
-          const int64_t k = v == last ? tail : L;
-          V xh = (load_k(xr + v * L, k) - mu[v]) * rs[v];
-          V g = load_k(dyr + v * L, k) * wc;
-          s1[v] += g;
-          s2[v] += g * xh;
+        if constexpr (Act == act::kIdentity) {
+          for (int64_t v = 0; v < nv; ++v) {
+            const int64_t k = v == last ? tail : L;
+            V xh = (load_k(xr + v * L, k) - mu[v]) * rs[v];
+            V g = load_k(dyr + v * L, k) * wc;
+            s1[v] += g;
+            s2[v] += g * xh;
+          }
+        } else {  // dz = dy * act'(z) into dx's buffer (rounded to S: read back as stored)
+          S* dzr = dx + off + c * ns;
+          const V bc = vset1<A>(b != nullptr ? b[c] : A(0));
+          for (int64_t v = 0; v < nv; ++v) {
+            const int64_t k = v == last ? tail : L;
+            V xh = (load_k(xr + v * L, k) - mu[v]) * rs[v];
+            V dz = load_k(dyr + v * L, k) * act::grad<Act, S>(xh * wc + bc, ap);
+            store_k(dzr + v * L, dz, k);
+            if constexpr (sizeof(S) < sizeof(A)) dz = load_k(dzr + v * L, k);
+            V g = dz * wc;
+            s1[v] += g;
+            s2[v] += g * xh;
+          }
         }
       }
       for (int64_t v = 0; v < nv; ++v) {
@@ -268,7 +324,7 @@ void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       }
       for (int64_t c = 0; c < nc; ++c) {  // dx (and this block's share of dw/db), from L2
         const S* xr = x + off + c * ns;
-        const S* dyr = dy + off + c * ns;
+        const S* dyr = Act == act::kIdentity ? dy + off + c * ns : dx + off + c * ns;  // (dz: read, then dx written)
         S* dxr = dx + off + c * ns;
         const V wc = vset1<A>(w != nullptr ? w[c] : one);
         V sw = vzero<A>(), sb = vzero<A>();
@@ -304,9 +360,10 @@ void bwd_nchw(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
 
 #define NORMLAB_LN2D_INSTANTIATE(S)                                                                          \
   template void fwd_nchw<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, int64_t,  \
-                            int64_t, int64_t, double, bool);                                                 \
+                            int64_t, int64_t, double, bool, int, double);                                    \
   template void bwd_nchw<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,      \
-                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, bool);                          \
+                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, bool, const acc_t<S>*, int,     \
+                            double);                                                                         \
 
 NORMLAB_LN2D_INSTANTIATE(float)
 NORMLAB_LN2D_INSTANTIATE(double)

@@ -60,14 +60,25 @@ template <class S, class G> inline void over(const Layout& l, const S* x, const 
       }
     }
   } else {
+    // (the block of rows tracked rather than divided for: one integer division a row of 64 values
+    // was a visible share of BatchNorm's channels_last pass; the constants' pointers held in locals)
     const int64_t w = l.n_inner;
+    const A *hi = k.hi.data(), *av = k.a.data(), *bv = k.b2.data();
+    int64_t blk = p0 / l.block_rows, next = (blk + 1) * l.block_rows;
     for (int64_t r = p0; r < p1; ++r) {
-      const int64_t c0 = (r / l.block_rows) * w, base = r * w;
-      for (int64_t t = 0; t < w; t += L) {
-        const int64_t n = std::min(L, w - t);
-        const vec<A> z = (load_n(x + base + t, n) - loadc_n(&k.hi[c0 + t], n)) * loadc_n(&k.a[c0 + t], n) +
-                         loadc_n(&k.b2[c0 + t], n);
-        g(z, base + t, n);
+      if (r == next) {
+        ++blk;
+        next += l.block_rows;
+      }
+      const int64_t c0 = blk * w, base = r * w;
+      int64_t t = 0;
+      for (; t + L <= w; t += L)
+        g((load_n(x + base + t, L) - loadc_n(hi + c0 + t, L)) * loadc_n(av + c0 + t, L) + loadc_n(bv + c0 + t, L),
+          base + t, L);
+      if (t < w) {
+        const int64_t n = w - t;
+        g((load_n(x + base + t, n) - loadc_n(hi + c0 + t, n)) * loadc_n(av + c0 + t, n) + loadc_n(bv + c0 + t, n),
+          base + t, n);
       }
     }
   }
@@ -95,7 +106,7 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
-        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, A>(z, p), n); });
+        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); });
       });
     });
   });
@@ -114,7 +125,7 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
-          store_n(dz + t, load_n(dy + t, n) * act::grad<Act, A>(z, p), n);
+          store_n(dz + t, load_n(dy + t, n) * act::grad<Act, S>(z, p), n);
         });
       });
     });
@@ -145,7 +156,7 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
           for (int64_t t = 0; t < n_cols; t += L) {
             const int64_t n = std::min(L, n_cols - t);
             const vec<A> z = ((load_n(x + base + t, n) - m) * rs) * loadc_n(&wa[t], n) + loadc_n(&ba[t], n);
-            store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, A>(z, p), n);
+            store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, S>(z, p), n);
           }
         }
       });
@@ -165,7 +176,7 @@ void apply_inplace(Dtype dt, void* yv, int64_t n, int act_id, double param) {
         at::parallel_for(0, n, kTaskValues, [&](int64_t i0, int64_t i1) {
           for (int64_t t = i0; t < i1; t += L) {
             const int64_t k = std::min(L, i1 - t);
-            store_n(y + t, act::apply<Act, A>(load_n(y + t, k), p), k);
+            store_n(y + t, act::apply<Act, S>(load_n(y + t, k), p), k);
           }
         });
       }

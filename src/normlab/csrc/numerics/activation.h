@@ -14,12 +14,16 @@
 // numerics/vmath.h's (one copy, shared with DyT): exp (silu, gelu's derivative: vexp_t16, a table
 // of 2^(j/16) on AVX-512, vexp elsewhere), tanh (tanh,
 // gelu_tanh; tanh's derivative as vmath's 1 - tanh^2, without the cancellation near |t| = 1),
-// erf (gelu); the float64 ones are the C library's, lane by lane.
+// erf (gelu); the float64 ones are the C library's, lane by lane. apply<Act, S> and grad<Act, S>
+// take the stored element type S: silu, whose result is stored as bf16 or f16, is computed on
+// AVX-512 only to that type's precision (a degree-1 or -2 exp by the same table, vrcp14ps without
+// a Newton step: detail::sigmoid_low); float32 and float64 results are unchanged.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "numerics/vec.h"
 #include "numerics/vmath.h"
@@ -38,14 +42,53 @@ template <class A, class F> inline vec<A> lanewise(vec<A> z, const F& f) {
   return r;
 }
 
+// silu at the stored type's precision: S = bf16 or f16 on AVX-512 (vmath::vexp_neg_abs_low).
+template <class S> inline constexpr bool kLow = NORMLAB_VMATH_LOW_EXP && sizeof(S) == 2;
+#if NORMLAB_VMATH_LOW_EXP
+// sigma(z) = 1 / (1 + exp(-z)) without overflow: e = exp(-|z|) in [0, 1], q = 1 / (1 + e) by vrcp14ps
+// alone (1 + e in [1, 2]); sigma = q where z > 0, e q where not, 1 - sigma the other one. The
+// mask: the lanes where z <= 0. Relative error of q and e q: under
+// 2^-13.9 (rcp14) plus 2^-12.1 (bf16: expm1 of degree 1) or 2^-19 (f16: degree 2), against the
+// stored result's half unit in the last place, 2^-9 (bf16) and 2^-12 (f16) relative at the least
+// (docs/derivations/norm_act.md, "SiLU at the stored precision"). A NaN z: q, e q of -110's, and
+// the caller's product with z is NaN.
+template <class S> inline __mmask16 sigmoid_low(vec<float> z, vec<float>* q, vec<float>* eq) {
+  const vec<float> e = vmath::vexp_neg_abs_low<std::is_same_v<S, bf16> ? 1 : 2>(z);
+  *q = vmath::vrcp14(e + 1.0f);
+  *eq = e * *q;
+  return _mm512_cmp_ps_mask((__m512)z, _mm512_setzero_ps(), _CMP_LE_OQ);
+}
+// silu(z) = z sigma(z)
+template <class S> inline vec<float> silu_low(vec<float> z) {
+  vec<float> q, eq;
+  const __mmask16 neg = sigmoid_low<S>(z, &q, &eq);
+  return z * (vec<float>)_mm512_mask_mov_ps((__m512)q, neg, (__m512)eq);
+}
+// silu'(z) = s + s z (1 - s), s = sigma(z) (one fused step)
+template <class S> inline vec<float> silu_grad_low(vec<float> z) {
+  vec<float> q, eq;
+  const __mmask16 neg = sigmoid_low<S>(z, &q, &eq);
+  const vec<float> s = (vec<float>)_mm512_mask_mov_ps((__m512)q, neg, (__m512)eq);
+  const vec<float> c = (vec<float>)_mm512_mask_mov_ps((__m512)eq, neg, (__m512)q);
+  return vmath::vfma(s, z * c, s);
+}
+#else
+template <class S> vec<float> silu_low(vec<float> z);       // (never instantiated: kLow is false)
+template <class S> vec<float> silu_grad_low(vec<float> z);
+#endif
+
 template <class A> inline A gelu_tanh_inner(A z) {
   const A k = A(0.7978845608028654);  // sqrt(2 / pi)
   return k * (z + A(0.044715) * z * z * z);
 }
 }  // namespace detail
 
-// act(z), the activation Act with parameter p (LeakyReLU's slope), on a vector of A.
-template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
+// act(z), the activation Act with parameter p (LeakyReLU's slope), on a vector of the accumulation
+// type A = acc_t<S>. S: the type the result is stored as (float, double, bf16 or f16; S = A for
+// callers that keep the result in the accumulation type). Only silu looks at it: for bf16 and f16
+// on AVX-512 it is computed as precisely as the stored result needs (detail::sigmoid_low); every
+// other activation, and silu at float32/float64 or below AVX-512, is the same for any S.
+template <int Act, class S, class A = acc_t<S>> inline vec<A> apply(vec<A> z, A p) {
   if constexpr (Act == kIdentity) {
     return z;
   } else if constexpr (Act == kRelu) {
@@ -58,7 +101,9 @@ template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
     t = t > A(6) ? vset1(A(6)) : t;
     return z * t / A(6);
   } else if constexpr (Act == kSilu) {
-    if constexpr (sizeof(A) == 4) {
+    if constexpr (detail::kLow<S>) {
+      return detail::silu_low<S>(z);
+    } else if constexpr (sizeof(A) == 4) {
       const vec<float> e = vmath::vexp_t16(-z);
       const vec<float> big = vset1(__builtin_inff());
       return z / (1.0f + (-z > 88.0f ? big : e));
@@ -85,8 +130,8 @@ template <int Act, class A> inline vec<A> apply(vec<A> z, A p) {
   }
 }
 
-// act'(z) on a vector of A.
-template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
+// act'(z) on a vector of A = acc_t<S>, S the type of the result that act'(z) goes into (apply's).
+template <int Act, class S, class A = acc_t<S>> inline vec<A> grad(vec<A> z, A p) {
   const vec<A> one = vset1(A(1));
   if constexpr (Act == kIdentity) {
     return one;
@@ -99,7 +144,9 @@ template <int Act, class A> inline vec<A> grad(vec<A> z, A p) {
     return z < A(-3) ? vzero<A>() : (z <= A(3) ? mid : one);
   } else if constexpr (Act == kSilu) {
     vec<A> s;
-    if constexpr (sizeof(A) == 4) {
+    if constexpr (detail::kLow<S>) {
+      return detail::silu_grad_low<S>(z);
+    } else if constexpr (sizeof(A) == 4) {
       const vec<float> e = vmath::vexp_t16(-z);
       s = 1.0f / (1.0f + (-z > 88.0f ? vset1(__builtin_inff()) : e));
     } else {

@@ -6,6 +6,8 @@
 //                     (x86-64-v3, v4), else a * b rounded and then + c (the baseline, SSE2)
 //   vexp(v)           exp, v clamped to [-87, 88] (Cody-Waite reduction, a degree-7 polynomial)
 //   vexp_t16(v)       the same on AVX-512 by a table of 2^(j/16) and a degree-3 expm1 (SiLU's)
+//   vexp_neg_abs_low<D>(z)  exp(-|z|) to half precision's needs (AVX-512: D = 1 bfloat16, 2 float16)
+//   vrcp14(v)         1 / v to 2^-14 (AVX-512)
 //   vtanh<S>(u, &s)   tanh, and with S also 1 - tanh^2: docs/derivations/dyt.md, "Numerics"
 //   verf(v)           erf: docs/derivations/norm_act.md, "Accuracy"
 // tanh and erf are evaluated by intervals, their coefficients looked up per lane (scripts/vmath-fit.py
@@ -141,6 +143,35 @@ inline vf vexp_t16(vf v) {
   return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v)));
 #endif
 }
+
+#if NORMLAB_VEC_BYTES == 64
+#define NORMLAB_VMATH_LOW_EXP 1
+// exp(-|z|) only as precisely as a result stored as bfloat16 (Deg 1) or float16 (Deg 2) needs, in 7
+// (Deg 1) or 9 instructions: v = -min(|z|, 110) by one vrangeps (exp(-110) is 0 in float32; a NaN
+// z gives v = -110: the caller's product with z keeps the NaN); m = v / ln 2 rounded to a multiple
+// of 1/16 by the 1.5 * 2^19 shifter (its unit in the last place is 2^-4, so the sum's low 4 bits are
+// j = 16 m mod 16, which vpermps reads from vexp_t16's table of 2^(j/16)); r = v - m ln 2 by one
+// fused step (ln 2 rounded to float: m ln 2 off by under 3.1e-7, |r| <= ln 2 / 32 + that); expm1(r)
+// by r (Deg 1: the rest r^2 / 2 <= 2^-12.1 relative) or r + r^2 / 2 (Deg 2: r^3 / 6 < 2^-19);
+// then 2^floor(m) by vscalefps, which rounds into the subnormals and to 0 as exp(v) does.
+// AVX-512 only (the table is one permute there): numerics/activation.h's silu for a bf16/f16 output.
+template <int Deg> inline vf vexp_neg_abs_low(vf z) {
+  static_assert(Deg == 1 || Deg == 2);
+  const vf v = (vf)_mm512_range_ps((__m512)z, _mm512_set1_ps(110.0f), 0x0E);  // (min |.|, sign set)
+  const vf shifted = vfma(v, vset1(1.44269504088896341f), vset1(786432.0f));
+  const vf m = shifted - 786432.0f;
+  const vf r = vfma(m, vset1(-0.693147182464599609375f), v);
+  const vf t = (vf)_mm512_permutexvar_ps((__m512i)bits(shifted), _mm512_load_ps(exp_table::kT));
+  vf e;
+  if constexpr (Deg == 1) e = vfma(t, r, t);
+  else e = vfma(t, vfma(r * 0.5f, r, r), t);
+  return (vf)_mm512_scalef_ps((__m512)e, (__m512)m);  // (2^floor(m))
+}
+// 1 / v to 2^-14 relative (vrcp14ps, no Newton step): +-inf -> +-0, +-0 -> +-inf, NaN -> NaN
+inline vf vrcp14(vf v) { return (vf)_mm512_rcp14_ps((__m512)v); }
+#else
+#define NORMLAB_VMATH_LOW_EXP 0
+#endif
 
 #if !NORMLAB_VMATH_FMA
 // 1 - t^2 rounded once without fused multiply-add: t * t is exact in float64 (24-bit by 24-bit),

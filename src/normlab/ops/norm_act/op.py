@@ -6,7 +6,8 @@ wired to autograd by :class:`BatchNormActFunction`, :class:`GroupNormActFunction
 Each ``*_fused`` function takes the plain case only (a CPU tensor of a served dtype, parameters of
 exactly the norm's shape, a float momentum in [0, 1], a non-negative eps, ...) and answers None for
 anything else: the caller then runs the unfused composition, whose checks word the error.
-``layer_norm_act2d_fused`` takes a channels_last input only (its memory is rows of C values).
+``layer_norm_act2d_fused`` takes a channels_last input (its memory is rows of C values: the row ops) or
+a contiguous (NCHW) one (``layer_norm_act2d_fwd`` / ``_bwd``, :class:`LayerNormAct2dFunction`).
 
 Saved for the backward: x, weight, bias and the statistics (BatchNorm: (3, C) float64; GroupNorm:
 mean and rstd (N, G); LayerNorm: mean and rstd per row) -- what the norm saves, plus the bias; the
@@ -193,14 +194,51 @@ def layer_norm_act_fused(x, normalized_shape, w, b, eps, act: int, param: float)
     return _layer_norm_act_rows(x.contiguous(), math.prod(shape), shape, w, b, eps, act, param)
 
 
+class LayerNormAct2dFunction(torch.autograd.Function):
+    """``y = act(layer_norm2d(x))`` on a contiguous (NCHW) x with the hand-derived backward (the C++ ops
+    ``layer_norm_act2d_fwd`` / ``_bwd``: LayerNorm2d's NCHW kernels, the activation in their passes)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps, act, param):
+        y, mean, rstd = torch.ops.normlab.layer_norm_act2d_fwd(x, w, b, eps, act, param)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        ctx.act, ctx.param = act, param
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        need_dwb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        dx, dw, db = torch.ops.normlab.layer_norm_act2d_bwd(dy, x, w, b, mean, rstd, ctx.act, ctx.param, need_dwb)
+        return (dx if ctx.needs_input_grad[0] else None,
+                dw.to(w.dtype) if ctx.needs_input_grad[1] else None,
+                db.to(b.dtype) if ctx.needs_input_grad[2] else None, None, None, None)
+
+
+def _layer_norm_act2d_nchw(x, w, b, eps, act, param):
+    c = x.shape[1]
+    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps >= 0) or not _row_params_fit(
+            x, (c,), w, b):
+        return None
+    args = (x, w, b, float(eps), act, float(param))
+    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
+                                    or (b is not None and b.requires_grad)):
+        return LayerNormAct2dFunction.apply(*args)
+    return torch.ops.normlab.layer_norm_act2d_fwd(*args)[0]
+
+
 def layer_norm_act2d_fused(x, w, b, eps, act: int, param: float):
-    """``act(layer_norm2d(x, w, b, eps))`` for a channels_last (N, C, H, W) x (its memory: rows of C values), or
-    None (an NCHW input takes the unfused path)."""
+    """``act(layer_norm2d(x, w, b, eps))`` for an (N, C, H, W) x: channels_last (its memory: rows of C
+    values) by the row ops, contiguous (NCHW) by ``layer_norm_act2d_fwd``; None for any other layout."""
     if not HAS_FUSED or type(x) not in _PLAIN or x.dtype not in _SERVED or not x.is_cpu or x.dim() != 4:
         return None
     c = x.shape[1]
+    if x.numel() == 0 or c <= 0:
+        return None
     rows_of_c = x.is_contiguous(memory_format=torch.channels_last) and (
         not x.is_contiguous() or x.shape[2] * x.shape[3] == 1)
-    if not rows_of_c or x.numel() == 0 or c <= 0:
-        return None
-    return _layer_norm_act_rows(x, c, (c,), w, b, eps, act, param)
+    if rows_of_c:
+        return _layer_norm_act_rows(x, c, (c,), w, b, eps, act, param)
+    if x.is_contiguous():
+        return _layer_norm_act2d_nchw(x, w, b, eps, act, param)
+    return None
