@@ -90,11 +90,15 @@ template <class S> inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64
 // The output's activation (GroupNormAct: cpu/norm_act_kernels.h, numerics/activation.h): y =
 // act(z) with z first rounded to the storage type S, as GroupNorm's output is, so that the fused
 // output has the bits of GroupNorm followed by the activation on its output. Act = kIdentity: z.
+// SiLU at half precision (computed to the stored precision, not to torch's bits) takes z as it is
+// (rounding it first cost a store and a load a vector: bfloat16 GroupNormAct(SiLU) channels-last
+// 16x64x56x56 forward 1.23x -> 1.55x the unfused path).
+template <class S, int Act> inline constexpr bool kRoundZ = sizeof(S) < sizeof(acc_t<S>) && !(Act == act::kSilu && act::detail::kLow<S>);
 template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
   if constexpr (Act == act::kIdentity) {
     return z;
   } else {
-    if constexpr (sizeof(S) < sizeof(acc_t<S>)) {
+    if constexpr (kRoundZ<S, Act>) {
       S t[vlanes<S>];
       vstore(t, z);
       z = vload(t);
@@ -104,7 +108,8 @@ template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
 }
 template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
   if constexpr (Act == act::kIdentity) return from_acc<S>(z);
-  else return from_acc<S>(act::apply<Act, S>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
+  else if constexpr (kRoundZ<S, Act>) return from_acc<S>(act::apply<Act, S>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
+  else return from_acc<S>(act::apply<Act, S>(vset1<acc_t<S>>(z), p)[0]);
 }
 
 // y = act(y) over n values in place, on the calling thread (a row in cache: one loop, the
