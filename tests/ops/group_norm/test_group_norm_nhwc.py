@@ -36,6 +36,7 @@ CASES = [
     ((1, 330, 16, 16), 1),  # the same, one sample of 3 chunks on 2 threads; a group of 330 channels
     ((2, 258, 3, 5), 2),  # C = 258: partial vectors of 2 lanes; groups of 129 channels (vector sums)
     ((2, 384, 6, 7), 1),  # one group of 24 whole vectors of channels (the tile's group sums as vectors)
+    ((17, 32, 24, 48), 4),  # 17 samples of 2 chunks: backward runs of 16 and 1 -- whole runs on 1 thread, by chunks on 2
 ]
 
 
