@@ -217,18 +217,27 @@ def test_layer_norm_act_gradients_with_an_activation(case, act):
         assert_accurate_vs_unfused(u, t, r, f"{case} {act} {i}")
 
 
+def _exact_acts_are_the_unfused_bits(x, w, b, op, fmt):
+    """LayerNormAct2d runs the fused op ``op``, and for the piecewise-linear activations its output
+    (in memory format ``fmt``, x's dtype) has the bits of LayerNorm2d then torch's activation.
+    Returns LayerNorm2d's output."""
+    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
+    assert err is None and f"normlab.{op}.default" in ops, ops
+    z = NF.layer_norm2d(x, w, b, 1e-6)
+    for act in EXACT:
+        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
+        assert y.is_contiguous(memory_format=fmt) and y.dtype == x.dtype, act
+        assert torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    return z
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 24, 9, 10), (3, 7, 5, 4), (4, 16, 1, 1)])
 def test_layer_norm_act2d_channels_last_fused(shape, dtype):
     x = _x(shape, dtype, fmt=CL)
     dy = _x(shape, dtype, seed=3, fmt=CL)
     w, b = _params(shape[1], dtype)
-    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
-    assert err is None and "normlab.layer_norm_act_fwd.default" in ops, ops
-    z = NF.layer_norm2d(x, w, b, 1e-6)
-    for act in EXACT:
-        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
-        assert y.is_contiguous(memory_format=CL) and torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    _exact_acts_are_the_unfused_bits(x, w, b, "layer_norm_act_fwd", CL)
     fused = _grads_of(lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "identity"), (x, w, b), dy)
     plain = _grads_of(lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (x, w, b), dy)
     for i, (u, v) in enumerate(zip(fused, plain)):
@@ -247,12 +256,7 @@ def test_layer_norm_act2d_nchw_forward_is_the_unfused_path(shape, dtype):
     activation; the smooth ones: the accuracy rule against the float64 reference."""
     x = _x(shape, dtype)
     w, b = _params(shape[1], dtype)
-    ops, err = ops_dispatched(lambda: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"))
-    assert err is None and "normlab.layer_norm_act2d_fwd.default" in ops, ops
-    z = NF.layer_norm2d(x, w, b, 1e-6)
-    for act in EXACT:
-        y = NF.layer_norm_act2d(x, w, b, 1e-6, act, 0.2)
-        assert y.is_contiguous() and y.dtype == dtype and torch.equal(y, A.act_forward(z, A.ID[act], 0.2)), act
+    z = _exact_acts_are_the_unfused_bits(x, w, b, "layer_norm_act2d_fwd", torch.contiguous_format)
     with normlab.use_backend("ref"):
         z64 = NF.layer_norm2d(x.double(), w.double(), b.double(), 1e-6)
     for act in SMOOTH:
