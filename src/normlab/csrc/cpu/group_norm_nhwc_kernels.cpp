@@ -17,7 +17,8 @@
 // for the next tile's cache lines, a few at each row, so that the next pass 1 finds them in cache
 // (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
 // run kOutRows = 4 rows at a time, channel vector by channel vector, the per-channel vectors loaded
-// once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order). A chunk's
+// once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order; a streamed
+// y row by row, so that each streamed line is written whole in one run). A chunk's
 // first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at most
 // 32 rows), the next tiles by the chunk's running mean.
 // Channels past the last whole vector (C off a multiple of the lanes, where the view below does not

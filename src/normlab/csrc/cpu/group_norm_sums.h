@@ -134,8 +134,8 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
 
 // y[j] = act(((x[j] - shift) - md) * a + bc) over a contiguous run of n values (one channel).
 // Stream: y written around the caches (numerics/stream.h) in whole cache lines (whole_lines); the
-// values before and after them stored plainly, as partial vectors (vstore_n: the same arithmetic
-// lane by lane, the same bits).
+// values before them stored plainly as partial vectors (vstore_n: the same arithmetic lane by
+// lane, the same bits), those after them plainly as the tail of the unstreamed loop.
 template <class S, bool Stream = false, int Act = act::kIdentity>
 inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
                        acc_t<S> p = acc_t<S>(0)) {
