@@ -447,8 +447,6 @@ at::Tensor param_acc(const std::optional<at::Tensor>& t, int64_t c, at::ScalarTy
   return t->reshape({c}).to(acc).contiguous();
 }
 
-template <class T> T* ptr_of(const at::Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_fwd_cpu(const at::Tensor& x,
@@ -468,8 +466,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_fwd_cpu(const at
   visit_dtype(x.scalar_type(), kWhoLn2d, [&](auto tag) {
     using S = decltype(tag);
     using A = acc_t<S>;
-    ln2d::fwd_nchw<S>(static_cast<const S*>(x.const_data_ptr()), ptr_of<const A>(wa), ptr_of<const A>(ba),
-                      static_cast<S*>(y.data_ptr()), ptr_of<A>(mean), ptr_of<A>(rstd), sh.n, sh.c, sh.s, eps, far,
+    ln2d::fwd_nchw<S>(static_cast<const S*>(x.const_data_ptr()), ptr<const A>(wa), ptr<const A>(ba),
+                      static_cast<S*>(y.data_ptr()), ptr<A>(mean), ptr<A>(rstd), sh.n, sh.c, sh.s, eps, far,
                       int(act), act_param);
   });
   return {y, mean, rstd};
@@ -502,9 +500,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_bwd_cpu(
     using S = decltype(tag);
     using A = acc_t<S>;
     ln2d::bwd_nchw<S>(static_cast<const S*>(dy.const_data_ptr()), static_cast<const S*>(x.const_data_ptr()),
-                      ptr_of<const A>(wa), ptr_of<const A>(m), ptr_of<const A>(r), static_cast<S*>(dx.data_ptr()),
-                      need_dwb ? ptr_of<A>(dw) : nullptr, need_dwb ? ptr_of<A>(db) : nullptr, sh.n, sh.c, sh.s, far,
-                      ptr_of<const A>(ba), int(act), act_param);
+                      ptr<const A>(wa), ptr<const A>(m), ptr<const A>(r), static_cast<S*>(dx.data_ptr()),
+                      need_dwb ? ptr<A>(dw) : nullptr, need_dwb ? ptr<A>(db) : nullptr, sh.n, sh.c, sh.s, far,
+                      ptr<const A>(ba), int(act), act_param);
   });
   return {dx, dw, db};
 }

@@ -109,24 +109,6 @@ template <class H> inline void store_part(H* p, vec<float> v, int64_t k) {  // b
 template <class S> inline vacc<S> load_part(const S* p, int64_t k) { return vload_n(p, k); }
 template <class S> inline void store_part(S* p, vacc<S> v, int64_t k) { vstore_n(p, v, k); }
 #endif
-// act(z) for LayerNormAct2d's output (Act = identity: z): z rounded to S first where S is narrower
-// than the accumulation type, as the plain norm's output is (the bits of the norm, then act) --
-// except for silu computed at S's own precision (act::detail::kLow: bf16/f16 on AVX-512), whose
-// bits are not torch's anyway: there z goes in unrounded (one rounding fewer, and 9 of the bf16
-// loop's ~36 instructions a vector)
-template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
-  if constexpr (Act == act::kIdentity) {
-    return z;
-  } else {
-    if constexpr (sizeof(S) < sizeof(acc_t<S>) && !(Act == act::kSilu && act::detail::kLow<S>)) {
-      S t[vlanes<S>];
-      vstore(t, z);
-      z = vload(t);
-    }
-    return act::apply<Act, S>(z, p);
-  }
-}
-
 template <class S> inline vacc<S> load_k(const S* p, int64_t k) {
   return k == vlanes<S> ? vload(p) : load_part(p, k);
 }
@@ -217,9 +199,9 @@ void fwd_nchw(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           S* yr = yi + c * ns;
           const V wc = vset1<A>(w != nullptr ? w[c] : one), bc = vset1<A>(b != nullptr ? b[c] : A(0));
           for (int64_t v = 0; v < last; ++v)
-            vstore(yr + v * L, out_act<S, Act>((((vload(xr + v * L) - sh[v]) - md[v]) * rs[v]) * wc + bc, ap));
+            vstore(yr + v * L, act::apply_stored<Act, S>((((vload(xr + v * L) - sh[v]) - md[v]) * rs[v]) * wc + bc, ap));
           store_k(yr + last * L,
-                  out_act<S, Act>((((load_k(xr + last * L, tail) - sh[last]) - md[last]) * rs[last]) * wc + bc, ap),
+                  act::apply_stored<Act, S>((((load_k(xr + last * L, tail) - sh[last]) - md[last]) * rs[last]) * wc + bc, ap),
                   tail);
         }
       });
