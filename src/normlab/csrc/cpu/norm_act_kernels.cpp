@@ -71,15 +71,13 @@ template <class S, class G> inline void over(const Layout& l, const S* x, const 
         next += l.block_rows;
       }
       const int64_t c0 = blk * w, base = r * w;
-      int64_t t = 0;
-      for (; t + L <= w; t += L)
-        g((load_n(x + base + t, L) - loadc_n(hi + c0 + t, L)) * loadc_n(av + c0 + t, L) + loadc_n(bv + c0 + t, L),
-          base + t, L);
-      if (t < w) {
-        const int64_t n = w - t;
+      auto z_at = [&](int64_t t, int64_t n) {  // (inlined: n = L a constant for the whole vectors)
         g((load_n(x + base + t, n) - loadc_n(hi + c0 + t, n)) * loadc_n(av + c0 + t, n) + loadc_n(bv + c0 + t, n),
           base + t, n);
-      }
+      };
+      int64_t t = 0;
+      for (; t + L <= w; t += L) z_at(t, L);
+      if (t < w) z_at(t, w - t);
     }
   }
 }

@@ -60,6 +60,12 @@ class BatchNormActFunction(torch.autograd.Function):
                 None, None, None, None, None, None, None)
 
 
+def _records(x, w, b) -> bool:
+    """Whether autograd records this call: grad mode on and x, weight or bias requiring grad."""
+    return torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
+                                        or (b is not None and b.requires_grad))
+
+
 def _chan(t, c: int) -> bool:
     return t is None or (type(t) in _PLAIN and t.is_cpu and t.dim() == 1 and t.shape[0] == c
                          and t.dtype in _SERVED)
@@ -81,8 +87,7 @@ def batch_norm_act_fused(x, rm, rv, w, b, training, momentum, eps, act: int, par
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps > 0:
         return None
     args = (x, w, b, rm, rv, training, float(momentum), float(eps), act, float(param))
-    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
-                                    or (b is not None and b.requires_grad)):
+    if _records(x, w, b):
         return BatchNormActFunction.apply(*args)
     return torch.ops.normlab.batch_norm_act_fwd(*args)[0]
 
@@ -127,8 +132,7 @@ def group_norm_act_fused(x, g, w, b, eps, act: int, param: float):
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
         return None
     args = (x, g, w, b, float(eps), act, float(param))
-    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
-                                    or (b is not None and b.requires_grad)):
+    if _records(x, w, b):
         return GroupNormActFunction.apply(*args)
     return torch.ops.normlab.group_norm_act_fwd(x, w, b, g, float(eps), act, float(param))[0]
 
@@ -174,8 +178,7 @@ def _layer_norm_act_rows(x, n_cols, shape, w, b, eps, act, param):
             x, shape, w, b):
         return None
     args = (x, n_cols, w, b, float(eps), act, float(param))
-    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
-                                    or (b is not None and b.requires_grad)):
+    if _records(x, w, b):
         return LayerNormActFunction.apply(*args)
     return torch.ops.normlab.layer_norm_act_fwd(x, n_cols, None if w is None else w.reshape(-1),
                                                 None if b is None else b.reshape(-1), float(eps), act, float(param))[0]
@@ -221,8 +224,7 @@ def _layer_norm_act2d_nchw(x, w, b, eps, act, param):
             x, (c,), w, b):
         return None
     args = (x, w, b, float(eps), act, float(param))
-    if torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)
-                                    or (b is not None and b.requires_grad)):
+    if _records(x, w, b):
         return LayerNormAct2dFunction.apply(*args)
     return torch.ops.normlab.layer_norm_act2d_fwd(*args)[0]
 
