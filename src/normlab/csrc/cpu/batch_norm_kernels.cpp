@@ -346,6 +346,15 @@ template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<
     else return vload(p);
   };
   const vec<A> vs = vset1<A>(shift);
+  // the chains in registers for the loop (the stores to d, memcpy, may alias s[] in the compiler's
+  // view: with s[] itself the loop kept its four chains in memory, a store and a load a vector)
+  vec<double> s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+  auto add = [&](int64_t i, vec<double> v) {
+    if (i == 0) s0 += v;
+    else if (i == 1) s1 += v;
+    else if (i == 2) s2 += v;
+    else s3 += v;
+  };
   int64_t j = 0;
   for (; j + 2 * L <= k; j += 2 * L) {
     const vec<A> xa = vload(x + j), xb = vload(x + j + L);
@@ -355,7 +364,7 @@ template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<
     const A* src;  // float32: x itself; otherwise the exact differences just written
     if constexpr (std::is_same_v<S, float>) src = x + j;
     else src = d + j;
-    for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(src + i * D);  // 4 (float) or 2 (double) vectors
+    for (int64_t i = 0; i < 2 * L / D; ++i) add(i, load64(src + i * D));  // 4 (float) or 2 (double) vectors
   }
   if (j < k) {
     // the last values (fewer than 2L) as partial vectors, the lanes past the end 0 on both sides of
@@ -370,8 +379,9 @@ template <class S> void shifted_sum64(const S* x, acc_t<S>* d, int64_t k, acc_t<
       if constexpr (std::is_same_v<S, float>) vstore(t + h * L, xv);  // float32: x itself, as the loop
       else vstore(t + h * L, dv);
     }
-    for (int64_t i = 0; i < 2 * L / D; ++i) s[i] += load64(t + i * D);
+    for (int64_t i = 0; i < 2 * L / D; ++i) add(i, load64(t + i * D));
   }
+  s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;
 }
 
 // sum_j (d[j] - m)^2 over k values, in the accumulation dtype, four chains (pass 2 of a piece).

@@ -87,6 +87,9 @@ inline vec<double> vload_widen(const float* p) {
 #if NORMLAB_VEC_BYTES == 64
   __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(p));
   vec<double> r; std::memcpy(&r, &v, sizeof r); return r;
+#elif NORMLAB_VEC_BYTES == 32
+  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(p));
+  vec<double> r; std::memcpy(&r, &v, sizeof r); return r;
 #else
   typedef float h_t __attribute__((vector_size(NORMLAB_VEC_BYTES / 2)));
   h_t h; std::memcpy(&h, p, sizeof h);
@@ -144,10 +147,10 @@ inline void vstore(f16* p, vec<float> v) {
 #endif
 }
 
-// Partial vectors for the tail of a row: n < vlanes<S> values, the rest zero, and v's first n lanes
+// Partial vectors for the tail of a row: n <= vlanes<S> values, the rest zero, and v's first n lanes
 // stored at p. With AVX-512 one masked load / store (no byte past the n values is touched: a tail
 // of scalar conversions otherwise costs as much as a quarter of a short run's vectors); otherwise
-// through a buffer. The values and roundings of the full-width loads and stores, lane by lane.
+// as below. The values and roundings of the full-width loads and stores, lane by lane.
 #if NORMLAB_VEC_BYTES == 64
 template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
   if constexpr (std::is_same_v<S, float>) {
@@ -175,6 +178,55 @@ template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
     vstore(t, v);
     _mm256_mask_storeu_epi16(p, __mmask16((1u << n) - 1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
   }
+}
+#elif NORMLAB_VEC_BYTES == 32
+// AVX2: loads by vmaskmov / vpmaskmovd (masked lanes read nothing, fault nothing); a half row's
+// odd last value blended in from a broadcast. Stores through an aligned buffer in pieces of
+// fixed size (4, 2, 1 values): masked stores are microcoded on some AMD cores, and a buffer with a
+// variable-length memcpy was a call to memcpy a tail, load and store alike.
+namespace detail {
+alignas(32) inline constexpr int32_t kLaneMask32[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+alignas(32) inline constexpr int64_t kLaneMask64[8] = {-1, -1, -1, -1, 0, 0, 0, 0};
+alignas(16) inline constexpr uint16_t kLaneMask16[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0xFFFF, 0, 0, 0, 0, 0, 0, 0};
+// the first n (<= 8) half values at p in the low words, the rest zero
+inline __m128i load_halves_n(const void* p, int64_t n) {
+  const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kLaneMask32 + 8 - n / 2));
+  __m128i h = _mm_maskload_epi32(static_cast<const int*>(p), pairs);
+  if (n & 1) {
+    uint16_t last;
+    std::memcpy(&last, static_cast<const char*>(p) + 2 * (n - 1), 2);
+    const __m128i at = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kLaneMask16 + 8 - (n - 1)));
+    h = _mm_blendv_epi8(h, _mm_set1_epi16(short(last)), at);
+  }
+  return h;
+}
+// n (< L) values of T from buf (aligned, whole vector) to p, in pieces of fixed size
+template <class T, int64_t L> inline void store_pieces(T* p, const T* buf, int64_t n) {
+  int64_t o = 0;
+  if constexpr (L >= 8) if (n & 4) { std::memcpy(p, buf, 4 * sizeof(T)); o = 4; }
+  if (n & 2) { std::memcpy(p + o, buf + o, 2 * sizeof(T)); o += 2; }
+  if (n & 1) std::memcpy(p + o, buf + o, sizeof(T));
+}
+}  // namespace detail
+template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    return (vec<float>)_mm256_maskload_ps(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(detail::kLaneMask32 + 8 - n)));
+  } else if constexpr (std::is_same_v<S, double>) {
+    return (vec<double>)_mm256_maskload_pd(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(detail::kLaneMask64 + 4 - n)));
+  } else {  // bf16, f16: widened as vload does
+    static_assert(sizeof(S) == 2, "vload_n: float, double, bf16 or f16");
+    const __m128i h = detail::load_halves_n(p, n);
+    __m256 f;
+    if constexpr (std::is_same_v<S, f16>) f = _mm256_cvtph_ps(h);
+    else f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    vec<float> r; std::memcpy(&r, &f, sizeof r); return r;
+  }
+}
+template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
+  if (n == vlanes<S>) return vstore(p, v);
+  alignas(32) S buf[vlanes<S>];
+  vstore(buf, v);
+  detail::store_pieces<S, vlanes<S>>(p, buf, n);
 }
 #else
 template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
