@@ -501,15 +501,26 @@ constexpr int64_t kWidenCols = 512;
 // values before and after them stored plainly; ends as partial vectors (vstore_n: the same
 // arithmetic lane by lane, the same bits).
 template <class S, class P, class W, bool Stream>
+inline void fwd_out(const P* xr, const W* wr, const W* br, S* yr, int64_t n, bool center, bool cast, acc_t<S> shift,
+                    acc_t<S> md, acc_t<S> rs);
+template <class S, class P, class W, bool Stream>
 inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                        acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
-  static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
-  constexpr int64_t L = vlanes<S>;
   const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
   const A rs = A(1) / std::sqrt(var + eps);
   if (mean != nullptr) *mean = mean_at;
   if (rstd != nullptr) *rstd = rs;
+  fwd_out<S, P, W, Stream>(xr, wr, br, yr, n, center, cast, shift, md, rs);
+}
+
+// The output pass of fwd_finish, rs known.
+template <class S, class P, class W, bool Stream>
+inline void fwd_out(const P* xr, const W* wr, const W* br, S* yr, int64_t n, bool center, bool cast, acc_t<S> shift,
+                    acc_t<S> md, acc_t<S> rs) {
+  using A = acc_t<S>;
+  static_assert(vlanes<P> == vlanes<S>, "the scratch row must keep the lanes");
+  constexpr int64_t L = vlanes<S>;
   const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md), vr = vset1<A>(rs);
   auto part = [&](int64_t j, int64_t m) {  // m < L values: one masked vector, the same arithmetic
     vec<A> v = ((vload_n(xr + j, m) - vs) - vm) * vr;
@@ -548,6 +559,31 @@ inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc
     md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
   }
   fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, center, cast, shift, md, shift + md, mean, rstd);
+}
+
+// Rows of at most kBlockCols values, kBlockRows at a time, pass by pass: the sums of the block's
+// rows, then their variance passes, then their outputs. A row's passes wait on each other (a sum
+// is a chain of adds, a tree, a division); the block's rows do not, so the CPU overlaps them (row
+// by row, channels-last LayerNorm2d(64) on 126736 rows float32, AVX2: 160 cycles a row). The same
+// arithmetic as fwd_row a row: the same bits.
+constexpr int64_t kBlockRows = 4, kBlockCols = 256;
+template <class S, class W, bool Stream>
+inline void fwd_block(const S* const* xr, const W* const* wr, const W* const* br, S* const* yr, int64_t n,
+                      acc_t<S> eps, bool center, bool cast, acc_t<S>* mean, acc_t<S>* rstd) {
+  using A = acc_t<S>;
+  A shift[kBlockRows] = {}, md[kBlockRows] = {}, rs[kBlockRows];
+  if (center)
+    for (int k = 0; k < kBlockRows; ++k) {
+      shift[k] = to_acc(xr[k][0]);
+      md[k] = over_n(shifted_sum(xr[k], n, shift[k]), n);
+    }
+  for (int k = 0; k < kBlockRows; ++k)
+    rs[k] = A(1) / std::sqrt(over_n(shifted_sqdev(xr[k], n, shift[k], md[k]), n) + eps);
+  for (int k = 0; k < kBlockRows; ++k) {
+    if (mean != nullptr) mean[k] = shift[k] + md[k];
+    if (rstd != nullptr) rstd[k] = rs[k];
+    fwd_out<S, S, W, Stream>(xr[k], wr[k], br[k], yr[k], n, center, cast, shift[k], md[k], rs[k]);
+  }
 }
 
 // One half row of more than kWidenCols values through the scratch row d.
@@ -626,6 +662,24 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
       }
     }
 #endif
+    if (R == nullptr && n <= kBlockCols && i + kBlockRows <= hi) {
+      const S* xb[kBlockRows];
+      const W* wb[kBlockRows];
+      const W* bb[kBlockRows];
+      S* yb[kBlockRows];
+      for (int k = 0; k < kBlockRows; ++k) {
+        const int64_t r = i + k;
+        xb[k] = X + r * n;
+        yb[k] = Y + r * n;
+        wb[k] = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? r / rpw : 0) * n;
+        bb[k] = Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? r / rpb : 0) * n;
+        if (ahead > 0 && r + ahead < hi) prefetch_read(xb[k] + ahead * n, row_bytes);
+      }
+      fwd_block<S, W, Stream>(xb, wb, bb, yb, n, eps, center, cast, M == nullptr ? nullptr : M + i,
+                              RS == nullptr ? nullptr : RS + i);
+      i += kBlockRows - 1;
+      continue;
+    }
     const S* xr = X + i * n;
     if (ahead > 0 && i + ahead < hi) {
       prefetch_read(xr + ahead * n, row_bytes);
