@@ -92,9 +92,12 @@ def _flat_bits(out) -> torch.Tensor:
 
 def _picked_by_its_bits(op, dtype, transform=lambda f: f) -> list[str]:
     """The explicit backends whose result the "auto" result equals, bit for bit, on an input where
-    "cpu" and "ref" differ (float32, float64: one of the first seeds; in the half dtypes they agree)."""
+    "cpu" and "ref" differ (float32, float64: one of the first 100 seeds; in the half dtypes they agree)."""
     names = ("auto", "ref", *(["cpu"] if HAS_CPU else []))
-    for seed in range(10):
+    # the seeds on which the two differ depend on the CPU level's sum order (vectors of 4, 8 or
+    # 16 lanes): rms_norm's grad in float32 differs on about one seed in five at AVX2, none of the
+    # first 19; the search stops at the first that differs
+    for seed in range(100):
         x, out = _input(op, dtype, seed), {}
         for name in names:
             with normlab.use_backend(name):
@@ -102,7 +105,7 @@ def _picked_by_its_bits(op, dtype, transform=lambda f: f) -> list[str]:
         if not HAS_CPU or dtype not in (torch.float32, torch.float64) or not torch.equal(out["cpu"], out["ref"]):
             break
     else:
-        raise AssertionError(f"{op} {dtype}: no input of 10 on which the backends' bits differ")
+        raise AssertionError(f"{op} {dtype}: no input of 100 on which the backends' bits differ")
     return [name for name in names[1:] if torch.equal(out[name], out["auto"])]
 
 
