@@ -585,3 +585,52 @@ def test_backend_registry():
     with normlab.use_backend("cpu"):
         with pytest.raises(RuntimeError, match="cannot serve a torch.float32 tensor on meta"):
             normlab.backend_for(x.to("meta"), "group_norm")
+
+
+# Channels-last inputs of 16 channels or more reach the kernels through a blocked transpose to
+# NCHW (InstanceNorm's x; GroupNorm's dy when x is contiguous): whole blocks of 64 positions x 16
+# channels by register tiles (8x8 of 16-bit values, 4x4 of 32-bit ones), the edges element by
+# element, 64-bit values element by element. Oracle: the same call on torch's own contiguous
+# copy -- the transpose moves values, so the bits must be equal.
+TRANSPOSE_SHAPES = [
+    (1, 16, 8, 8),      # one whole block
+    (2, 40, 9, 13),     # 117 positions: a whole block and an edge; channels 16 + 16 + 8
+    (3, 17, 4, 33),     # one channel past a block
+    (2, 32, 3, 5, 7),   # channels_last_3d
+]
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_channels_last_instance_norm_through_the_transpose_is_bit_exact(shape, dtype):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    c = shape[1]
+    w = torch.rand(c, generator=g, dtype=torch.float64).add(0.5).to(dtype)
+    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
+    outs = []
+    with normlab.use_backend("cpu"):
+        for t in (x.contiguous(memory_format=CL[len(shape)]), x.contiguous()):
+            xl, wl, bl = leaf(t), leaf(w), leaf(b)
+            y = NF.instance_norm(xl, weight=wl, bias=bl, eps=1e-5)
+            y.backward(dy)
+            outs.append((y, xl.grad.contiguous(), wl.grad, bl.grad))
+    assert outs[0][0].is_contiguous()  # torch's instance_norm output is contiguous, whatever x's layout
+    for got, want, name in zip(outs[0], outs[1], ("y", "dx", "dweight", "dbias")):
+        assert torch.equal(got, want), f"{name} {shape} {dtype}"
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_group_norm_backward_of_a_channels_last_dy_through_the_transpose_is_bit_exact(shape, dtype):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)  # contiguous: a contiguous output
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    grads = []
+    with normlab.use_backend("cpu"):
+        for d in (dy.contiguous(memory_format=CL[len(shape)]), dy.contiguous()):
+            xl = leaf(x)
+            NF.group_norm(xl, 1, eps=1e-5).backward(d)
+            grads.append(xl.grad.contiguous())
+    assert torch.equal(grads[0], grads[1])
