@@ -216,10 +216,14 @@ template <class S> inline vacc<S> vload_n(const S* p, int64_t n) {
   } else {  // bf16, f16: widened as vload does
     static_assert(sizeof(S) == 2, "vload_n: float, double, bf16 or f16");
     const __m128i h = detail::load_halves_n(p, n);
-    __m256 f;
-    if constexpr (std::is_same_v<S, f16>) f = _mm256_cvtph_ps(h);
-    else f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    vec<float> r; std::memcpy(&r, &f, sizeof r); return r;
+    if constexpr (std::is_same_v<S, bf16>) {
+      const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      vec<float> r; std::memcpy(&r, &f, sizeof r); return r;
+    } else {  // float16 as vload converts it (F16C where the build has it)
+      alignas(16) S t[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+      return vload(t);
+    }
   }
 }
 template <class S> inline void vstore_n(S* p, vacc<S> v, int64_t n) {
