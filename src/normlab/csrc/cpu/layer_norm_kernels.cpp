@@ -493,28 +493,12 @@ inline int64_t short_blocks(int64_t i, int64_t hi, int64_t n_w, int64_t rpw, int
 // == vlanes<float>): the same bits as the passes over the half row.
 constexpr int64_t kWidenCols = 512;
 
-// The rest of a row once mean(d) is known: the variance pass, rstd, the output pass.
-// xr: n values of P (S, or the float32 scratch row d of a half row), shift: what the passes
-// subtract from xr (the row's shift, or 0 for the scratch row, which holds d already);
-// mean_at: the row's mean, shift + mean(d).
+// The output pass of a row, its statistics known: y = x_hat * w + b, x_hat = ((x - shift) - md) * rs.
+// xr: n values of P (S, or the float32 scratch row d of a half row), shift: what the pass
+// subtracts from xr (the row's shift, or 0 for the scratch row, which holds d already).
 // Stream: y written around the caches (numerics/stream.h) in whole cache lines (whole_lines), the
 // values before and after them stored plainly; ends as partial vectors (vstore_n: the same
 // arithmetic lane by lane, the same bits).
-template <class S, class P, class W, bool Stream>
-inline void fwd_out(const P* xr, const W* wr, const W* br, S* yr, int64_t n, bool center, bool cast, acc_t<S> shift,
-                    acc_t<S> md, acc_t<S> rs);
-template <class S, class P, class W, bool Stream>
-inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
-                       acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
-  using A = acc_t<S>;
-  const A var = over_n(shifted_sqdev(xr, n, shift, md), n);  // RMSNorm: the mean square
-  const A rs = A(1) / std::sqrt(var + eps);
-  if (mean != nullptr) *mean = mean_at;
-  if (rstd != nullptr) *rstd = rs;
-  fwd_out<S, P, W, Stream>(xr, wr, br, yr, n, center, cast, shift, md, rs);
-}
-
-// The output pass of fwd_finish, rs known.
 template <class S, class P, class W, bool Stream>
 inline void fwd_out(const P* xr, const W* wr, const W* br, S* yr, int64_t n, bool center, bool cast, acc_t<S> shift,
                     acc_t<S> md, acc_t<S> rs) {
@@ -548,37 +532,52 @@ inline void fwd_out(const P* xr, const W* wr, const W* br, S* yr, int64_t n, boo
   if (j < n) part(j, n - j);
 }
 
+// A row's shift and the mean of its differences, md (RMSNorm: 0 and 0).
+template <class S> inline void row_shift_md(const S* xr, int64_t n, bool center, acc_t<S>& shift, acc_t<S>& md) {
+  shift = center ? to_acc(xr[0]) : acc_t<S>(0);
+  md = center ? over_n(shifted_sum(xr, n, shift), n) : acc_t<S>(0);  // mean of the differences
+}
+
+// The variance pass and rstd (RMSNorm: the mean square).
+template <class S, class P> inline acc_t<S> row_rstd(const P* xr, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> eps) {
+  using A = acc_t<S>;
+  const A var = over_n(shifted_sqdev(xr, n, shift, md), n);
+  return A(1) / std::sqrt(var + eps);
+}
+
+// The rest of a row once mean(d) is known: the variance pass, rstd, the output pass (fwd_out's
+// xr and shift); mean_at: the row's mean, shift + mean(d).
+template <class S, class P, class W, bool Stream>
+inline void fwd_finish(const P* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
+                       acc_t<S> shift, acc_t<S> md, acc_t<S> mean_at, acc_t<S>* mean, acc_t<S>* rstd) {
+  const acc_t<S> rs = row_rstd<S>(xr, n, shift, md, eps);
+  if (mean != nullptr) *mean = mean_at;
+  if (rstd != nullptr) *rstd = rs;
+  fwd_out<S, P, W, Stream>(xr, wr, br, yr, n, center, cast, shift, md, rs);
+}
+
 // One row of S, read by every pass.
 template <class S, class W, bool Stream>
 inline void fwd_row(const S* xr, const W* wr, const W* br, S* yr, int64_t n, acc_t<S> eps, bool center, bool cast,
                     acc_t<S>* mean, acc_t<S>* rstd) {
-  using A = acc_t<S>;
-  A shift = A(0), md = A(0);
-  if (center) {
-    shift = to_acc(xr[0]);
-    md = over_n(shifted_sum(xr, n, shift), n);  // mean of the differences
-  }
+  acc_t<S> shift, md;
+  row_shift_md(xr, n, center, shift, md);
   fwd_finish<S, S, W, Stream>(xr, wr, br, yr, n, eps, center, cast, shift, md, shift + md, mean, rstd);
 }
 
 // Rows of at most kBlockCols values, kBlockRows at a time, pass by pass: the sums of the block's
 // rows, then their variance passes, then their outputs. A row's passes wait on each other (a sum
 // is a chain of adds, a tree, a division); the block's rows do not, so the CPU overlaps them (row
-// by row, channels-last LayerNorm2d(64) on 126736 rows float32, AVX2: 160 cycles a row). The same
-// arithmetic as fwd_row a row: the same bits.
+// by row, channels-last LayerNorm2d(64) on 126736 rows float32, AVX2: 160 cycles a row). fwd_row's
+// steps a row, in another order: the same bits.
 constexpr int64_t kBlockRows = 4, kBlockCols = 256;
 template <class S, class W, bool Stream>
 inline void fwd_block(const S* const* xr, const W* const* wr, const W* const* br, S* const* yr, int64_t n,
                       acc_t<S> eps, bool center, bool cast, acc_t<S>* mean, acc_t<S>* rstd) {
   using A = acc_t<S>;
-  A shift[kBlockRows] = {}, md[kBlockRows] = {}, rs[kBlockRows];
-  if (center)
-    for (int k = 0; k < kBlockRows; ++k) {
-      shift[k] = to_acc(xr[k][0]);
-      md[k] = over_n(shifted_sum(xr[k], n, shift[k]), n);
-    }
-  for (int k = 0; k < kBlockRows; ++k)
-    rs[k] = A(1) / std::sqrt(over_n(shifted_sqdev(xr[k], n, shift[k], md[k]), n) + eps);
+  A shift[kBlockRows], md[kBlockRows], rs[kBlockRows];
+  for (int k = 0; k < kBlockRows; ++k) row_shift_md(xr[k], n, center, shift[k], md[k]);
+  for (int k = 0; k < kBlockRows; ++k) rs[k] = row_rstd<S>(xr[k], n, shift[k], md[k], eps);
   for (int k = 0; k < kBlockRows; ++k) {
     if (mean != nullptr) mean[k] = shift[k] + md[k];
     if (rstd != nullptr) rstd[k] = rs[k];
@@ -621,6 +620,8 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
   A* RS = static_cast<A*>(a.rstd);
   const int64_t rpw = a.n_rows / (a.n_w > 0 ? a.n_w : 1);  // rows per weight row
   const int64_t rpb = a.n_rows / (a.n_b > 0 ? a.n_b : 1);
+  auto w_row = [&](int64_t r) { return Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? r / rpw : 0) * n; };  // row r's
+  auto b_row = [&](int64_t r) { return Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? r / rpb : 0) * n; };
   const A eps = A(a.eps);
   const bool center = a.center, cast = a.cast_x_hat;
   std::unique_ptr<float[]> scratch;  // half rows longer than kWidenCols, widened
@@ -654,8 +655,7 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
       const int64_t nb = n >= 16 && n < kMidMax && R == nullptr && i + kShort <= hi
                              ? short_blocks(i, hi, a.n_w, rpw, a.n_b, rpb) : 0;
       if (nb > 0) {
-        fwd_mid_n(X + i * n, Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n,
-                Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n, Y + i * n,
+        fwd_mid_n(X + i * n, w_row(i), b_row(i), Y + i * n,
                 M == nullptr ? nullptr : M + i, RS == nullptr ? nullptr : RS + i, n, nb, eps, center);
         i += nb * kShort - 1;
         continue;
@@ -671,8 +671,8 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
         const int64_t r = i + k;
         xb[k] = X + r * n;
         yb[k] = Y + r * n;
-        wb[k] = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? r / rpw : 0) * n;
-        bb[k] = Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? r / rpb : 0) * n;
+        wb[k] = w_row(r);
+        bb[k] = b_row(r);
         if (ahead > 0 && r + ahead < hi) prefetch_read(xb[k] + ahead * n, row_bytes);
       }
       fwd_block<S, W, Stream>(xb, wb, bb, yb, n, eps, center, cast, M == nullptr ? nullptr : M + i,
@@ -689,8 +689,8 @@ template <class S, class W, bool Stream> void fwd_rows(const FwdArgs& a, int64_t
       add_row(xr, R + i * n, H + i * n, n);
       xr = H + i * n;
     }
-    const W* wr = Wt == nullptr ? nullptr : Wt + (a.n_w > 1 ? i / rpw : 0) * n;
-    const W* br = Bs == nullptr ? nullptr : Bs + (a.n_b > 1 ? i / rpb : 0) * n;
+    const W* wr = w_row(i);
+    const W* br = b_row(i);
     A* mi = M == nullptr ? nullptr : M + i;
     A* ri = RS == nullptr ? nullptr : RS + i;
     if constexpr (sizeof(S) == 2) {
