@@ -50,9 +50,10 @@ namespace normlab::group_norm {
 
 namespace {
 
-// f(j) on vectors of L channels at j, then part(j, n) on the n < L channels left (a partial vector).
-template <int64_t L, class F, class G> inline void over_channels(int64_t c, const F& f, const G& part) {
-  int64_t j = 0;
+// f(j) on vectors of L channels at j (from j0), then part(j, n) on the n < L channels left (a
+// partial vector).
+template <int64_t L, class F, class G> inline void over_channels(int64_t c, const F& f, const G& part, int64_t j0 = 0) {
+  int64_t j = j0;
   for (; j + L <= c; j += L) f(j);
   if (j < c) part(j, c - j);
 }
@@ -455,49 +456,76 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
     tiled(bb, c, ce, vbuf.data() + 2 * ce);
     chv = vbuf.data(), av = vbuf.data() + ce, bv = vbuf.data() + 2 * ce;
   }
-  // kOutRows (virtual) rows at a time, channel by channel: a channel's ch, a, bb loaded once for
-  // the kOutRows rows (four loads a vector of output made the pass ~1.3x a plain scaling of x:
-  // the loads, not memory, bounded it), x read and y written over kOutRows adjacent rows -- one
-  // region of memory, in order. A streamed y goes row by row: a streamed line is sent whole only
-  // when written in one run (4 rows at a time left 4 lines half-written at once: float16
-  // GroupNorm(16, 384) 7x384x249x11 forward 0.9x -> 0.55x torch)
-  auto put = [&](S* yr, const vec<A>& v) {
-    if constexpr (Stream) vstream(yr, v);
-    else vstore(yr, v);
+  // bfloat16: channels in pairs of vectors, their even and odd values apart (vload_eo / vstore_eo:
+  // no widening or packing shuffles), the per-channel vectors put in that order once a call (e*).
+  // Where no output can be NaN, the store's NaN test is left out: no activation, every ch, a, bb
+  // finite and a != 0 -- x is then finite too (a group's mean is not where one of its values is
+  // not), and (x - ch) * a + bb at worst overflows to an infinity. About a third fewer
+  // instructions a vector of output.
+  constexpr bool kPairs = std::is_same_v<S, bf16>;
+  const int64_t ce2 = kPairs ? ce - ce % (2 * L) : 0;
+  std::vector<A> ebuf(3 * ce2);
+  A *ech = ebuf.data(), *ea = ech + ce2, *eb = ea + ce2;
+  bool no_nan = false;
+  if constexpr (kPairs) {
+    eo_order(chv, ce2, ech), eo_order(av, ce2, ea), eo_order(bv, ce2, eb);
+    if constexpr (Act == act::kIdentity) {
+      no_nan = true;
+      for (int64_t j = 0; j < c; ++j)
+        no_nan &= std::isfinite(ch[j]) && std::isfinite(a[j]) && a[j] != A(0) && std::isfinite(bb[j]);
+    }
+  }
+  // K (virtual) rows from xr to yr, channel by channel: a channel's ch, a, bb loaded once for the
+  // K rows (four loads a vector of output made the pass ~1.3x a plain scaling of x: the loads, not
+  // memory, bounded it), x read and y written over K adjacent rows -- one region of memory, in
+  // order. A streamed y goes row by row (K = 1): a streamed line is sent whole only when written
+  // in one run (4 rows at a time left 4 lines half-written at once: float16 GroupNorm(16, 384)
+  // 7x384x249x11 forward 0.9x -> 0.55x torch)
+  auto rows_of = [&]<int64_t K, bool NoNaN>(const S* xr, S* yr) {
+    if constexpr (kPairs) {
+      for (int64_t j = 0; j < ce2; j += 2 * L) {
+        const vec<A> m0 = vload(ech + j), a0 = vload(ea + j), b0 = vload(eb + j);
+        const vec<A> m1 = vload(ech + j + L), a1 = vload(ea + j + L), b1 = vload(eb + j + L);
+#pragma GCC unroll 4
+        for (int64_t k = 0; k < K; ++k) {
+          vec<A> e, o;
+          vload_eo(xr + k * ce + j, e, o);
+          e = out_act<S, Act>((e - m0) * a0 + b0, p), o = out_act<S, Act>((o - m1) * a1 + b1, p);
+          if constexpr (Stream) vstream_eo<NoNaN>(yr + k * ce + j, e, o);
+          else vstore_eo<NoNaN>(yr + k * ce + j, e, o);
+        }
+      }
+    }
+    over_channels<L>(
+        ce,
+        [&](int64_t j) {
+          const vec<A> m = vload(chv + j), va = vload(av + j), vb = vload(bv + j);
+#pragma GCC unroll 4
+          for (int64_t k = 0; k < K; ++k) {
+            const vec<A> v = out_act<S, Act>((vload(xr + k * ce + j) - m) * va + vb, p);
+            if constexpr (Stream) vstream(yr + k * ce + j, v);
+            else vstore(yr + k * ce + j, v);
+          }
+        },
+        [&](int64_t j, int64_t nl) {
+          const vec<A> m = vload_n(chv + j, nl), va = vload_n(av + j, nl), vb = vload_n(bv + j, nl);
+          for (int64_t k = 0; k < K; ++k)
+            vstore_n(yr + k * ce + j, out_act<S, Act>((vload_n(xr + k * ce + j, nl) - m) * va + vb, p), nl);
+        },
+        ce2);
+  };
+  auto run = [&]<int64_t K>(const S* xr, S* yr) {
+    if (kPairs && no_nan) rows_of.template operator()<K, kPairs>(xr, yr);
+    else rows_of.template operator()<K, false>(xr, yr);
   };
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t rows = std::min(tile, r1 - t0), vr = rows / vw.rep, rr = vr * vw.rep;
     const S* xt = x + t0 * c;
     S* yt = y + t0 * c;
     int64_t r = 0;
-    for (; !Stream && r + kOutRows <= vr; r += kOutRows) {  // (streamed: row by row, whole lines in turn)
-      const S* xr = xt + r * ce;
-      S* yr = yt + r * ce;
-      over_channels<L>(
-          ce,
-          [&](int64_t j) {
-            const vec<A> m = vload(chv + j), va = vload(av + j), vb = vload(bv + j);
-#pragma GCC unroll 4
-            for (int64_t k = 0; k < kOutRows; ++k)
-              put(yr + k * ce + j, out_act<S, Act>((vload(xr + k * ce + j) - m) * va + vb, p));
-          },
-          [&](int64_t j, int64_t nl) {
-            const vec<A> m = vload_n(chv + j, nl), va = vload_n(av + j, nl), vb = vload_n(bv + j, nl);
-            for (int64_t k = 0; k < kOutRows; ++k)
-              vstore_n(yr + k * ce + j, out_act<S, Act>((vload_n(xr + k * ce + j, nl) - m) * va + vb, p), nl);
-          });
-    }
-    for (; r < vr; ++r) {
-      const S* xr = xt + r * ce;
-      S* yr = yt + r * ce;
-      over_channels<L>(
-          ce,
-          [&](int64_t j) { put(yr + j, out_act<S, Act>((vload(xr + j) - vload(chv + j)) * vload(av + j) + vload(bv + j), p)); },
-          [&](int64_t j, int64_t nl) {
-            const vec<A> v = out_act<S, Act>((vload_n(xr + j, nl) - vload_n(chv + j, nl)) * vload_n(av + j, nl) + vload_n(bv + j, nl), p);
-            vstore_n(yr + j, v, nl);
-          });
-    }
+    if constexpr (!Stream)
+      for (; r + kOutRows <= vr; r += kOutRows) run.template operator()<kOutRows>(xt + r * ce, yt + r * ce);
+    for (; r < vr; ++r) run.template operator()<1>(xt + r * ce, yt + r * ce);
     for (int64_t o = rr * c; o < rows * c; ++o) {
       const int64_t j = o % c;
       yt[o] = out_act1<S, Act>((to_acc(xt[o]) - ch[j]) * a[j] + bb[j], p);

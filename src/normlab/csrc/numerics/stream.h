@@ -47,6 +47,36 @@ inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
 // Bytes of one vstore of storage S.
 template <class S> constexpr int64_t vstore_bytes = vlanes<S> * int64_t(sizeof(S));
 
+namespace detail {
+// W bytes from t (64-byte aligned) to p (aligned to W) by non-temporal stores
+template <int64_t W> inline void stream_bytes(void* p, const void* t) {
+#if NORMLAB_VEC_BYTES == 64
+  if constexpr (W == 64) {
+    _mm512_stream_si512(static_cast<__m512i*>(p), _mm512_load_si512(t));
+    return;
+  }
+#endif
+#if NORMLAB_VEC_BYTES >= 32
+  if constexpr (W == 32) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), _mm256_load_si256(static_cast<const __m256i*>(t)));
+    return;
+  }
+#endif
+  if constexpr (W == 8) {  // half precision at the baseline level: 4 lanes of 2 bytes (movnti)
+    long long v8;
+    std::memcpy(&v8, t, 8);
+    _mm_stream_si64(static_cast<long long*>(p), v8);
+  } else if constexpr (W == 16) {
+    _mm_stream_si128(static_cast<__m128i*>(p), _mm_load_si128(static_cast<const __m128i*>(t)));
+  } else {
+    static_assert(W % 16 == 0, "vstream: a store of 8, 16 or a multiple of 16 bytes");
+    for (int64_t k = 0; k < W; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<char*>(p) + k),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(static_cast<const char*>(t) + k)));
+  }
+}
+}  // namespace detail
+
 // vstore(p, v) as a non-temporal store where p is aligned to the store's bytes (a plain vstore
 // elsewhere). fence_streams() before another thread may read the values.
 template <class S> inline void vstream(S* p, vacc<S> v) {
@@ -54,30 +84,15 @@ template <class S> inline void vstream(S* p, vacc<S> v) {
   if (reinterpret_cast<uintptr_t>(p) % W != 0) return vstore(p, v);
   alignas(64) S t[vlanes<S>];
   vstore(t, v);
-#if NORMLAB_VEC_BYTES == 64
-  if constexpr (W == 64) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), _mm512_load_si512(t));
-    return;
-  }
-#endif
-#if NORMLAB_VEC_BYTES >= 32
-  if constexpr (W == 32) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm256_load_si256(reinterpret_cast<const __m256i*>(t)));
-    return;
-  }
-#endif
-  if constexpr (W == 8) {  // half precision at the baseline level: 4 lanes of 2 bytes (movnti)
-    long long v8;
-    std::memcpy(&v8, t, 8);
-    _mm_stream_si64(reinterpret_cast<long long*>(p), v8);
-  } else if constexpr (W == 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-  } else {
-    static_assert(W % 16 == 0, "vstream: a store of 8, 16 or a multiple of 16 bytes");
-    for (int64_t k = 0; k < W; k += 16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(reinterpret_cast<char*>(p) + k),
-                       _mm_load_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const char*>(t) + k)));
-  }
+  detail::stream_bytes<W>(p, t);
+}
+// vstore_eo (vec.h) the same way
+template <bool NoNaN = false> inline void vstream_eo(bf16* p, vec<float> e, vec<float> o) {
+  constexpr int64_t W = sizeof(vec<float>);
+  if (reinterpret_cast<uintptr_t>(p) % W != 0) return vstore_eo<NoNaN>(p, e, o);
+  alignas(64) bf16 t[2 * lanes<float>];
+  vstore_eo<NoNaN>(t, e, o);
+  detail::stream_bytes<W>(p, t);
 }
 inline void fence_streams() { _mm_sfence(); }
 

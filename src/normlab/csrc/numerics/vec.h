@@ -147,6 +147,45 @@ inline void vstore(f16* p, vec<float> v) {
 #endif
 }
 
+// bfloat16 two vectors at a time, even and odd elements apart. vload_eo(p, e, o): the 2 * lanes<float>
+// values at p as the floats of the even ones (e) and of the odd ones (o) -- a shift and a mask on
+// the words as they lie, where a load in order widens with a zero-extension per vector.
+// vstore_eo(p, e, o) puts them back in order, each rounded as vstore rounds (NaN lanes to 0x7FC0;
+// NoNaN: the caller knows no lane is NaN and the test is left out), as one vector store: no packing
+// of halves, no permute. Per-channel vectors beside them are read in the same order (eo_order).
+// Generic forms: the same few instructions at every level.
+inline void vload_eo(const bf16* p, vec<float>& e, vec<float>& o) {
+  detail::u32v w;
+  std::memcpy(&w, p, sizeof w);
+  const detail::u32v we = w << 16, wo = w & 0xFFFF0000u;
+  std::memcpy(&e, &we, sizeof e);
+  std::memcpy(&o, &wo, sizeof o);
+}
+namespace detail {
+// v rounded to bfloat16 (nearest even), in the high word of each lane; the low word is left over
+template <bool NoNaN> inline u32v bf16_high(vec<float> v) {
+  u32v u;
+  std::memcpy(&u, &v, sizeof u);
+  u32v r = u + 0x7FFFu + ((u >> 16) & 1u);
+  if constexpr (!NoNaN) {
+    const i32v nan = v != v;  // -1 where NaN
+    r = (u32v)(((i32v)r & ~nan) | (nan & 0x7FC00000));
+  }
+  return r;
+}
+}  // namespace detail
+template <bool NoNaN = false> inline void vstore_eo(bf16* p, vec<float> e, vec<float> o) {
+  const detail::u32v w = (detail::bf16_high<NoNaN>(e) >> 16) | (detail::bf16_high<NoNaN>(o) & 0xFFFF0000u);
+  std::memcpy(p, &w, sizeof w);
+}
+// out = v (n values, n a multiple of 2 * lanes<T>) in the order vload_eo reads a pair of vectors:
+// per block of 2 * lanes<T>, the even-indexed values, then the odd ones.
+template <class T> inline void eo_order(const T* v, int64_t n, T* out) {
+  constexpr int64_t L = lanes<T>;
+  for (int64_t j0 = 0; j0 < n; j0 += 2 * L)
+    for (int64_t k = 0; k < L; ++k) out[j0 + k] = v[j0 + 2 * k], out[j0 + L + k] = v[j0 + 2 * k + 1];
+}
+
 // Partial vectors for the tail of a row: n <= vlanes<S> values, the rest zero, and v's first n lanes
 // stored at p. With AVX-512 one masked load / store (no byte past the n values is touched: a tail
 // of scalar conversions otherwise costs as much as a quarter of a short run's vectors); otherwise
