@@ -340,6 +340,38 @@ def test_nan_propagates_like_torch(training, layout):
     assert got[0].isnan().any()
 
 
+@pytest.mark.parametrize("payload", [0x7FFF, -1, 0x7FC0], ids=["0x7FFF", "0xFFFF", "0x7FC0"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("shape,channels_last", [
+    ((4, 32, 8, 8), True),  # rows of 32 channels: pairs of vectors with per-column constants
+    ((2, 3, 64, 64), False),  # planes of 4096 values
+    ((8, 4, 4, 8), False),  # planes of 32 values, run through the rows path
+], ids=str)
+def test_bfloat16_nan_of_any_payload_is_stored_as_torch_does(payload, training, shape, channels_last):
+    """bfloat16 y is rounded two vectors at a time, with the NaN test left out only where no output
+    can be NaN (train: the channel's statistics finite, a != 0; never in eval, where the running
+    statistics say nothing of x). Every NaN is stored as 0x7FC0, as torch rounds it (without the test
+    a NaN of x keeps its own bits); NaN and infinities where torch has them; the rest within 2x
+    rounding of float64."""
+    g = torch.Generator().manual_seed(11)
+    c = shape[1]
+    x = (0.5 + torch.randn(shape, generator=g)).to(torch.bfloat16)
+    x.view(torch.int16)[1, 1, 1, 1] = payload
+    x[0, 2, 0, 0] = float("inf")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = 1 + 0.5 * torch.randn(c, generator=g), 0.5 * torch.randn(c, generator=g)
+    rm, rv = 0.1 * torch.randn(c, generator=g), 0.5 + torch.rand(c, generator=g)
+    with normlab.use_backend("cpu"):
+        y = NF.batch_norm(x, rm.clone(), rv.clone(), w, b, training=training)
+    ref = TF.batch_norm(x.double(), rm.double(), rv.double(), w.double(), b.double(), training=training)
+    assert ref[1, 1].isnan().any() and torch.equal(y.isnan(), ref.isnan())
+    assert (y.view(torch.int16)[y.isnan()] == 0x7FC0).all()
+    assert torch.equal(y.isinf(), ref.isinf())
+    ok = ref.isfinite()
+    assert_within_rounding(y[ok], ref[ok], 2.0, "y")
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last", "NC"])
 def test_float32_large_mean_channels(layout):
     """mean 1e4, std 1: output and gradient within 1e-3 of float64 from the same input (in

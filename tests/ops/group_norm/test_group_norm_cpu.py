@@ -442,6 +442,63 @@ def test_nan_and_inf_propagate_like_torch(layout):
         _assert_nonfinite_like(((y, y_t), (dx, dx_t)))
 
 
+_NAN_PAYLOADS = pytest.mark.parametrize("payload", [0x7FFF, -1, 0x7FC0], ids=["0x7FFF", "0xFFFF", "0x7FC0"])
+
+
+def _bf16_with_nan(shape, payload, seed=5):
+    """bfloat16 x of mean 0.5 with a NaN of bits ``payload`` in channel 3 and an infinity in channel 20."""
+    x = (0.5 + torch.randn(shape, generator=torch.Generator().manual_seed(seed))).to(torch.bfloat16)
+    x.view(torch.int16)[0, 3, 1, 1] = payload
+    x[-1, 20, 0, 0] = float("inf")
+    return x
+
+
+@_NAN_PAYLOADS
+@pytest.mark.parametrize("zero_weight", [False, True], ids=["w", "zero_w"])
+@pytest.mark.parametrize("layout,shape,groups", [
+    ("channels_last", (2, 32, 6, 7), 4),  # the NHWC kernels: pairs over the channels of a position
+    ("contiguous", (2, 32, 48, 48), 4),  # rows of 18432 values: the long-rows output pass
+    ("contiguous", (2, 32, 4, 8), 16),  # rows of 64 values: the short rows' block
+], ids=str)
+def test_bfloat16_nan_of_any_payload_stays_nan(payload, zero_weight, layout, shape, groups):
+    """bfloat16 y is rounded two vectors at a time, with the NaN test left out where no output can be
+    NaN (the group's mean finite, no zero weight). A NaN of any payload poisons its group, as in
+    torch, and is stored as 0x7FC0, as torch rounds every NaN (rounded without the test, a NaN of x
+    keeps its own bits and the arithmetic's NaN 0xFFC00000 stores 0xFFC0); an infinity poisons its
+    own group; a zero weight gives b on its channel; everything else within 2x rounding."""
+    g = torch.Generator().manual_seed(6)
+    x = _layout(_bf16_with_nan(shape, payload), layout)
+    w = (1 + 0.5 * torch.randn(32, generator=g)).to(torch.bfloat16)
+    b = (0.5 * torch.randn(32, generator=g)).to(torch.bfloat16)
+    if zero_weight:
+        w[9] = 0.0
+    with normlab.use_backend("cpu"):
+        y = NF.group_norm(x, groups, w, b)
+    ref = TF.group_norm(x.double(), groups, w.double(), b.double())
+    assert ref[0, 3].isnan().all() and ref[-1, 20].isnan().all()
+    assert torch.equal(y.isnan(), ref.isnan())
+    assert (y.view(torch.int16)[y.isnan()] == 0x7FC0).all()  # torch's (and the store's) one NaN
+    if zero_weight:
+        assert torch.equal(y[-1, 9], b[9].expand_as(y[-1, 9]))
+    ok = ~ref.isnan()
+    assert_within_rounding(y[ok], ref[ok], 2.0, "y")
+
+
+@_NAN_PAYLOADS
+def test_bfloat16_nan_with_running_statistics_is_stored_as_torch_does(payload):
+    """InstanceNorm with running statistics: the statistics say nothing of x, so the NaN test stays
+    on however finite they are -- a NaN of x is stored as 0x7FC0 (as torch), not with its own bits."""
+    x = _bf16_with_nan((2, 32, 4, 8), payload)
+    rm, rv = torch.randn(32) * 0.1, torch.rand(32) + 0.5
+    with normlab.use_backend("cpu"):
+        y = NF.instance_norm(x, rm, rv, use_input_stats=False)
+    ref = TF.instance_norm(x.double(), rm.double(), rv.double(), use_input_stats=False)
+    assert torch.equal(y.isnan(), ref.isnan()) and y.isnan().sum() == 1
+    assert (y.view(torch.int16)[y.isnan()] == 0x7FC0).all()
+    assert torch.equal(y.isinf(), ref.isinf()) and y[-1, 20, 0, 0] == float("inf")
+    assert_within_rounding(y[ref.isfinite()], ref[ref.isfinite()], 2.0, "y")
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "large"])
 def test_large_mean_groups_float32(layout):
     """Groups with mean 1e4 and std 1: float32 output within 1e-5 of float64 from the same input."""

@@ -167,9 +167,9 @@ template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, con
 
 // Per-column loops over u in [0, n): body(u) on a vector of L columns, then part(u, k) on the
 // k < L columns left as one partial vector (loads and stores through vload_n / vstore_n).
-template <class S, class V, class P> inline void columns_part(int64_t n, const V& body, const P& part) {
+template <class S, class V, class P> inline void columns_part(int64_t n, const V& body, const P& part, int64_t u0 = 0) {
   constexpr int64_t L = vlanes<S>;
-  int64_t u = 0;
+  int64_t u = u0;
   for (; u + L <= n; u += L) body(u);
   if (u < n) part(u, n - u);
 }
@@ -507,12 +507,31 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
   return e;
 }
 
-// y = (x - h) * f + bc over len values.
-template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc) {
+// The bfloat16 output in pairs of vectors, even and odd values apart (vec.h vload_eo / vstore_eo):
+// no_nan -- the store's NaN test may be left out: the statistics are x's own (train; x is finite
+// where its channel's mean is) and every constant is finite with a != 0, so y at worst overflows to
+// an infinity. (Running statistics say nothing of x: a NaN of x would keep its own bits, where
+// torch stores 0x7FC0.) Channels-last: the per-column constants of columns [0, n) in eo_order.
+template <class A> struct EoOut {
+  bool no_nan = false;
+  const A *hi = nullptr, *a = nullptr, *b2 = nullptr;
+  int64_t n = 0;
+};
+template <class A> inline bool finite_affine(A h, A f, A bc) {
+  return std::isfinite(h) && std::isfinite(f) && f != A(0) && std::isfinite(bc);
+}
+
+// y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel).
+template <class S>
+inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc, bool no_nan = false) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
-  columns_part<S>(len, [&](int64_t t) { vstore(y + t, (vload(x + t) - vh) * vf + vb); },
-                  [&](int64_t t, int64_t k) { vstore_n(y + t, (vload_n(x + t, k) - vh) * vf + vb, k); });
+  auto fn = [&](vec<A> v) { return (v - vh) * vf + vb; };
+  int64_t t0 = 0;
+  if constexpr (std::is_same_v<S, bf16>)
+    t0 = no_nan && finite_affine(h, f, bc) ? eo_map<true>(x, y, len, fn) : eo_map<false>(x, y, len, fn);
+  columns_part<S>(len, [&](int64_t t) { vstore(y + t, fn(vload(x + t))); },
+                  [&](int64_t t, int64_t k) { vstore_n(y + t, fn(vload_n(x + t, k)), k); }, t0);
 }
 
 // y = (x - hi) * a + b2 over rows r0..r1, columns c0..c0+n. S == 1: per-column constants
@@ -520,7 +539,10 @@ template <class S> inline void normalise_run(const S* x, S* y, int64_t len, acc_
 // x, y: (R, W) storage.
 template <class S>
 void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t s_len,
-               int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2) {
+               int64_t ch0, int64_t n_ch, const acc_t<S>* hi, const acc_t<S>* a, const acc_t<S>* b2,
+               const EoOut<acc_t<S>>& eo = {}) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
   for (int64_t i = r0; i < r1; ++i) {
     const S* xr = x + i * width + c0;
     S* yr = y + i * width + c0;
@@ -529,14 +551,27 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
     // whole rows are one sequential stream, which the prefetcher follows
     if (n < width && i + 1 < r1) prefetch_write(yr + width, n * int64_t(sizeof(S)));
     if (s_len == 1) {
+      int64_t u0 = 0;
+      if constexpr (std::is_same_v<S, bf16>) {
+        auto pairs = [&]<bool NoNaN>() {
+          for (; u0 + 2 * L <= eo.n; u0 += 2 * L) {
+            vec<A> e, o;
+            vload_eo(xr + u0, e, o);
+            vstore_eo<NoNaN>(yr + u0, (e - vload(eo.hi + u0)) * vload(eo.a + u0) + vload(eo.b2 + u0),
+                             (o - vload(eo.hi + u0 + L)) * vload(eo.a + u0 + L) + vload(eo.b2 + u0 + L));
+          }
+        };
+        if (eo.no_nan) pairs.template operator()<true>();
+        else pairs.template operator()<false>();
+      }
       columns_part<S>(n, [&](int64_t u) { vstore(yr + u, (vload(xr + u) - vload(hi + u)) * vload(a + u) + vload(b2 + u)); },
                       [&](int64_t u, int64_t k) {
                         vstore_n(yr + u, (vload_n(xr + u, k) - vload_n(hi + u, k)) * vload_n(a + u, k) + vload_n(b2 + u, k), k);
-                      });
+                      }, u0);
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        normalise_run(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c]);
+        normalise_run(xr + p0, yr + p0, s_len, hi[c], a[c], b2[c], eo.no_nan);
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
@@ -664,7 +699,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
       k.set(c, c + 1, mean, var, eps, w, b, rstd);
       if (y)
         plane_runs(c, 0, pt.total, s_len, n_ch,
-                   [&](int64_t off, int64_t len) { normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]); });
+                   [&](int64_t off, int64_t len) { normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], true); });
     });
     if (local) return;
     for (int64_t c = 0; c < n_ch; ++c) {  // the parts of a channel, in order
@@ -683,7 +718,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
-    normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c]);
+    normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train);
   });
 }
 
@@ -721,7 +756,8 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
       k.set(ch0, ch0 + sp.n / s_len, mean, var, eps, w, b, rstd);
       if (y) {
         const int64_t off = s_len == 1 ? sp.c0 : 0;
-        normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off);
+        normalise(x, y, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.hi + off, k.a + off, k.b2 + off,
+                  EoOut<A>{s_len > 1});  // (channels-last: in order, the pairs' constants not made)
       }
     });
     if (local) return;
@@ -754,9 +790,17 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (tile) {
     ph = tiled(k.hi, n_ch, width, th.get()); pa = tiled(k.a, n_ch, width, ta.get()); pb = tiled(k.b2, n_ch, width, tb.get());
   }
+  EoOut<A> eo{train};
+  const int64_t n2 = std::is_same_v<S, bf16> && s_len == 1 ? width - width % (2 * vlanes<S>) : 0;
+  Scratch<A> eh(n2), ea(n2), eb(n2);
+  if (n2 > 0) {
+    eo_order(ph, n2, eh.get()), eo_order(pa, n2, ea.get()), eo_order(pb, n2, eb.get());
+    eo.hi = eh.get(), eo.a = ea.get(), eo.b2 = eb.get(), eo.n = n2;
+    for (int64_t c = 0; eo.no_nan && c < n_ch; ++c) eo.no_nan = finite_affine(k.hi[c], k.a[c], k.b2[c]);
+  }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
-    normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb);
+    normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb, eo);
   });
 }
 

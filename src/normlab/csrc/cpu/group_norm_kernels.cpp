@@ -210,8 +210,8 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
         const int64_t k = lo_v / ns, hi_v = std::min(v1, (k + 1) * ns), cc = gi * cg + k;
         const S* xp = x + r * ncols + lo_v;
         S* yp = y + r * ncols + lo_v;
-        if (stream) affine_run<S, true, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p);
-        else affine_run<S, false, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p);
+        if (stream) affine_run<S, true, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p, true);
+        else affine_run<S, false, Act>(xp, yp, hi_v - lo_v, hi, lo, rs * w[cc], b[cc], p, true);
         lo_v = hi_v;
       }
     });
@@ -442,14 +442,15 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
             affine_channels<S, Act>(xr, yr, cg, shift[k], md[k], rs[k], wg, bg, p);
           } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
             for (int64_t j = 0; j < cg; ++j)
-              affine_run<S, false, act::kIdentity>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j]);
+              affine_run<S, false, act::kIdentity>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j],
+                                                   p, !fixed);
             act_row<S, Act>(yr, ncols, p);
           } else if (stream) {
             for (int64_t j = 0; j < cg; ++j)
-              affine_run<S, true, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p);
+              affine_run<S, true, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);
           } else {
             for (int64_t j = 0; j < cg; ++j)
-              affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p);
+              affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);
           }
         }
       });

@@ -178,6 +178,18 @@ template <bool NoNaN = false> inline void vstore_eo(bf16* p, vec<float> e, vec<f
   const detail::u32v w = (detail::bf16_high<NoNaN>(e) >> 16) | (detail::bf16_high<NoNaN>(o) & 0xFFFF0000u);
   std::memcpy(p, &w, sizeof w);
 }
+// y = f(x) over the first m values of a bfloat16 run of n, m the most that make whole pairs of
+// vectors (f elementwise, the same for every value); returns m.
+template <bool NoNaN = false, class F> inline int64_t eo_map(const bf16* x, bf16* y, int64_t n, const F& f) {
+  constexpr int64_t P = 2 * lanes<float>;
+  int64_t j = 0;
+  for (; j + P <= n; j += P) {
+    vec<float> e, o;
+    vload_eo(x + j, e, o);
+    vstore_eo<NoNaN>(y + j, f(e), f(o));
+  }
+  return j;
+}
 // out = v (n values, n a multiple of 2 * lanes<T>) in the order vload_eo reads a pair of vectors:
 // per block of 2 * lanes<T>, the even-indexed values, then the odd ones.
 template <class T> inline void eo_order(const T* v, int64_t n, T* out) {
