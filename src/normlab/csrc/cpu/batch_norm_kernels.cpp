@@ -507,19 +507,17 @@ template <class A> const A* tiled(const A* v, int64_t n_ch, int64_t width, A* e)
   return e;
 }
 
-// The bfloat16 output in pairs of vectors, even and odd values apart (vec.h vload_eo / vstore_eo):
-// no_nan -- the store's NaN test may be left out: the statistics are x's own (train; x is finite
-// where its channel's mean is) and every constant is finite with a != 0, so y at worst overflows to
-// an infinity. (Running statistics say nothing of x: a NaN of x would keep its own bits, where
-// torch stores 0x7FC0.) Channels-last: the per-column constants of columns [0, n) in eo_order.
+// The bfloat16 output in pairs of vectors, even and odd values apart (vec.h vload_eo / vstore_eo).
+// no_nan: the statistics are x's own (training), so the store's NaN test may be left out where
+// the constants are nan_free_affine (vec.h) -- per channel on planes and NCHW rows; for
+// channels-last rows set only when every channel's are. (Running statistics say nothing of x: a
+// NaN of x would keep its own bits, where torch stores 0x7FC0.) Channels-last: the per-column
+// constants of columns [0, n) in eo_order.
 template <class A> struct EoOut {
   bool no_nan = false;
   const A *hi = nullptr, *a = nullptr, *b2 = nullptr;
   int64_t n = 0;
 };
-template <class A> inline bool finite_affine(A h, A f, A bc) {
-  return std::isfinite(h) && std::isfinite(f) && f != A(0) && std::isfinite(bc);
-}
 
 // y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel).
 template <class S>
@@ -529,7 +527,7 @@ inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f,
   auto fn = [&](vec<A> v) { return (v - vh) * vf + vb; };
   int64_t t0 = 0;
   if constexpr (std::is_same_v<S, bf16>)
-    t0 = no_nan && finite_affine(h, f, bc) ? eo_map<true>(x, y, len, fn) : eo_map<false>(x, y, len, fn);
+    t0 = no_nan && nan_free_affine(f, h, bc) ? eo_map<true>(x, y, len, fn) : eo_map<false>(x, y, len, fn);
   columns_part<S>(len, [&](int64_t t) { vstore(y + t, fn(vload(x + t))); },
                   [&](int64_t t, int64_t k) { vstore_n(y + t, fn(vload_n(x + t, k)), k); }, t0);
 }
@@ -796,7 +794,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (n2 > 0) {
     eo_order(ph, n2, eh.get()), eo_order(pa, n2, ea.get()), eo_order(pb, n2, eb.get());
     eo.hi = eh.get(), eo.a = ea.get(), eo.b2 = eb.get(), eo.n = n2;
-    for (int64_t c = 0; eo.no_nan && c < n_ch; ++c) eo.no_nan = finite_affine(k.hi[c], k.a[c], k.b2[c]);
+    for (int64_t c = 0; eo.no_nan && c < n_ch; ++c) eo.no_nan = nan_free_affine(k.a[c], k.hi[c], k.b2[c]);
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);

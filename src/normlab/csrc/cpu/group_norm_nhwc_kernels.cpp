@@ -458,9 +458,8 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
   }
   // bfloat16: channels in pairs of vectors, their even and odd values apart (vload_eo / vstore_eo:
   // no widening or packing shuffles), the per-channel vectors put in that order once a call (e*).
-  // Where no output can be NaN, the store's NaN test is left out: no activation, every ch, a, bb
-  // finite and a != 0 -- x is then finite too (a group's mean is not where one of its values is
-  // not), and (x - ch) * a + bb at worst overflows to an infinity. About a third fewer
+  // Where no output can be NaN, the store's NaN test is left out: no activation and every
+  // channel's constants nan_free_affine (vec.h; ch is x's own group mean). About a third fewer
   // instructions a vector of output.
   constexpr bool kPairs = std::is_same_v<S, bf16>;
   const int64_t ce2 = kPairs ? ce - ce % (2 * L) : 0;
@@ -471,8 +470,7 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
     eo_order(chv, ce2, ech), eo_order(av, ce2, ea), eo_order(bv, ce2, eb);
     if constexpr (Act == act::kIdentity) {
       no_nan = true;
-      for (int64_t j = 0; j < c; ++j)
-        no_nan &= std::isfinite(ch[j]) && std::isfinite(a[j]) && a[j] != A(0) && std::isfinite(bb[j]);
+      for (int64_t j = 0; j < c; ++j) no_nan &= nan_free_affine(a[j], ch[j], bb[j]);
     }
   }
   // K (virtual) rows from xr to yr, channel by channel: a channel's ch, a, bb loaded once for the

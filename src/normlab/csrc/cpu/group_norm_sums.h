@@ -123,9 +123,9 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
 // lane, the same bits), those after them plainly as the tail of the unstreamed loop.
 // bfloat16 goes two vectors at a time, even and odd values apart (vec.h vload_eo / vstore_eo), and
 // leaves the store's NaN test out where no output can be NaN: stats_of_x (shift + md is the mean
-// of a group holding the run's values, so x is finite where it is finite), no activation, shift,
-// md, a, bc finite and a != 0 -- the affine then at worst overflows to an infinity. (Running
-// statistics say nothing of x: a NaN of x would keep its own bits, where torch stores 0x7FC0.)
+// of a group holding the run's values), no activation, the constants nan_free_affine (vec.h).
+// (Running statistics say nothing of x: a NaN of x would keep its own bits, where torch stores
+// 0x7FC0.)
 template <class S, bool Stream = false, int Act = act::kIdentity>
 inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md, acc_t<S> a, acc_t<S> bc,
                        acc_t<S> p = acc_t<S>(0), bool stats_of_x = false) {
@@ -136,8 +136,7 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
   auto part = [&](int64_t j, int64_t m) { vstore_n(y + j, f(vload_n(x + j, m)), m); };
   int64_t j = 0;
   if constexpr (std::is_same_v<S, bf16>) {
-    const bool no_nan = stats_of_x && Act == act::kIdentity && std::isfinite(shift) && std::isfinite(md) &&
-                        std::isfinite(a) && a != A(0) && std::isfinite(bc);
+    const bool no_nan = stats_of_x && Act == act::kIdentity && nan_free_affine(a, shift, md, bc);
     auto pairs = [&]<bool NoNaN>() {  // (whole lines are whole pairs: 64 bytes is 2, 1 or 4 pairs)
       if constexpr (Stream) {
         const auto [k, e] = whole_lines(y, n);

@@ -8,6 +8,7 @@
 // a kernel gives the same bits whatever the thread count.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -177,6 +178,13 @@ template <bool NoNaN> inline u32v bf16_high(vec<float> v) {
 template <bool NoNaN = false> inline void vstore_eo(bf16* p, vec<float> e, vec<float> o) {
   const detail::u32v w = (detail::bf16_high<NoNaN>(e) >> 16) | (detail::bf16_high<NoNaN>(o) & 0xFFFF0000u);
   std::memcpy(p, &w, sizeof w);
+}
+// Whether y = (x - m) * a + b (or with more constants added) can be NaN only where x is NaN or
+// infinite: the scale a not zero and every constant finite -- y then at worst overflows to an
+// infinity. An output pass whose constants come from x's own statistics (a mean is finite only
+// where every value it holds is) may then leave vstore_eo's NaN test out.
+template <class A, class... C> inline bool nan_free_affine(A a, C... c) {
+  return a != A(0) && std::isfinite(a) && (std::isfinite(c) && ...);
 }
 // y = f(x) over the first m values of a bfloat16 run of n, m the most that make whole pairs of
 // vectors (f elementwise, the same for every value); returns m.
