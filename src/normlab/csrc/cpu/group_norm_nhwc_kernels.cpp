@@ -532,6 +532,41 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
   if constexpr (Stream) fence_streams();
 }
 
+// A streamed y whose rows are not whole cache lines (C values not a multiple of a line's): rows
+// [r0, r1) as one run of values, y's whole lines streamed vector by vector (whole_lines), each
+// vector's per-channel vectors read at its first value's channel j from copies extended by a
+// vector (e[i] = v[i mod C], i < C + lanes), the values before the first whole line and after the
+// last stored plainly -- no line written partly streamed and partly plain. The same arithmetic a
+// value as affine_rows (the same bits). (Row by row, such rows streamed only their aligned
+// vectors and left y plain: float16 GroupNorm(1, 485) 39x485x17x39 channels-last forward 0.77x
+// torch, one thread, AVX2.)
+template <class S, int Act>
+void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_t<S>* ch, const acc_t<S>* a,
+                 const acc_t<S>* bb, acc_t<S> p) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t ce = c + L;
+  std::vector<A> ebuf(3 * ce);
+  A *em = ebuf.data(), *ea = em + ce, *eb = ea + ce;
+  for (int64_t i = 0; i < ce; ++i) em[i] = ch[i % c], ea[i] = a[i % c], eb[i] = bb[i % c];
+  const int64_t n = (r1 - r0) * c;  // the run starts at a row: value o is channel o % C
+  const S* xf = x + r0 * c;
+  S* yf = y + r0 * c;
+  const Span sp = whole_lines(yf, n);
+  auto one = [&](int64_t o) {
+    const int64_t j = o % c;
+    yf[o] = out_act1<S, Act>((to_acc(xf[o]) - ch[j]) * a[j] + bb[j], p);
+  };
+  for (int64_t o = 0; o < sp.k; ++o) one(o);
+  int64_t j = sp.k % c;
+  for (int64_t o = sp.k; o < sp.e; o += L) {
+    vstream(yf + o, out_act<S, Act>((vload(xf + o) - vload(em + j)) * vload(ea + j) + vload(eb + j), p));
+    for (j += L; j >= c;) j -= c;
+  }
+  for (int64_t o = sp.e; o < n; ++o) one(o);
+  fence_streams();
+}
+
 }  // namespace
 
 int64_t nhwc_samples_per_chunk(int64_t n, int64_t ns, int64_t c) {
@@ -587,15 +622,21 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
     }
   };
   // the output pass streams y past the caches when x and y together take more than half the last
-  // level (a cache shared with the other cores): the cache then keeps x for the output pass --
-  // and when a position's C values are whole cache lines. Otherwise rows start mid-line: vstream
-  // sends aligned vectors around the cache and stores the others plainly, a line gets both, and
-  // is written to memory in pieces (float16 GroupNorm(1, 161) 27x161x2x42x42 channels-last, one
-  // thread, AVX2: 10.7 ms streamed, 0.81x torch, the plain stores 58 % of the pass's samples)
-  const bool stream = streams_output(2 * n * ns * c * int64_t(sizeof(S))) && (c * int64_t(sizeof(S))) % 64 == 0;
+  // level (a cache shared with the other cores): the cache then keeps x for the output pass. Row
+  // by row (affine_rows) where a position's C values are whole cache lines; otherwise rows start
+  // mid-line, and streaming them row by row sent aligned vectors around the cache and stored the
+  // others plainly, a line got both and was written to memory in pieces (float16 GroupNorm(1,
+  // 161) 27x161x2x42x42 channels-last, one thread, AVX2: 10.7 ms, 0.81x torch), so those rows
+  // go as one run of values in whole lines (affine_flat) -- but bfloat16, whose rows take their
+  // vectors in pairs (fewer instructions than streaming saves: GroupNorm(7, 161) 27x161x84x42
+  // 1.62x torch by rows, 1.37x flat)
+  const bool big = streams_output(2 * n * ns * c * int64_t(sizeof(S)));
+  const bool stream = big && (c * int64_t(sizeof(S))) % 64 == 0;
+  const bool flat = big && !stream && !std::is_same_v<S, bf16>;
   auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
     act::visit(act_id, [&]<int Act>() {
       if (stream) affine_rows<S, true, Act>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb, p);
+      else if (flat) affine_flat<S, Act>(xi, yi, r0, r1, c, ch, ac, bb, p);
       else affine_rows<S, false, Act>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb, p);
     });
   };
