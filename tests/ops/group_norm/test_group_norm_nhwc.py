@@ -133,18 +133,19 @@ def test_large_output_streamed_within_2x_rounding_of_float64(shape, dtype, mean)
 
 
 @pytest.mark.parametrize("act", [None, "silu"], ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_streamed_rows_off_whole_lines_same_bits_as_a_sample_alone(dtype, act):
     """161 channels (7 groups): a position's values are not whole cache lines. x and y of 4 samples
-    (42 MB in float16, 47 in float32) pass half a last-level cache of up to 64 MB, so y is written
+    (42 MB in half precision, 47 in float32) pass half a last-level cache of up to 64 MB, so y is written
     around the caches as one run of whole lines (affine_flat) -- on 1 thread and on 2 (chunks of
     the samples on each) -- where one sample alone (10.5 / 11.9 MB) is written row by row from the
     caches on a 32 MB one. Each sample's statistics depend on that sample alone, so its y is
-    the same bits either way; and within 2x the rounding of float64 (float32: 8x). With the
-    activation of GroupNormAct too (silu inside the output pass)."""
+    the same bits either way (bfloat16: pairs of vectors at every channel offset, even and odd); and
+    within 2x the rounding of float64 (float32: 8x). With the activation of GroupNormAct too (silu
+    inside the output pass)."""
     import normlab
 
-    shape, groups = (4, 161, 128, 128) if dtype == torch.float16 else (4, 161, 96, 96), 7
+    shape, groups = (4, 161, 128, 128) if dtype in HALF else (4, 161, 96, 96), 7
     x, w, b, _ = _inputs(shape, dtype, 0.5, seed=5)
     if act is None:
         fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731

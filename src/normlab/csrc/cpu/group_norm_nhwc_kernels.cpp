@@ -534,19 +534,22 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
 
 // A streamed y whose rows are not whole cache lines (C values not a multiple of a line's): rows
 // [r0, r1) as one run of values, y's whole lines streamed vector by vector (whole_lines), each
-// vector's per-channel vectors read at its first value's channel j from copies extended by a
-// vector (e[i] = v[i mod C], i < C + lanes), the values before the first whole line and after the
-// last stored plainly -- no line written partly streamed and partly plain. The same arithmetic a
-// value as affine_rows (the same bits). (Row by row, such rows streamed only their aligned
-// vectors and left y plain: float16 GroupNorm(1, 485) 39x485x17x39 channels-last forward 0.77x
-// torch, one thread, AVX2.)
+// vector's per-channel vectors read at its first value's channel j from copies extended past C
+// (e[i] = v[i mod C]), the values before the first whole line and after the last stored plainly --
+// no line written partly streamed and partly plain. The same arithmetic a value as affine_rows (the
+// same bits). bfloat16 in pairs of vectors as there (vload_eo / vstream_eo): the even-indexed
+// values of a pair at channel j = 2t are channels 2(t + k), of e's even entries (h0[t + k], h0[i] =
+// e[2i]), the odd ones e's odd entries (h1[t + k]); at j = 2t + 1, h1[t + k] and h0[t + 1 + k].
+// (Row by row, such rows streamed only their aligned vectors and left y plain: float16
+// GroupNorm(1, 485) 39x485x17x39 channels-last forward 0.79x torch, one thread, AVX2.)
 template <class S, int Act>
 void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_t<S>* ch, const acc_t<S>* a,
                  const acc_t<S>* bb, acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  const int64_t ce = c + L;
-  std::vector<A> ebuf(3 * ce);
+  constexpr bool kPairs = std::is_same_v<S, bf16>;
+  const int64_t ce = c + 2 * L + 2;  // (even: the pairs' halves read up to 2 past j + 2L)
+  std::vector<A> ebuf(6 * ce);
   A *em = ebuf.data(), *ea = em + ce, *eb = ea + ce;
   for (int64_t i = 0; i < ce; ++i) em[i] = ch[i % c], ea[i] = a[i % c], eb[i] = bb[i % c];
   const int64_t n = (r1 - r0) * c;  // the run starts at a row: value o is channel o % C
@@ -559,9 +562,32 @@ void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_
   };
   for (int64_t o = 0; o < sp.k; ++o) one(o);
   int64_t j = sp.k % c;
-  for (int64_t o = sp.k; o < sp.e; o += L) {
-    vstream(yf + o, out_act<S, Act>((vload(xf + o) - vload(em + j)) * vload(ea + j) + vload(eb + j), p));
-    for (j += L; j >= c;) j -= c;
+  if constexpr (kPairs) {  // (a line is a whole number of pairs at every level)
+    const int64_t he = ce / 2;
+    A* h = em + 3 * ce;  // h0, h1 of em, ea, eb: (6, he)
+    for (int64_t q = 0; q < 3; ++q)
+      for (int64_t i = 0; i < he; ++i) h[2 * q * he + i] = em[q * ce + 2 * i], h[(2 * q + 1) * he + i] = em[q * ce + 2 * i + 1];
+    bool no_nan = Act == act::kIdentity;  // as in affine_rows
+    for (int64_t k = 0; no_nan && k < c; ++k) no_nan = nan_free_affine(a[k], ch[k], bb[k]);
+    auto pairs = [&]<bool NoNaN>() {
+      for (int64_t o = sp.k; o < sp.e; o += 2 * L) {
+        const int64_t t = j >> 1, odd = j & 1;
+        const int64_t ie = odd * he + t, io = (1 - odd) * he + t + odd;  // into h0 / h1 of each
+        vec<A> ve, vo;
+        vload_eo(xf + o, ve, vo);
+        ve = out_act<S, Act>((ve - vload(h + ie)) * vload(h + 2 * he + ie) + vload(h + 4 * he + ie), p);
+        vo = out_act<S, Act>((vo - vload(h + io)) * vload(h + 2 * he + io) + vload(h + 4 * he + io), p);
+        vstream_eo<NoNaN>(yf + o, ve, vo);
+        for (j += 2 * L; j >= c;) j -= c;
+      }
+    };
+    if (no_nan) pairs.template operator()<true>();
+    else pairs.template operator()<false>();
+  } else {
+    for (int64_t o = sp.k; o < sp.e; o += L) {
+      vstream(yf + o, out_act<S, Act>((vload(xf + o) - vload(em + j)) * vload(ea + j) + vload(eb + j), p));
+      for (j += L; j >= c;) j -= c;
+    }
   }
   for (int64_t o = sp.e; o < n; ++o) one(o);
   fence_streams();
@@ -627,12 +653,9 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // mid-line, and streaming them row by row sent aligned vectors around the cache and stored the
   // others plainly, a line got both and was written to memory in pieces (float16 GroupNorm(1,
   // 161) 27x161x2x42x42 channels-last, one thread, AVX2: 10.7 ms, 0.81x torch), so those rows
-  // go as one run of values in whole lines (affine_flat) -- but bfloat16, whose rows take their
-  // vectors in pairs (fewer instructions than streaming saves: GroupNorm(7, 161) 27x161x84x42
-  // 1.62x torch by rows, 1.37x flat)
+  // go as one run of values in whole lines (affine_flat)
   const bool big = streams_output(2 * n * ns * c * int64_t(sizeof(S)));
-  const bool stream = big && (c * int64_t(sizeof(S))) % 64 == 0;
-  const bool flat = big && !stream && !std::is_same_v<S, bf16>;
+  const bool stream = big && (c * int64_t(sizeof(S))) % 64 == 0, flat = big && !stream;
   auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
     act::visit(act_id, [&]<int Act>() {
       if (stream) affine_rows<S, true, Act>(xi, yi, r0, r1, bk.tile, c, ch, ac, bb, p);
