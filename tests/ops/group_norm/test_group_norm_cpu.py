@@ -644,11 +644,12 @@ def test_backend_registry():
             normlab.backend_for(x.to("meta"), "group_norm")
 
 
-# Channels-last inputs of 16 channels or more reach the kernels through a blocked transpose to
-# NCHW (InstanceNorm's x; GroupNorm's dy when x is contiguous): whole blocks of 64 positions x 16
-# channels by register tiles (8x8 of 16-bit values, 4x4 of 32-bit ones), the edges element by
-# element, 64-bit values element by element. Oracle: the same call on torch's own contiguous
-# copy -- the transpose moves values, so the bits must be equal.
+# Channels-last tensors of 16 channels or more are made contiguous by a blocked transpose (the
+# output of InstanceNorm of a channels_last x; its x with running statistics; GroupNorm's dy when
+# x is contiguous): whole blocks of 64 positions x 16 channels by register tiles (8x8 of 16-bit
+# values, 4x4 of 32-bit ones), the edges element by element, 64-bit values element by element.
+# Oracle: the same values made contiguous by torch's own copy -- the transpose moves values, so
+# the bits must be equal.
 TRANSPOSE_SHAPES = [
     (1, 16, 8, 8),      # one whole block
     (2, 40, 9, 13),     # 117 positions: a whole block and an edge; channels 16 + 16 + 8
@@ -660,22 +661,71 @@ TRANSPOSE_SHAPES = [
 @pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_channels_last_instance_norm_through_the_transpose_is_bit_exact(shape, dtype):
+    """With its input's statistics, InstanceNorm of a channels_last x is GroupNorm(C, C) of x as it
+    is, made contiguous: the same bits as ``group_norm(x, C).contiguous()`` (torch's copy), forward
+    and backward. With running statistics, x is made contiguous first: the same bits as from
+    ``x.contiguous()``."""
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
     dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     c = shape[1]
     w = torch.rand(c, generator=g, dtype=torch.float64).add(0.5).to(dtype)
     b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
+    xc = x.contiguous(memory_format=CL[len(shape)])
     outs = []
     with normlab.use_backend("cpu"):
-        for t in (x.contiguous(memory_format=CL[len(shape)]), x.contiguous()):
-            xl, wl, bl = leaf(t), leaf(w), leaf(b)
-            y = NF.instance_norm(xl, weight=wl, bias=bl, eps=1e-5)
+        for fn in (lambda t, w, b: NF.instance_norm(t, weight=w, bias=b, eps=1e-5),
+                   lambda t, w, b: NF.group_norm(t, c, w, b, eps=1e-5).contiguous()):
+            xl, wl, bl = leaf(xc), leaf(w), leaf(b)
+            y = fn(xl, wl, bl)
             y.backward(dy)
-            outs.append((y, xl.grad.contiguous(), wl.grad, bl.grad))
+            outs.append((y, xl.grad, wl.grad, bl.grad))
     assert outs[0][0].is_contiguous()  # torch's instance_norm output is contiguous, whatever x's layout
     for got, want, name in zip(outs[0], outs[1], ("y", "dx", "dweight", "dbias")):
         assert torch.equal(got, want), f"{name} {shape} {dtype}"
+    rm, rv = torch.randn(c, generator=g).to(dtype), torch.rand(c, generator=g).add(0.5).to(dtype)
+    with normlab.use_backend("cpu"), torch.no_grad():
+        ys = [NF.instance_norm(t, rm, rv, w, b, use_input_stats=False) for t in (xc, x.contiguous())]
+    assert torch.equal(ys[0], ys[1]), f"y with running statistics {shape} {dtype}"
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES + [(1, 4, 5, 21, 21), (3, 3, 17, 19)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_channels_last_instance_norm_in_the_input_layout(shape, dtype):
+    """InstanceNorm of a channels_last x (with its statistics) runs on x and a channels_last dy as
+    they are (the channels-last kernels; y then made contiguous) and gives dx in x's layout, as
+    torch.nn does; y, dx, dweight, dbias against torch's float64 InstanceNorm on the same rounded
+    inputs: within 2x the rounding error (half precision), 8x / 16x (float32: y, dx / the sums
+    dweight, dbias), 1e-12 (float64)."""
+    from tests.oracle import rounding_err
+    from tests.ops.group_norm.test_group_norm_nhwc import _expected_rounding
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    c = shape[1]
+    w = torch.rand(c, generator=g, dtype=torch.float64).add(0.5).to(dtype)
+    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
+    fmt = CL[len(shape)]
+    xl, wl, bl = leaf(x.contiguous(memory_format=fmt)), leaf(w), leaf(b)
+    with normlab.use_backend("cpu"):
+        y = NF.instance_norm(xl, weight=wl, bias=bl, eps=1e-5)
+        y.backward(dy.contiguous(memory_format=fmt))
+    assert xl.grad.is_contiguous(memory_format=fmt)
+    x64, w64, b64 = leaf(x.double()), leaf(w.double()), leaf(b.double())
+    y64 = TF.instance_norm(x64, weight=w64, bias=b64, eps=1e-5)
+    y64.backward(dy.double())
+    assert y.is_contiguous()
+    for name, got, ref in (("y", y, y64), ("dx", xl.grad, x64.grad), ("dweight", wl.grad, w64.grad),
+                           ("dbias", bl.grad, b64.grad)):
+        what = f"{name} {shape} {dtype}"
+        if dtype == torch.float64:
+            assert rel_err(got, ref) < 1e-12, what
+        elif dtype in HALF:
+            assert_within_rounding(got, ref, 2.0, what, dtype)
+        else:
+            bound = (8.0 if name in ("y", "dx") else 16.0) * max(rounding_err(ref, dtype), _expected_rounding(ref, dtype))
+            assert rel_err(got, ref) <= bound, (what, rel_err(got, ref), bound)
 
 
 @pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)

@@ -208,6 +208,13 @@ def group_norm(path, x, num_groups, w, b, eps):
     return in_memory_format(y.reshape(x.shape), fmt)  # a view (NHWC stays channels_last)
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a channels_last (4-D) or channels_last_3d (5-D) tensor that is not also
+    contiguous."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt)
+
+
 def instance_norm(path, x, running_mean, running_var, w, b, use_input_stats, momentum, eps):
     """InstanceNorm of an ``(N, C, *spatial)`` ``x`` on ``path`` (``REF``, and what every path
     computes: ``reference.ref_instance_norm``; the others: the C++ ops). An empty input takes the
@@ -218,6 +225,13 @@ def instance_norm(path, x, running_mean, running_var, w, b, use_input_stats, mom
         return _C.instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
     n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
     if path == COMPILE:
+        if use_input_stats and _channels_last(x):  # as the eager entry (autograd/group_norm.cpp):
+            # normalised as it is (the channels-last kernels), the output made contiguous after
+            if running_mean is None:
+                return _ops.group_norm(x, w, b, c, eps).contiguous()
+            y, mean, var, _ = _ops.group_norm_fwd(x, w, b, c, eps)
+            _ops.instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
+            return y.contiguous()
         x = x.contiguous()  # torch's instance_norm output is contiguous
         if use_input_stats:
             if running_mean is None:
