@@ -658,6 +658,15 @@ TRANSPOSE_SHAPES = [
 ]
 
 
+def _instance_inputs(shape, dtype, g):
+    """x (mean 0.5, std 2), dy, weight (0.5 to 1.5), bias: drawn in float64 from g, rounded to dtype."""
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    w = torch.rand(shape[1], generator=g, dtype=torch.float64).add(0.5).to(dtype)
+    b = torch.randn(shape[1], generator=g, dtype=torch.float64).to(dtype)
+    return x, dy, w, b
+
+
 @pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_channels_last_instance_norm_through_the_transpose_is_bit_exact(shape, dtype):
@@ -666,11 +675,8 @@ def test_channels_last_instance_norm_through_the_transpose_is_bit_exact(shape, d
     and backward. With running statistics, x is made contiguous first: the same bits as from
     ``x.contiguous()``."""
     g = torch.Generator().manual_seed(7)
-    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
-    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    x, dy, w, b = _instance_inputs(shape, dtype, g)
     c = shape[1]
-    w = torch.rand(c, generator=g, dtype=torch.float64).add(0.5).to(dtype)
-    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
     xc = x.contiguous(memory_format=CL[len(shape)])
     outs = []
     with normlab.use_backend("cpu"):
@@ -701,11 +707,8 @@ def test_channels_last_instance_norm_in_the_input_layout(shape, dtype):
     from tests.ops.group_norm.test_group_norm_nhwc import _expected_rounding
 
     g = torch.Generator().manual_seed(7)
-    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
-    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    x, dy, w, b = _instance_inputs(shape, dtype, g)
     c = shape[1]
-    w = torch.rand(c, generator=g, dtype=torch.float64).add(0.5).to(dtype)
-    b = torch.randn(c, generator=g, dtype=torch.float64).to(dtype)
     fmt = CL[len(shape)]
     xl, wl, bl = leaf(x.contiguous(memory_format=fmt)), leaf(w), leaf(b)
     with normlab.use_backend("cpu"):
