@@ -177,7 +177,8 @@ def write_png(rows: Sequence[Mapping], path: str) -> list[str]:
     fig.legend(handles=[dot("o", _COLORS[f], f) for f in fams] + [dot(_MARKERS[m], "gray", m) for m in modes],
                fontsize=7, loc="outside right upper")
     g = geomeans(ok)[("all", "all", "all")][0]
-    fig.suptitle(f"normlab bench --suite sweep: {len(ok)} cells, geometric mean {g:.2f}x torch.nn")
+    # two lines, so that the title fits a single panel's width (one line was cut at both ends)
+    fig.suptitle(f"normlab bench --suite sweep\n{len(ok)} cells, geometric mean {g:.2f}x torch.nn", fontsize=10)
     tmp = f"{path}.tmp{os.getpid()}.png"
     fig.savefig(tmp, dpi=90)
     os.replace(tmp, path)
