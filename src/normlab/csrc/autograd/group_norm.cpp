@@ -212,20 +212,19 @@ Tensor instance_norm_entry(const Tensor& x_in, const OptTensor& rm, const OptTen
   // contiguous first, which left the backward a transposed dy to read and a dx for autograd to
   // copy back into x's layout (InstanceNorm3d(4) on a channels_last 1x4x5x211x211 float16 input,
   // forward+backward: 0.85x torch.nn at 2 threads). op.py's compiled path does the same.
-  if (use_input_stats && channels_last(x_in)) {
-    const int64_t c = x_in.size(1);
-    if (!running) return contiguous_input(group_norm_ad(x_in, w, b, c, eps));
-    auto [y, mean, var, rstd] = group_norm_fwd_ad(x_in, w, b, c, eps);
-    instance_norm_update_stats_ad(*rm, *rv, mean, var, momentum, x_in.numel() / (x_in.size(0) * c));
-    return contiguous_input(y);
-  }
-  const Tensor x = contiguous_input(x_in);
+  const bool own_layout = use_input_stats && channels_last(x_in);
+  const Tensor x = own_layout ? x_in : contiguous_input(x_in);
   const int64_t n = x.size(0), c = x.size(1);
   if (use_input_stats) {
-    if (!running) return group_norm_ad(x, w, b, c, eps);
-    auto [y, mean, var, rstd] = group_norm_fwd_ad(x, w, b, c, eps);
-    if (x.numel() > 0) instance_norm_update_stats_ad(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
-    return y;
+    Tensor y;
+    if (!running) {
+      y = group_norm_ad(x, w, b, c, eps);
+    } else {
+      Tensor mean, var;
+      std::tie(y, mean, var, std::ignore) = group_norm_fwd_ad(x, w, b, c, eps);
+      if (x.numel() > 0) instance_norm_update_stats_ad(*rm, *rv, mean, var, momentum, x.numel() / (n * c));
+    }
+    return own_layout ? contiguous_input(y) : y;
   }
   TORCH_CHECK(running, "instance_norm: expected running_mean and running_var when use_input_stats=False, got None");
   const at::ScalarType acc = acc_dtype(x.scalar_type());

@@ -437,6 +437,16 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   }
 }
 
+// Whether no output of the pass y = act((x - ch) * a + bb) over C channels can be NaN, so that a
+// bfloat16 store may leave its NaN test out: no activation and every channel's constants
+// nan_free_affine (vec.h; ch is x's own group mean).
+template <int Act, class A> inline bool outputs_nan_free(const A* ch, const A* a, const A* bb, int64_t c) {
+  if constexpr (Act != act::kIdentity) return false;
+  for (int64_t j = 0; j < c; ++j)
+    if (!nan_free_affine(a[j], ch[j], bb[j])) return false;
+  return true;
+}
+
 // Stream: y written around the caches (vstream), so that they keep x for this pass. Act: the
 // activation applied to each output value (group_norm_sums.h, out_act).
 template <class S, bool Stream, int Act>
@@ -458,9 +468,8 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
   }
   // bfloat16: channels in pairs of vectors, their even and odd values apart (vload_eo / vstore_eo:
   // no widening or packing shuffles), the per-channel vectors put in that order once a call (e*).
-  // Where no output can be NaN, the store's NaN test is left out: no activation and every
-  // channel's constants nan_free_affine (vec.h; ch is x's own group mean). About a third fewer
-  // instructions a vector of output.
+  // Where no output can be NaN (outputs_nan_free), the store's NaN test is left out. About a
+  // third fewer instructions a vector of output.
   constexpr bool kPairs = std::is_same_v<S, bf16>;
   const int64_t ce2 = kPairs ? ce - ce % (2 * L) : 0;
   std::vector<A> ebuf(3 * ce2);
@@ -468,10 +477,7 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
   bool no_nan = false;
   if constexpr (kPairs) {
     eo_order(chv, ce2, ech), eo_order(av, ce2, ea), eo_order(bv, ce2, eb);
-    if constexpr (Act == act::kIdentity) {
-      no_nan = true;
-      for (int64_t j = 0; j < c; ++j) no_nan &= nan_free_affine(a[j], ch[j], bb[j]);
-    }
+    no_nan = outputs_nan_free<Act>(ch, a, bb, c);
   }
   // K (virtual) rows from xr to yr, channel by channel: a channel's ch, a, bb loaded once for the
   // K rows (four loads a vector of output made the pass ~1.3x a plain scaling of x: the loads, not
@@ -549,7 +555,7 @@ void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_
   constexpr int64_t L = vlanes<S>;
   constexpr bool kPairs = std::is_same_v<S, bf16>;
   const int64_t ce = c + 2 * L + 2;  // (even: the pairs' halves read up to 2 past j + 2L)
-  std::vector<A> ebuf(6 * ce);
+  std::vector<A> ebuf((kPairs ? 6 : 3) * ce);  // em, ea, eb; bfloat16: their halves h after them
   A *em = ebuf.data(), *ea = em + ce, *eb = ea + ce;
   for (int64_t i = 0; i < ce; ++i) em[i] = ch[i % c], ea[i] = a[i % c], eb[i] = bb[i % c];
   const int64_t n = (r1 - r0) * c;  // the run starts at a row: value o is channel o % C
@@ -567,8 +573,7 @@ void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_
     A* h = em + 3 * ce;  // h0, h1 of em, ea, eb: (6, he)
     for (int64_t q = 0; q < 3; ++q)
       for (int64_t i = 0; i < he; ++i) h[2 * q * he + i] = em[q * ce + 2 * i], h[(2 * q + 1) * he + i] = em[q * ce + 2 * i + 1];
-    bool no_nan = Act == act::kIdentity;  // as in affine_rows
-    for (int64_t k = 0; no_nan && k < c; ++k) no_nan = nan_free_affine(a[k], ch[k], bb[k]);
+    const bool no_nan = outputs_nan_free<Act>(ch, a, bb, c);
     auto pairs = [&]<bool NoNaN>() {
       for (int64_t o = sp.k; o < sp.e; o += 2 * L) {
         const int64_t t = j >> 1, odd = j & 1;

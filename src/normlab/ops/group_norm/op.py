@@ -225,20 +225,17 @@ def instance_norm(path, x, running_mean, running_var, w, b, use_input_stats, mom
         return _C.instance_norm(x, running_mean, running_var, w, b, use_input_stats, momentum, eps)
     n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
     if path == COMPILE:
-        if use_input_stats and _channels_last(x):  # as the eager entry (autograd/group_norm.cpp):
-            # normalised as it is (the channels-last kernels), the output made contiguous after
+        # torch's instance_norm output is contiguous; as the eager entry (autograd/group_norm.cpp),
+        # a channels_last x with its own statistics is normalised as it is (the channels-last
+        # kernels) and the output made contiguous after, any other x made contiguous first
+        if not (use_input_stats and _channels_last(x)):
+            x = x.contiguous()
+        if use_input_stats:
             if running_mean is None:
                 return _ops.group_norm(x, w, b, c, eps).contiguous()
             y, mean, var, _ = _ops.group_norm_fwd(x, w, b, c, eps)
             _ops.instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
             return y.contiguous()
-        x = x.contiguous()  # torch's instance_norm output is contiguous
-        if use_input_stats:
-            if running_mean is None:
-                return _ops.group_norm(x, w, b, c, eps)
-            y, mean, var, _ = _ops.group_norm_fwd(x, w, b, c, eps)
-            _ops.instance_norm_update_stats(running_mean, running_var, mean, var, momentum, s)
-            return y
         with torch.no_grad():  # constants of the map; a copy, safe from later buffer updates
             acc = acc_dtype(x.dtype)
             mean = running_mean.to(acc, copy=True)  # (C,)
