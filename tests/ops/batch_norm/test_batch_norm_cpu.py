@@ -437,6 +437,37 @@ def test_eval_output_same_bits_as_a_slice(dtype, layout):
         assert_within_rounding(y, exact, 2.0, "y")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
+    """161 channels: a position's values are not whole cache lines. x and y of 4 samples (42 MB in
+    half precision, 47 in float32) pass half a last-level cache of up to 64 MB, so y is written
+    around the caches as one run of whole lines (stream.h, stream_affine_flat) -- on 1 thread and
+    on 2 -- where one sample alone (10.5 / 11.9 MB) is written row by row from the caches on a
+    32 MB one. In eval mode y is elementwise given the running statistics: each sample's y the same
+    bits either way (bfloat16: pairs of vectors at every channel offset, even and odd). In training
+    the batch's statistics (their chunks asked for ahead of pass 1) and the streamed y within 2x the
+    rounding of float64 (float32: 8x)."""
+    shape = (4, 161, 128, 128) if dtype in HALF else (4, 161, 96, 96)
+    x = _randn(shape, dtype, seed=81, scale=2.0, shift=0.5).contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = _params(161, dtype)
+    before = torch.get_num_threads()
+    try:
+        with torch.no_grad(), normlab.use_backend("cpu"):
+            alone = [NF.batch_norm(x[i:i + 1].contiguous(memory_format=torch.channels_last), rm, rv, w, b, False)
+                     for i in range(shape[0])]
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                y = NF.batch_norm(x, rm, rv, w, b, False)
+                assert y.is_contiguous(memory_format=torch.channels_last)
+                for i in range(shape[0]):
+                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
+            y = NF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
+    finally:
+        torch.set_num_threads(before)
+    exact = TF.batch_norm(x.double(), None, None, w.double(), b.double(), True)
+    assert_within_rounding(y, exact, 2.0 if dtype in HALF else 8.0, "y")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_gradient_sums_over_long_planes(dtype, training):

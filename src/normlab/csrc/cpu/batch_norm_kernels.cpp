@@ -4,9 +4,15 @@
 // Rows view, statistics of a chunk: columns in blocks of 8 vectors (pass 1) / 4 vectors (pass 2)
 // whose sums stay in registers down the chunk's rows; the last columns row by row, their tail a
 // masked vector. Every column's additions keep one order (four rows paired, then single rows).
-// The output pass does not stream y (numerics/stream.h): measured on channels-last bfloat16
-// eval forward, 4x128x166x152 (52 MB of x and y), streamed stores ran at 0.82-0.96x torch against
-// 1.00-1.21x with plain stores and the next row's lines asked for ahead (three rounds each).
+// Where x passes half the last-level cache, pass 1 of a chunk asks for the next chunk's lines as
+// it goes (Ahead): it walks the chunk one column block at a time, a stride the hardware
+// prefetcher does not follow from memory (float16 BatchNorm2d(485) 39x485x17x39 channels-last
+// training forward: 0.85-0.93x torch without, 1.18-1.24x with; bfloat16 0.83-0.98x -> 1.20-1.31x;
+// one thread). In cache it is left out (it cost up to 10 % there).
+// The output pass of rows of channels back to back (channels-last, (M, C)) streams y as one run
+// of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass half the last-level
+// cache: 2-4 % faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485)
+// float16 (an earlier row-by-row streaming, which left rows off whole lines plain, was slower).
 #include "cpu/batch_norm_kernels.h"
 
 #include <algorithm>
@@ -23,6 +29,7 @@
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
+#include "numerics/stream.h"
 #include "numerics/vec.h"
 
 namespace normlab::bn {
@@ -174,13 +181,39 @@ template <class S, class V, class P> inline void columns_part(int64_t n, const V
   if (u < n) part(u, n - u);
 }
 
+// The lines of the next chunk's rows (rows of row_bytes, ld_bytes apart), asked for a few at a
+// time over `ticks` calls (pass 1 of the current chunk: one call per four rows of each column
+// block). Pass 1 walks a chunk down its rows one column block at a time, a stride the hardware
+// prefetcher does not follow from memory; asked for ahead, the chunk is in cache when it comes.
+struct Ahead {
+  const char* p = nullptr;
+  int64_t ld_bytes = 0, row_bytes = 0, rows = 0, step = 0, r = 0, off = 0;
+  Ahead() = default;
+  Ahead(const void* next, int64_t ld_bytes_, int64_t row_bytes_, int64_t rows_, int64_t ticks)
+      : p(static_cast<const char*>(next)), ld_bytes(ld_bytes_), row_bytes(row_bytes_), rows(rows_) {
+    const int64_t lines = cdiv(rows * row_bytes, kCacheLineBytes);
+    step = ticks > 0 ? cdiv(lines, ticks) * kCacheLineBytes : rows * row_bytes;
+  }
+  void ask(int64_t bytes) {
+    while (bytes > 0 && r < rows) {
+      const int64_t m = std::min(bytes, row_bytes - off);
+      prefetch_read(p + r * ld_bytes + off, m);
+      off += m, bytes -= m;
+      if (off == row_bytes) off = 0, ++r;
+    }
+  }
+  void operator()() { ask(step); }
+  void rest() { ask(rows * row_bytes); }
+};
+
 // s1[u] += sum_i (x[i, u] - sh[u]) over rows r0..r1 of the block at x (row stride ld), four rows
 // at a time summed in pairs.  x: (R, ld) storage; sh, s1: (n,) accumulation dtype.
 // Columns in blocks of K vectors held in registers down all the rows (s1 read and written once a
 // block, not once every four rows); the remaining columns row by row. Each column's additions in
 // the same order either way.
-template <class S>
-void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* sh, acc_t<S>* s1) {
+template <class S, class Tick>
+void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, const acc_t<S>* sh, acc_t<S>* s1,
+                 Tick& tick) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>, K = 8;
   int64_t u0 = 0;
@@ -189,6 +222,7 @@ void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
     for (int64_t q = 0; q < K; ++q) { m[q] = vload(sh + u0 + q * L); s[q] = vload(s1 + u0 + q * L); }
     int64_t i = r0;
     for (; i + 4 <= r1; i += 4) {
+      tick();
       const S *xa = x + i * ld + u0, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
       for (int64_t q = 0; q < K; ++q)
         s[q] = s[q] + (((vload(xa + q * L) - m[q]) + (vload(xb + q * L) - m[q])) +
@@ -202,6 +236,7 @@ void acc_shifted(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
   x += u0; sh += u0; s1 += u0;
   int64_t i = r0;
   for (; i + 4 <= r1; i += 4) {
+    if (nr > 0) tick();
     const S *xa = x + i * ld, *xb = xa + ld, *xc = xb + ld, *xd = xc + ld;
     columns_part<S>(nr, [&](int64_t u) {
       vec<A> m = vload(sh + u);
@@ -291,10 +326,12 @@ void acc_centred(const S* x, int64_t ld, int64_t r0, int64_t r1, int64_t n, cons
 }
 
 // Per-column mean (tm) and M2 (tq), float64, of rows t0..t1 of the block at x (columns 0..n):
-// each chunk of `sub` rows by two passes, the chunks merged in order (Chan).
+// each chunk of `sub` rows by two passes, the chunks merged in order (Chan). far: x is read from
+// memory (more than half the last-level cache): the next chunk's lines asked for ahead.
 // x: (R, ld) storage, offset to the block's first column; tm, tq: (n,) float64 out.
 template <class S>
-void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub, double* tm, double* tq) {
+void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub, bool far, double* tm,
+                double* tq) {
   using A = acc_t<S>;
   std::vector<A> buf(3 * n);
   A *sh = buf.data(), *s1 = sh + n, *s2 = s1 + n;
@@ -304,7 +341,12 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
     const S* x0 = x + r0 * ld;
     columns_part<S>(n, [&](int64_t u) { vstore(sh + u, vload(x0 + u)); vstore(s1 + u, vzero<A>()); },
                     [&](int64_t u, int64_t k) { vstore_n(sh + u, vload_n(x0 + u, k), k); vstore_n(s1 + u, vzero<A>(), k); });
-    acc_shifted(x, ld, r0, r1, n, sh, s1);  // pass 1
+    // pass 1, asking for the next chunk's lines as it goes
+    const int64_t next = far ? std::max<int64_t>(0, std::min(sub, t1 - r1)) : 0, n_bl = n / (8 * vlanes<S>);
+    Ahead ahead(x + r1 * ld, ld * int64_t(sizeof(S)), n * int64_t(sizeof(S)), next,
+                (n_bl + (n % (8 * vlanes<S>) > 0 ? 1 : 0)) * (k / 4));
+    acc_shifted(x, ld, r0, r1, n, sh, s1, ahead);
+    ahead.rest();
     const A inv_k = acc_cast<A>(1.0 / double(k));
     for (int64_t u = 0; u < n; ++u) { sh[u] = sh[u] + s1[u] * inv_k; s1[u] = 0; s2[u] = 0; }  // m
     acc_centred(x, ld, r0, r1, n, sh, s1, s2);  // pass 2
@@ -736,6 +778,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   Affine<A> k(n_ch);
   const bool local = g.local && train;
   if (train) {
+    const bool far = streams_output(v.n_rows * v.width * int64_t(sizeof(S)));  // (x alone)
     Scratch<double> part(2 * n_rg * width);
     double* pmean = part.get();          // (G, W) per-task, per-column partial means
     double* pm2 = pmean + n_rg * width;  // (G, W) ... M2
@@ -743,7 +786,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
       const Span sp = span(task, 0, n_rows, width, rows, g.cw);
       double* tm = pmean + sp.g * width + sp.c0;
       double* tq = pm2 + sp.g * width + sp.c0;
-      task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, tm, tq);
+      task_stats(x + sp.c0, width, sp.r0, sp.r1, sp.n, g.sub, far, tm, tq);
       if (!local) return;
       // whole channels, every row: finish them here, then normalise while in cache
       const int64_t ch0 = sp.c0 / s_len;
@@ -782,6 +825,18 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
+  if (s_len == 1 && streams_output(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
+    // rows of channels back to back: y streamed as one run of values a task (stream.h)
+    bool no_nan = train;  // (as EoOut's)
+    for (int64_t c = 0; no_nan && c < n_ch; ++c) no_nan = nan_free_affine(k.a[c], k.hi[c], k.b2[c]);
+    const FlatConstants<S> fk(k.hi, k.a, k.b2, n_ch);
+    run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
+      const Span sp = span(task, 1, n_rows, width, rows, g.cw);
+      stream_affine_flat(x + sp.r0 * width, y + sp.r0 * width, (sp.r1 - sp.r0) * width, fk, no_nan,
+                         [](vec<A> z) { return z; }, [](A z) { return from_acc<S>(z); });
+    });
+    return;
+  }
   const bool tile = s_len == 1 && width != n_ch;
   Scratch<A> th(tile ? width : 0), ta(tile ? width : 0), tb(tile ? width : 0);
   const A *ph = k.hi, *pa = k.a, *pb = k.b2;

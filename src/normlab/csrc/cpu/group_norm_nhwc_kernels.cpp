@@ -539,63 +539,15 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
 }
 
 // A streamed y whose rows are not whole cache lines (C values not a multiple of a line's): rows
-// [r0, r1) as one run of values, y's whole lines streamed vector by vector (whole_lines), each
-// vector's per-channel vectors read at its first value's channel j from copies extended past C
-// (e[i] = v[i mod C]), the values before the first whole line and after the last stored plainly --
-// no line written partly streamed and partly plain. The same arithmetic a value as affine_rows (the
-// same bits). bfloat16 in pairs of vectors as there (vload_eo / vstream_eo): the even-indexed
-// values of a pair at channel j = 2t are channels 2(t + k), of e's even entries (h0[t + k], h0[i] =
-// e[2i]), the odd ones e's odd entries (h1[t + k]); at j = 2t + 1, h1[t + k] and h0[t + 1 + k].
+// [r0, r1) as one run of values (stream.h, stream_affine_flat): the same bits as affine_rows.
 // (Row by row, such rows streamed only their aligned vectors and left y plain: float16
 // GroupNorm(1, 485) 39x485x17x39 channels-last forward 0.79x torch, one thread, AVX2.)
 template <class S, int Act>
 void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_t<S>* ch, const acc_t<S>* a,
                  const acc_t<S>* bb, acc_t<S> p) {
-  using A = acc_t<S>;
-  constexpr int64_t L = vlanes<S>;
-  constexpr bool kPairs = std::is_same_v<S, bf16>;
-  const int64_t ce = c + 2 * L + 2;  // (even: the pairs' halves read up to 2 past j + 2L)
-  std::vector<A> ebuf((kPairs ? 6 : 3) * ce);  // em, ea, eb; bfloat16: their halves h after them
-  A *em = ebuf.data(), *ea = em + ce, *eb = ea + ce;
-  for (int64_t i = 0; i < ce; ++i) em[i] = ch[i % c], ea[i] = a[i % c], eb[i] = bb[i % c];
-  const int64_t n = (r1 - r0) * c;  // the run starts at a row: value o is channel o % C
-  const S* xf = x + r0 * c;
-  S* yf = y + r0 * c;
-  const Span sp = whole_lines(yf, n);
-  auto one = [&](int64_t o) {
-    const int64_t j = o % c;
-    yf[o] = out_act1<S, Act>((to_acc(xf[o]) - ch[j]) * a[j] + bb[j], p);
-  };
-  for (int64_t o = 0; o < sp.k; ++o) one(o);
-  int64_t j = sp.k % c;
-  if constexpr (kPairs) {  // (a line is a whole number of pairs at every level)
-    const int64_t he = ce / 2;
-    A* h = em + 3 * ce;  // h0, h1 of em, ea, eb: (6, he)
-    for (int64_t q = 0; q < 3; ++q)
-      for (int64_t i = 0; i < he; ++i) h[2 * q * he + i] = em[q * ce + 2 * i], h[(2 * q + 1) * he + i] = em[q * ce + 2 * i + 1];
-    const bool no_nan = outputs_nan_free<Act>(ch, a, bb, c);
-    auto pairs = [&]<bool NoNaN>() {
-      for (int64_t o = sp.k; o < sp.e; o += 2 * L) {
-        const int64_t t = j >> 1, odd = j & 1;
-        const int64_t ie = odd * he + t, io = (1 - odd) * he + t + odd;  // into h0 / h1 of each
-        vec<A> ve, vo;
-        vload_eo(xf + o, ve, vo);
-        ve = out_act<S, Act>((ve - vload(h + ie)) * vload(h + 2 * he + ie) + vload(h + 4 * he + ie), p);
-        vo = out_act<S, Act>((vo - vload(h + io)) * vload(h + 2 * he + io) + vload(h + 4 * he + io), p);
-        vstream_eo<NoNaN>(yf + o, ve, vo);
-        for (j += 2 * L; j >= c;) j -= c;
-      }
-    };
-    if (no_nan) pairs.template operator()<true>();
-    else pairs.template operator()<false>();
-  } else {
-    for (int64_t o = sp.k; o < sp.e; o += L) {
-      vstream(yf + o, out_act<S, Act>((vload(xf + o) - vload(em + j)) * vload(ea + j) + vload(eb + j), p));
-      for (j += L; j >= c;) j -= c;
-    }
-  }
-  for (int64_t o = sp.e; o < n; ++o) one(o);
-  fence_streams();
+  const FlatConstants<S> k(ch, a, bb, c);
+  stream_affine_flat(x + r0 * c, y + r0 * c, (r1 - r0) * c, k, outputs_nan_free<Act>(ch, a, bb, c),
+                     [&](vacc<S> z) { return out_act<S, Act>(z, p); }, [&](acc_t<S> z) { return out_act1<S, Act>(z, p); });
 }
 
 }  // namespace

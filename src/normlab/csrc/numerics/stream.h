@@ -13,6 +13,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -108,6 +110,86 @@ template <class S> inline Span whole_lines(const S* p, int64_t n) {
   const int64_t off = int64_t(reinterpret_cast<uintptr_t>(p) % 64) / int64_t(sizeof(S));
   const int64_t k = off == 0 ? 0 : (line - off < n ? line - off : n);
   return {k, k + (n - k) / line * line};
+}
+
+// A streamed output whose rows are not whole cache lines: y = out((x - h[j]) * a[j] + b[j]) over
+// a run of n values that starts at column 0 (value o at column j = o mod c: rows of c values
+// back to back, per-column constants), the run's whole lines streamed vector by vector
+// (whole_lines), each vector's constants read at its first value's column j from copies extended
+// past c (e[i] = v[i mod c]), the values before the first whole line and after the last stored
+// plainly -- no line written partly streamed and partly plain. Each value's arithmetic is the
+// row pass's: the same bits. bfloat16 in pairs of vectors (vload_eo / vstream_eo): the even
+// values of a pair at column j = 2t are columns 2(t + k), e's even entries (h0[t + k], h0[i] =
+// e[2i]); the odd ones e's odd entries (h1[t + k]); at j = 2t + 1, h1[t + k] and h0[t + 1 + k].
+// out (on a vector) and out1 (on one value, returning S) apply what follows the affine step (an
+// activation; the identity: out1 rounds to S). no_nan: no output can be NaN (bfloat16 stores
+// leave their NaN test out: vstore_eo).
+template <class S> class FlatConstants {
+ public:
+  using A = acc_t<S>;
+  static constexpr bool kPairs = std::is_same_v<S, bf16>;
+  FlatConstants(const A* h, const A* a, const A* b, int64_t c)
+      : c_(c), ce_(c + 2 * vlanes<S> + 2), buf_((kPairs ? 6 : 3) * ce_) {  // (even: pairs read 2 past j + 2L)
+    A* e = buf_.data();
+    for (int64_t i = 0; i < ce_; ++i) e[i] = h[i % c], e[ce_ + i] = a[i % c], e[2 * ce_ + i] = b[i % c];
+    if constexpr (kPairs) {  // h0, h1 of each: (6, ce / 2)
+      const int64_t he = ce_ / 2;
+      A* hv = e + 3 * ce_;
+      for (int64_t q = 0; q < 3; ++q)
+        for (int64_t i = 0; i < he; ++i)
+          hv[2 * q * he + i] = e[q * ce_ + 2 * i], hv[(2 * q + 1) * he + i] = e[q * ce_ + 2 * i + 1];
+    }
+  }
+  int64_t c() const { return c_; }
+  int64_t ce() const { return ce_; }
+  const A* e(int64_t q) const { return buf_.data() + q * ce_; }  // q: 0 h, 1 a, 2 b
+  const A* halves() const { return buf_.data() + 3 * ce_; }
+
+ private:
+  int64_t c_, ce_;
+  std::vector<A> buf_;
+};
+
+template <class S, class Out, class Out1>
+void stream_affine_flat(const S* x, S* y, int64_t n, const FlatConstants<S>& k, bool no_nan, const Out& out,
+                        const Out1& out1) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const int64_t c = k.c();
+  const A *eh = k.e(0), *ea = k.e(1), *eb = k.e(2);
+  const Span sp = whole_lines(y, n);
+  auto one = [&](int64_t o) {
+    const int64_t j = o % c;
+    y[o] = out1((to_acc(x[o]) - eh[j]) * ea[j] + eb[j]);
+  };
+  for (int64_t o = 0; o < sp.k; ++o) one(o);
+  int64_t j = sp.k % c;
+  if constexpr (FlatConstants<S>::kPairs) {  // (a line is a whole number of pairs at every level)
+    const int64_t he = k.ce() / 2;
+    const A* h = k.halves();
+    auto pairs = [&]<bool NoNaN>() {
+      for (int64_t o = sp.k; o < sp.e; o += 2 * L) {
+        const int64_t t = j >> 1, odd = j & 1;
+        const int64_t ie = odd * he + t, io = (1 - odd) * he + t + odd;  // into h0 / h1 of each
+        vec<A> ve, vo;
+        vload_eo(x + o, ve, vo);
+        ve = out((ve - vload(h + ie)) * vload(h + 2 * he + ie) + vload(h + 4 * he + ie));
+        vo = out((vo - vload(h + io)) * vload(h + 2 * he + io) + vload(h + 4 * he + io));
+        vstream_eo<NoNaN>(y + o, ve, vo);
+        for (j += 2 * L; j >= c;) j -= c;
+      }
+    };
+    if (no_nan) pairs.template operator()<true>();
+    else pairs.template operator()<false>();
+  } else {
+    (void)no_nan;
+    for (int64_t o = sp.k; o < sp.e; o += L) {
+      vstream(y + o, out((vload(x + o) - vload(eh + j)) * vload(ea + j) + vload(eb + j)));
+      for (j += L; j >= c;) j -= c;
+    }
+  }
+  for (int64_t o = sp.e; o < n; ++o) one(o);
+  fence_streams();
 }
 
 }  // namespace normlab
