@@ -19,9 +19,10 @@
 // run kOutRows = 4 rows at a time, channel vector by channel vector, the per-channel vectors loaded
 // once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order; a streamed
 // y row by row, so that each streamed line is written whole in one run; the backward's dx row by
-// row where rows of at least 512 bytes come from past L2 -- x, dy and dx of 4 rows were 12 streams
-// at once: channels-last float32 GroupNorm(1, 256) 10x256x12x363 forward+backward 0.87x torch ->
-// 0.99x, 2x256x12x363 0.86-0.93x -> 0.97-1.03x; in cache the 4 rows stay faster). A chunk's
+// row where rows of at least 512 bytes come from past L2 -- the sums before it read more than
+// 1 MiB of x and dy, a sample's or a run's by chunks; x, dy and dx of 4 rows were 12 streams at
+// once: channels-last float32 GroupNorm(1, 256) 10x256x12x363 forward+backward 0.83x torch ->
+// 0.99x; in cache the 4 rows stay faster). A chunk's
 // first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at most
 // 32 rows), the next tiles by the chunk's running mean.
 // Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
@@ -899,7 +900,10 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     }
   };
   // dx over rows [r0, r1) of sample i: per-channel mean mc, a = rstd * w, t2, t3 (C,)
-  auto dx_rows = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, const A* ac, const A* t2, const A* t3) {
+  // (far: the x and dy this pass reads were read last by the sums of more than kNearBytes of
+  // them -- a sample, or a run summed by chunks -- so they come from past L2)
+  auto dx_rows = [&](int64_t i, int64_t r0, int64_t r1, bool far, const A* mc, const A* ac, const A* t2,
+                     const A* t3) {
     std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
     const A *mv = mc, *av = ac, *v2p = t2, *v3p = t3;
     if (ce != c) {
@@ -916,9 +920,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       const S *xs = x + off, *gs = dy + off;
       S* ds = dx + off;
       int64_t r = 0;
-      // (rows of at least kWideRowBytes whose x and dy pass kNearBytes come from the last-level
-      // cache or memory: one row at a time, three streams in order, not twelve)
-      const bool wide = ce * int64_t(sizeof(S)) >= kWideRowBytes && 2 * rows * c * int64_t(sizeof(S)) > kNearBytes;
+      // (rows of at least kWideRowBytes from past L2: one row at a time, three streams in order,
+      // not twelve)
+      const bool wide = far && ce * int64_t(sizeof(S)) >= kWideRowBytes;
       for (; !wide && r + kOutRows <= vr; r += kOutRows) {
         const S *xr = xs + r * ce, *gr = gs + r * ce;
         S* dr = ds + r * ce;
@@ -984,7 +988,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         sample_terms(i, sd.data(), sd.data() + c, sd.data() + 2 * c, t2g, t3g);
         if (dx == nullptr) continue;
         channels(i, t2g, t3g, mc, ac, t2c, t3c);
-        dx_rows(i, 0, ns, mc, ac, t2c, t3c);
+        dx_rows(i, 0, ns, 2 * ns * c * int64_t(sizeof(S)) > kNearBytes, mc, ac, t2c, t3c);
       }
     });
   } else {  // a run at a time, by chunks: their sums (run, chunks, 3C) in scratch
@@ -1017,7 +1021,8 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t k = u / q, i = b0 + k, r0 = (u % q) * bk.chunk;
           if (i != cur) channels(i, tg.data() + k * 2 * g, tg.data() + k * 2 * g + g, mc, ac, t2c, t3c), cur = i;
-          dx_rows(i, r0, std::min(ns, r0 + bk.chunk), mc, ac, t2c, t3c);
+          dx_rows(i, r0, std::min(ns, r0 + bk.chunk), 2 * nb * ns * c * int64_t(sizeof(S)) > kNearBytes, mc, ac, t2c,
+                  t3c);
         }
       });
     }
