@@ -181,31 +181,6 @@ template <class S, class V, class P> inline void columns_part(int64_t n, const V
   if (u < n) part(u, n - u);
 }
 
-// The lines of the next chunk's rows (rows of row_bytes, ld_bytes apart), asked for a few at a
-// time over `ticks` calls (pass 1 of the current chunk: one call per four rows of each column
-// block). Pass 1 walks a chunk down its rows one column block at a time, a stride the hardware
-// prefetcher does not follow from memory; asked for ahead, the chunk is in cache when it comes.
-struct Ahead {
-  const char* p = nullptr;
-  int64_t ld_bytes = 0, row_bytes = 0, rows = 0, step = 0, r = 0, off = 0;
-  Ahead() = default;
-  Ahead(const void* next, int64_t ld_bytes_, int64_t row_bytes_, int64_t rows_, int64_t ticks)
-      : p(static_cast<const char*>(next)), ld_bytes(ld_bytes_), row_bytes(row_bytes_), rows(rows_) {
-    const int64_t lines = cdiv(rows * row_bytes, kCacheLineBytes);
-    step = ticks > 0 ? cdiv(lines, ticks) * kCacheLineBytes : rows * row_bytes;
-  }
-  void ask(int64_t bytes) {
-    while (bytes > 0 && r < rows) {
-      const int64_t m = std::min(bytes, row_bytes - off);
-      prefetch_read(p + r * ld_bytes + off, m);
-      off += m, bytes -= m;
-      if (off == row_bytes) off = 0, ++r;
-    }
-  }
-  void operator()() { ask(step); }
-  void rest() { ask(rows * row_bytes); }
-};
-
 // s1[u] += sum_i (x[i, u] - sh[u]) over rows r0..r1 of the block at x (row stride ld), four rows
 // at a time summed in pairs.  x: (R, ld) storage; sh, s1: (n,) accumulation dtype.
 // Columns in blocks of K vectors held in registers down all the rows (s1 read and written once a
@@ -341,7 +316,8 @@ void task_stats(const S* x, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64
     const S* x0 = x + r0 * ld;
     columns_part<S>(n, [&](int64_t u) { vstore(sh + u, vload(x0 + u)); vstore(s1 + u, vzero<A>()); },
                     [&](int64_t u, int64_t k) { vstore_n(sh + u, vload_n(x0 + u, k), k); vstore_n(s1 + u, vzero<A>(), k); });
-    // pass 1, asking for the next chunk's lines as it goes
+    // pass 1, asking for the next chunk's lines as it goes (prefetch.h): one tick every four rows
+    // of each column block -- a stride the hardware prefetcher does not follow from memory
     const int64_t next = far ? std::max<int64_t>(0, std::min(sub, t1 - r1)) : 0, n_bl = n / (8 * vlanes<S>);
     Ahead ahead(x + r1 * ld, ld * int64_t(sizeof(S)), n * int64_t(sizeof(S)), next,
                 (n_bl + (n % (8 * vlanes<S>) > 0 ? 1 : 0)) * (k / 4));
@@ -827,8 +803,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (!y) return;
   if (s_len == 1 && streams_output(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
     // rows of channels back to back: y streamed as one run of values a task (stream.h)
-    bool no_nan = train;  // (as EoOut's)
-    for (int64_t c = 0; no_nan && c < n_ch; ++c) no_nan = nan_free_affine(k.a[c], k.hi[c], k.b2[c]);
+    const bool no_nan = train && nan_free_affines(k.hi, k.a, k.b2, n_ch);  // (as EoOut's)
     const FlatConstants<S> fk(k.hi, k.a, k.b2, n_ch);
     run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
       const Span sp = span(task, 1, n_rows, width, rows, g.cw);
@@ -849,7 +824,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   if (n2 > 0) {
     eo_order(ph, n2, eh.get()), eo_order(pa, n2, ea.get()), eo_order(pb, n2, eb.get());
     eo.hi = eh.get(), eo.a = ea.get(), eo.b2 = eb.get(), eo.n = n2;
-    for (int64_t c = 0; eo.no_nan && c < n_ch; ++c) eo.no_nan = nan_free_affine(k.a[c], k.hi[c], k.b2[c]);
+    eo.no_nan = eo.no_nan && nan_free_affines(k.hi, k.a, k.b2, n_ch);
   }
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);

@@ -246,6 +246,8 @@ template <int64_t L, class Blk, class Part> inline void channel_blocks(int64_t c
   j += (c - j) / L * L;
   if (j < c) part(j, c - j);
 }
+// How many blocks of whole vectors channel_blocks runs over c channels (its calls of blk).
+template <int64_t L> constexpr int64_t sum_blocks(int64_t c) { return c / (4 * L) + (c % (4 * L) >= L ? 1 : 0); }
 
 // The running (count, mean, M2) of G groups in float64 (the count is the same for every group of a
 // sample's rows); merge() adds a part of count nb (Chan et al.), the first part taken as it is.
@@ -333,12 +335,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
     if (ce != c) tiled(cvc, c, ce, cvv);
     // the next tile's lines asked for during pass 1, a few at each row of each block
     const int64_t next_rows = std::max<int64_t>(0, std::min(tile, r_end - t0 - tile));
-    const char* pf = reinterpret_cast<const char*>(xt + tile * c);
-    const char* pf_end = pf + next_rows * c * int64_t(sizeof(S));
-    const int64_t n_blocks = ce / (4 * L) + (ce % (4 * L) >= L ? 1 : 0);
-    const int64_t lines = (pf_end - pf + kCacheLineBytes - 1) / kCacheLineBytes;
-    const int64_t pf_step = vr * n_blocks > 0 ? (lines + vr * n_blocks - 1) / (vr * n_blocks) * kCacheLineBytes : 0;
-    if (pf_step == 0 && pf < pf_end) prefetch_read(pf, pf_end - pf), pf = pf_end;
+    Ahead ahead(xt + tile * c, next_rows * c * int64_t(sizeof(S)), vr * sum_blocks<L>(ce));
     channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
@@ -349,9 +346,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
                                  t[0] = vload(xt + r * ce + j0 + v * L) - vs[v];
                                  t[1] = t[0] * t[0];
                                },
-                               o, [&](int64_t) {
-                                 if (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
-                               });
+                               o, [&](int64_t) { ahead(); });
           for (int v = 0; v < NV; ++v) vstore(accv + j0 + v * L, o[0][v]), vstore(s2v + j0 + v * L, o[1][v]);
         },
         [&](int64_t j, int64_t nl) {
@@ -366,7 +361,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
           vstore_n(accv + j, o[0][0], nl);
           vstore_n(s2v + j, o[1][0], nl);
         });
-    while (pf < pf_end) prefetch_read(pf, pf_step), pf += pf_step;
+    ahead.rest();
     if (ce != c) fold(accv, c, ce, acc), fold(s2v, c, ce, s2c);
     for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
       A t[2];
@@ -447,9 +442,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
 // nan_free_affine (vec.h; ch is x's own group mean).
 template <int Act, class A> inline bool outputs_nan_free(const A* ch, const A* a, const A* bb, int64_t c) {
   if constexpr (Act != act::kIdentity) return false;
-  for (int64_t j = 0; j < c; ++j)
-    if (!nan_free_affine(a[j], ch[j], bb[j])) return false;
-  return true;
+  else return nan_free_affines(ch, a, bb, c);
 }
 
 // Stream: y written around the caches (vstream), so that they keep x for this pass. Act: the
@@ -797,16 +790,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     const S* gs = dy + (i * ns + r0) * c;
     const int64_t rows = r1 - r0, vr = rows / vw.rep, rr = vr * vw.rep;
     A *vy = ce == c ? sdy : wv, *vx = ce == c ? sdx : wv + ce, *vm = ce == c ? sxm : wv + 2 * ce;
-    const int64_t next_bytes = next_rows * c * int64_t(sizeof(S));
-    const char* pfx = reinterpret_cast<const char*>(xs + rows * c);
-    const char* pfg = reinterpret_cast<const char*>(gs + rows * c);
-    const char* const pfx_end = pfx + next_bytes;
-    const int64_t n_blocks = ce / (4 * L) + (ce % (4 * L) >= L ? 1 : 0);
-    const int64_t steps = vr * n_blocks, lines = (next_bytes + kCacheLineBytes - 1) / kCacheLineBytes;
-    const int64_t pf_step = steps > 0 ? (lines + steps - 1) / steps * kCacheLineBytes : next_bytes;
-    auto ahead = [&](int64_t) {
-      if (pfx < pfx_end) prefetch_read(pfx, pf_step), prefetch_read(pfg, pf_step), pfx += pf_step, pfg += pf_step;
-    };
+    const int64_t next_bytes = next_rows * c * int64_t(sizeof(S)), ticks = vr * sum_blocks<L>(ce);
+    Ahead ax(xs + rows * c, next_bytes, ticks), ag(gs + rows * c, next_bytes, ticks);
+    auto ahead = [&](int64_t) { ax(), ag(); };
     channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
@@ -841,7 +827,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
           vstore_n(vx + j, o[1][0], nl);
           vstore_n(vm + j, o[2][0], nl);
         });
-    while (pfx < pfx_end) prefetch_read(pfx, pf_step), prefetch_read(pfg, pf_step), pfx += pf_step, pfg += pf_step;
+    ax.rest(), ag.rest();
     if (ce != c) {
       fold(vy, c, ce, sdy);
       fold(vx, c, ce, sdx);

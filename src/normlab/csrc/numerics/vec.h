@@ -186,6 +186,12 @@ template <bool NoNaN = false> inline void vstore_eo(bf16* p, vec<float> e, vec<f
 template <class A, class... C> inline bool nan_free_affine(A a, C... c) {
   return a != A(0) && std::isfinite(a) && (std::isfinite(c) && ...);
 }
+// The same for every column j of y = (x - h[j]) * a[j] + b[j], j < n.
+template <class A> inline bool nan_free_affines(const A* h, const A* a, const A* b, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (!nan_free_affine(a[j], h[j], b[j])) return false;
+  return true;
+}
 // y = f(x) over the first m values of a bfloat16 run of n, m the most that make whole pairs of
 // vectors (f elementwise, the same for every value); returns m.
 template <bool NoNaN = false, class F> inline int64_t eo_map(const bf16* x, bf16* y, int64_t n, const F& f) {
