@@ -5,10 +5,10 @@
 // whose sums stay in registers down the chunk's rows; the last columns row by row, their tail a
 // masked vector. Every column's additions keep one order (four rows paired, then single rows).
 // Where x passes half the last-level cache, pass 1 of a chunk asks for the next chunk's lines as
-// it goes (Ahead): it walks the chunk one column block at a time, a stride the hardware
-// prefetcher does not follow from memory (float16 BatchNorm2d(485) 39x485x17x39 channels-last
-// training forward: 0.85-0.93x torch without, 1.18-1.24x with; bfloat16 0.83-0.98x -> 1.20-1.31x;
-// one thread). In cache it is left out (it cost up to 10 % there).
+// it goes (numerics/prefetch.h, Ahead): it walks the chunk one column block at a time, a stride
+// the hardware prefetcher does not follow from memory (float16 BatchNorm2d(485) 39x485x17x39
+// channels-last training forward: 0.85-0.93x torch without, 1.18-1.24x with; bfloat16
+// 0.83-0.98x -> 1.20-1.31x; one thread). In cache it is left out (it cost up to 10 % there).
 // The output pass of rows of channels back to back (channels-last, (M, C)) streams y as one run
 // of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass half the last-level
 // cache: 2-4 % faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485)
