@@ -206,6 +206,28 @@ def test_kernel_blocks_and_chunks_within_rounding(shape, dtype):
         assert_accurate(g, g64, gt, name, dalpha_terms(x, alpha, w, dy) if name == "dalpha" else None)
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("n_cols", [16, 40, 771])
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+def test_bfloat16_rows_the_same_bits_as_each_row_alone(n_cols, affine):
+    """bfloat16 input of several rows runs the kernel's even/odd pairs of vectors (weight and bias
+    reordered once a call); a single row runs the values in order: every row of the batch must be
+    the same bits as that row alone, within rounding of the float64 definition, with NaN and
+    infinities in x carried as the definition carries them."""
+    x, alpha, w, b = _args((6, n_cols), (n_cols,), torch.bfloat16, seed=5, param_dtype=torch.float32)
+    x[1, 3], x[2, -1], x[4, 0] = float("nan"), float("inf"), float("-inf")
+    w = w if affine in ("both", "weight") else None
+    b = b if affine in ("both", "bias") else None
+    with normlab.use_backend("cpu"), torch.no_grad():
+        y = NF.dyt(x, (n_cols,), alpha, w, b)
+        rows = torch.cat([NF.dyt(x[r:r + 1], (n_cols,), alpha, w, b) for r in range(x.shape[0])])
+    assert torch.equal(y.view(torch.int16), rows.view(torch.int16))
+    y64 = oracle(x, alpha, w, b)
+    assert torch.equal(y.isnan(), y64.isnan())
+    fin = y64.isfinite()
+    assert_within_rounding(y[fin], y64[fin])
+
+
 def test_torch_compile_fullgraph():
     m = normlab.nn.DyT(8)
     with torch.no_grad():

@@ -98,16 +98,30 @@ inline vf vexp_in_range(vf v) {
   return scale_by(e.p + 1.0f, e.n, e.shifted);
 }
 
-// exp(v), v clamped to [-87, 88] (a NaN stays NaN: the clamps keep v where the comparison fails)
-inline vf vexp(vf v) {
-  v = v < -87.0f ? vset1(-87.0f) : v;
-  v = v > 88.0f ? vset1(88.0f) : v;
-  return vexp_in_range(v);
+// min(x, y) and max(x, y), y where either is NaN or both are zeros (x < y ? x : y, x > y ? x : y:
+// what minps and maxps compute, lane by lane). With AVX2 and AVX-512 as the instructions themselves:
+// GCC compiles the conditional form to a compare and a blend, two dependent instructions for one.
+inline vf vmin_nan(vf x, vf y) {
+#if NORMLAB_VEC_BYTES == 64
+  return (vf)_mm512_min_ps((__m512)x, (__m512)y);
+#elif NORMLAB_VEC_BYTES == 32
+  return (vf)_mm256_min_ps((__m256)x, (__m256)y);
+#else
+  return x < y ? x : y;
+#endif
+}
+inline vf vmax_nan(vf x, vf y) {
+#if NORMLAB_VEC_BYTES == 64
+  return (vf)_mm512_max_ps((__m512)x, (__m512)y);
+#elif NORMLAB_VEC_BYTES == 32
+  return (vf)_mm256_max_ps((__m256)x, (__m256)y);
+#else
+  return x > y ? x : y;
+#endif
 }
 
-// min(x, y) and max(x, y), y where either is NaN (as minps and maxps)
-inline vf vmin_nan(vf x, vf y) { return x < y ? x : y; }
-inline vf vmax_nan(vf x, vf y) { return x > y ? x : y; }
+// exp(v), v clamped to [-87, 88] (a NaN stays NaN: the clamps keep v where the comparison fails)
+inline vf vexp(vf v) { return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v))); }
 
 // exp(v), v clamped to [-87, 88], for SiLU and GELU's derivative (numerics/activation.h). On
 // AVX-512 by a table of 16, exp(v) = 2^k 2^(j/16) exp(r): n = round(16 v / ln 2) by the 1.5 * 2^23
@@ -128,9 +142,7 @@ alignas(64) inline constexpr float kT[16] = {
 }  // namespace exp_table
 inline vf vexp_t16(vf v) {
 #if NORMLAB_VEC_BYTES == 64
-  // v clamped by vmaxps and vminps (a NaN stays: their second operand; GCC compiles the generic
-  // form to a compare and a masked move each)
-  v = (vf)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)v));
+  v = vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v));  // (a NaN stays)
   const vf shifted = vfma(v, vset1(23.083120346069336f), vset1(12582912.0f));
   const vf n = shifted - 12582912.0f;
   vf r = vfma(n, vset1(-0.043321698904037476f), v);
@@ -140,7 +152,7 @@ inline vf vexp_t16(vf v) {
   const vf t = (vf)_mm512_maskz_permutexvar_ps(0xFFFF, (__m512i)sb, _mm512_load_ps(exp_table::kT));
   return from_bits(bits(vfma(t, q, t)) + ((sb >> 4) << 23));
 #else
-  return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v)));
+  return vexp(v);
 #endif
 }
 
