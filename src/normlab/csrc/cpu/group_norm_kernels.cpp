@@ -137,6 +137,12 @@ constexpr int64_t kShortRun = 1024;
 // Half-precision output always so: the activation reads the row as stored (rounded), which the
 // inline form reaches through a store and a load of every vector.
 template <class S> constexpr bool kHalf = sizeof(S) < sizeof(acc_t<S>);
+// ReLU neither: it has no constants to set up and gives the same bits on z or on z rounded (relu
+// of a rounded value is the rounding of its relu), so it runs inside every run (GroupNormAct(32,
+// 256) relu on 32x256x14x14 float32, one thread: forward 1.4x -> ~1.1x the plain GroupNorm).
+template <class S, int Act> constexpr bool kActAfterRow(int64_t ns) {
+  return Act != act::kIdentity && Act != act::kRelu && (ns < kShortRun || kHalf<S>);
+}
 // Rows of up to this many values keep their differences in scratch (64 KiB of float32: L2).
 constexpr int64_t kScratchValues = 16384;
 // A row's passes ask for the bytes of x this far ahead (a few rows of a (256, 256, 8, 8) input):
@@ -371,7 +377,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         act::visit(act_id, [&]<int Act>() {
           if (ns == 1) {
             scale_shift_channels<S, Act>(d, yr, cg, rs, wg, bg, p);
-          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+          } else if (kActAfterRow<S, Act>(ns)) {  // the row, then act
             for (int64_t j = 0; j < cg; ++j)
               scale_shift_run<S, act::kIdentity>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
             act_row<S, Act>(yr, ncols, p);
@@ -440,7 +446,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           const A* bg = b + gi * cg;
           if (ns == 1) {
             affine_channels<S, Act>(xr, yr, cg, shift[k], md[k], rs[k], wg, bg, p);
-          } else if (Act != act::kIdentity && (ns < kShortRun || kHalf<S>)) {  // the row, then act
+          } else if (kActAfterRow<S, Act>(ns)) {  // the row, then act
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, false, act::kIdentity>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j],
                                                    p, !fixed);
