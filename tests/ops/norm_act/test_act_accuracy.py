@@ -1,5 +1,5 @@
 """The float32 activations of the fused kernels value by value (numerics/activation.h; on AVX-512 SiLU's
-and GELU's-derivative exp is vmath::vexp_t16, a table of 2^(j/16)): BatchNormAct2d in evaluation
+and GELU's-derivative exp is vmath::vexp_table, a table of 2^(j/16)): BatchNormAct2d in evaluation
 mode with running mean 0, running variance 1, weight 1, bias 0 and eps 1e-10 makes z = x exactly
 (its constants rounded to float32 are 1 and 0: checked first, with the identity activation, bit for
 bit, forward and backward), so y = act(x) and dx = dy * act'(x) on a dense grid of x.
@@ -9,7 +9,8 @@ Oracles: the float64 formulas (torch.sigmoid, erf and exp in float64) and torch'
 Frobenius norm at most twice torch's own or the rounding of the float64 result, whichever is larger
 (tests/oracle.assert_accurate_vs_unfused). SiLU also value by value: within 4 ulp of the float64
 value wherever |y| >= 2^-100 (3.1 ulp is the worst over every float32 in [-80, 80] on AVX-512,
-2.3 through vmath::vexp at the other levels: docs/performance.md, "Norm + activation"); and at
+2.6 over 2^22 points of each of [-88, -20], [-20, -3], [-3, 3], [3, 20], [20, 88] by AVX2's table
+of 8, 2.3 through vmath::vexp on the baseline: docs/performance.md, "Norm + activation"); and at
 +-inf, NaN, 0 and far from 0 the same values as torch's F.silu.
 
 SiLU stored as bfloat16 / float16 (on AVX-512 computed only to the stored type's precision:

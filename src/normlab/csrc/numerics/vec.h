@@ -175,6 +175,14 @@ template <bool NoNaN> inline u32v bf16_high(vec<float> v) {
   return r;
 }
 }  // namespace detail
+// v rounded to bfloat16 and widened back, in registers: the bits of vstore then vload (nearest
+// even; NaN lanes the quiet NaN 0x7FC0) without the trip through memory.
+inline vec<float> vround_bf16(vec<float> v) {
+  const detail::u32v r = detail::bf16_high<false>(v) & 0xFFFF0000u;
+  vec<float> f;
+  std::memcpy(&f, &r, sizeof f);
+  return f;
+}
 template <bool NoNaN = false> inline void vstore_eo(bf16* p, vec<float> e, vec<float> o) {
   const detail::u32v w = (detail::bf16_high<NoNaN>(e) >> 16) | (detail::bf16_high<NoNaN>(o) & 0xFFFF0000u);
   std::memcpy(p, &w, sizeof w);

@@ -5,7 +5,8 @@
 //   vfma(a, b, c)     a * b + c, rounded once where the build level has fused multiply-add
 //                     (x86-64-v3, v4), else a * b rounded and then + c (the baseline, SSE2)
 //   vexp(v)           exp, v clamped to [-87, 88] (Cody-Waite reduction, a degree-7 polynomial)
-//   vexp_t16(v)       the same on AVX-512 by a table of 2^(j/16) and a degree-3 expm1 (SiLU's)
+//   vexp_table(v)     the same by a table: of 2^(j/16) and a degree-3 expm1 on AVX-512, of 2^(j/8)
+//                     and a degree-4 expm1 on AVX2 (SiLU's; vexp's steps on the baseline)
 //   vexp_neg_abs_low<D>(z)  exp(-|z|) to half precision's needs (AVX-512: D = 1 bfloat16, 2 float16)
 //   vrcp14(v)         1 / v to 2^-14 (AVX-512)
 //   vtanh<S>(u, &s)   tanh, and with S also 1 - tanh^2: docs/derivations/dyt.md, "Numerics"
@@ -13,8 +14,8 @@
 // tanh and erf are evaluated by intervals, their coefficients looked up per lane (scripts/vmath-fit.py
 // fits them; scripts/erf-ulp.py scans every float32 at each level).
 //
-// Every function is the same sequence of operations at every level; with fused multiply-add
-// (v3 and v4) the same bits whatever the vector width (no operation crosses lanes). The build
+// Every function but vexp_table is the same sequence of operations at every level; with fused
+// multiply-add (v3 and v4) the same bits whatever the vector width (no operation crosses lanes). The build
 // never contracts or reassociates (-ffp-contract=off): a fused step is only where written.
 #pragma once
 
@@ -131,16 +132,20 @@ inline vf vexp(vf v) { return vexp_in_range(vmin_nan(vset1(88.0f), vmax_nan(vset
 // T + T q as one fused step (T = 2^(j/16) rounded) and k added to its exponent bits (the clamps keep
 // it normal: k in [-126, 126], and T (1 + q) >= 1.38 where k = -126). 7 instructions on the
 // multiply pipes where vexp takes 11; SiLU within 3.1 ulp (2.3 through vexp), mean 0.124 ulp
-// (0.121): docs/performance.md, "Norm + activation". Not vexp's bits; the other levels: vexp's own
-// steps (a table of 16 is one permute only on AVX-512).
+// (0.121): docs/performance.md, "Norm + activation". Not vexp's bits. AVX2: a table of 8 (below);
+// the baseline: vexp's own steps.
 namespace exp_table {
 alignas(64) inline constexpr float kT[16] = {
     1.0f, 1.0442737340927124f, 1.0905077457427979f, 1.1387885808944702f, 1.1892070770263672f, 1.2418577671051025f,
     1.2968395948410034f, 1.3542555570602417f, 1.4142135381698608f, 1.4768261909484863f, 1.5422108173370361f,
     1.610490322113037f, 1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f, 1.9152065515518188f,
 };
+alignas(32) inline constexpr float kT8[8] = {
+    1.0f, 1.0905077457427979f, 1.1892070770263672f, 1.2968395948410034f,
+    1.4142135381698608f, 1.5422108173370361f, 1.6817928552627563f, 1.8340080976486206f,
+};
 }  // namespace exp_table
-inline vf vexp_t16(vf v) {
+inline vf vexp_table(vf v) {
 #if NORMLAB_VEC_BYTES == 64
   v = vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v));  // (a NaN stays)
   const vf shifted = vfma(v, vset1(23.083120346069336f), vset1(12582912.0f));
@@ -151,6 +156,22 @@ inline vf vexp_t16(vf v) {
   const i32v sb = bits(shifted);
   const vf t = (vf)_mm512_maskz_permutexvar_ps(0xFFFF, (__m512i)sb, _mm512_load_ps(exp_table::kT));
   return from_bits(bits(vfma(t, q, t)) + ((sb >> 4) << 23));
+#elif NORMLAB_VEC_BYTES == 32 && NORMLAB_VMATH_FMA
+  // AVX2 (a table of 16 is two permutes and a blend there): a table of 8, 2^(j/8) (one vpermps,
+  // which reads the low 3 bits of each lane), n = round(8 v / ln 2), k = n >> 3 in [-126, 127],
+  // |r| <= ln 2 / 16, expm1(r) = r + r^2 (1/2 + r (1/6 + r/24)) (the rest, r^5 / 120 < 1.4e-9, is
+  // 0.02 ulp); then T + T q and k added to the exponent bits, as above (exp(88) = 2^127 * 0.97 stays
+  // finite, and T (1 + q) >= 1.40 where k = -126). 10 floating-point instructions where vexp takes 14;
+  // SiLU within the bound of tests/ops/norm_act/test_act_accuracy.py. Not vexp's bits.
+  v = vmin_nan(vset1(88.0f), vmax_nan(vset1(-87.0f), v));  // (a NaN stays)
+  const vf shifted = vfma(v, vset1(11.541560173034668f), vset1(12582912.0f));
+  const vf n = shifted - 12582912.0f;
+  vf r = vfma(n, vset1(-0.08664339780807495f), v);
+  r = vfma(n, vset1(2.380817765157417e-10f), r);
+  const vf q = vfma(vfma(vfma(vset1(0.0416666679084301f), r, vset1(0.1666666716337204f)), r, vset1(0.5f)), r * r, r);
+  const i32v sb = bits(shifted);
+  const vf t = (vf)_mm256_permutevar8x32_ps(_mm256_load_ps(exp_table::kT8), (__m256i)sb);
+  return from_bits(bits(vfma(t, q, t)) + ((sb >> 3) << 23));
 #else
   return vexp(v);
 #endif
@@ -162,7 +183,7 @@ inline vf vexp_t16(vf v) {
 // (Deg 1) or 9 instructions: v = -min(|z|, 110) by one vrangeps (exp(-110) is 0 in float32; a NaN
 // z gives v = -110: the caller's product with z keeps the NaN); m = v / ln 2 rounded to a multiple
 // of 1/16 by the 1.5 * 2^19 shifter (its unit in the last place is 2^-4, so the sum's low 4 bits are
-// j = 16 m mod 16, which vpermps reads from vexp_t16's table of 2^(j/16)); r = v - m ln 2 by one
+// j = 16 m mod 16, which vpermps reads from vexp_table's table of 2^(j/16)); r = v - m ln 2 by one
 // fused step (ln 2 rounded to float: m ln 2 off by under 3.1e-7, |r| <= ln 2 / 32 + that); expm1(r)
 // by r (Deg 1: the rest r^2 / 2 <= 2^-12.1 relative) or r + r^2 / 2 (Deg 2: r^3 / 6 < 2^-19);
 // then 2^floor(m) by vscalefps, which rounds into the subnormals and to 0 as exp(v) does.
