@@ -147,6 +147,31 @@ def test_timm_layer_norm2d_matches_float64_torch():
     torch.testing.assert_close(twin.double()(x), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_timm_layer_norm2d_twin_lays_out_its_output_as_timm(fmt, dtype):
+    """timm's LayerNorm2d returns its permuted result: channels_last strides whatever the input's
+    format. The twin returns the same strides (so the 1x1 convolutions after it run the kernels
+    they ran before), the same values, and its gradient in the input's own layout."""
+    m = LayerNorm2d(6).to(dtype)
+    with torch.no_grad():
+        m.weight.normal_()
+        m.bias.normal_()
+    x = torch.randn(2, 6, 5, 4).to(dtype).contiguous(memory_format=fmt)
+    want = m(x)
+    twin = normlab.convert(m)
+    assert twin.channels_last_output and "channels_last_output=True" in repr(twin)
+    for backend in ("ref", "cpu"):
+        xg = x.clone().requires_grad_()
+        with normlab.use_backend(backend):
+            y = twin(xg)
+        assert y.stride() == want.stride(), backend
+        torch.testing.assert_close(y, want, rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5)
+        y.sum().backward()
+        assert xg.grad.stride() == xg.stride()
+    assert normlab.nn.LayerNorm2d(6)(x).is_contiguous(memory_format=fmt)  # normlab's own: the input's
+
+
 def test_instances_normlab_cannot_express_are_left_alone():
     fast = LayerNorm2d(4)
     fast._fast_norm = True  # timm.layers.set_fast_norm(): another precision under autocast

@@ -116,6 +116,19 @@ def test_block_converts_and_reverts(name, fmt, training):
     assert [type(m) for m in twins] and all(type(m) not in TWIN.values() for m in reverted.modules())
 
 
+def test_layer_norm_act2d_twin_lays_out_its_output_as_timm():
+    """timm's LayerNormAct2d permutes: its output has channels_last strides for an NCHW input, and
+    so has the twin's."""
+    m = T.LayerNormAct2d(8, act_layer=nn.GELU)
+    x = torch.randn(2, 8, 5, 3)
+    want = m(x)
+    twin = normlab.convert(m)
+    assert twin.channels_last_output
+    y = twin(x)
+    assert y.stride() == want.stride() and y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_activation_left_alone():
     m = T.BatchNormAct2d(4, act_layer=nn.ReLU6)
     assert normlab.convert(nn.Sequential(m))[0] is m

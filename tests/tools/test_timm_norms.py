@@ -259,3 +259,19 @@ def test_instances_normlab_cannot_express_are_left_alone():
     model = nn.Sequential(fast, odd_groups, rms_biased, b0_bad_momentum)
     normlab.convert(model)
     assert list(model) == [fast, odd_groups, rms_biased, b0_bad_momentum]
+
+
+def test_scale_norm2d_twins_lay_out_their_output_as_timm():
+    """timm's SimpleNorm2d permutes, but its elementwise ops keep the permuted view's layout, so
+    its output is in the input's format, as its twin's (no channels_last_output); RmsNorm2d does
+    not permute. Both layouts in, each twin's strides as timm's."""
+    for name, fmt in (("SimpleNorm2d", torch.contiguous_format), ("SimpleNorm2d", torch.channels_last),
+                      ("RmsNorm2d", torch.contiguous_format), ("RmsNorm2d", torch.channels_last)):
+        timm_m, _ = _pair(name, torch.float32)
+        x = torch.randn(CASES[name][2]).contiguous(memory_format=fmt)
+        want = timm_m(x)
+        twin = normlab.convert(timm_m)
+        assert not getattr(twin, "channels_last_output", False), name
+        y = twin(x)
+        assert y.stride() == want.stride(), name
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)

@@ -73,10 +73,14 @@ def _bn_act_from_normlab(twin: nn.Module) -> BatchNormAct2d:
 
 
 register_conversion(BatchNormAct2d, _bn_act_to_normlab, _bn_act_from_normlab)
-register_conversion(
-    LayerNorm2d,
-    lambda m: adopt(m, normlab.nn.LayerNorm2d, num_channels=m.normalized_shape[0], eps=m.eps),
-    lambda n: adopt(n, LayerNorm2d, num_channels=n.num_channels, eps=n.eps))
+def _ln2d_to_normlab(m: LayerNorm2d) -> nn.Module:
+    twin = adopt(m, normlab.nn.LayerNorm2d, num_channels=m.normalized_shape[0], eps=m.eps)
+    twin.channels_last_output = True  # timm's permuted result, as normlab.tools.timm's twin
+    return twin
+
+
+register_conversion(LayerNorm2d, _ln2d_to_normlab,
+                    lambda n: adopt(n, LayerNorm2d, num_channels=n.num_channels, eps=n.eps))
 
 
 class SqueezeExcite(nn.Module):

@@ -218,3 +218,12 @@ class _NormBase(_NotScriptable, nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+
+def timm_layout(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x`` in ``channels_last`` memory format where ``m.channels_last_output`` is set (a 4-D
+    ``x``; the copy timm's permute-based forward makes too), so that ``m``'s output is laid out
+    as timm's; otherwise ``x``."""
+    if m.channels_last_output and x.dim() == 4 and not x.is_contiguous(memory_format=torch.channels_last):
+        return x.contiguous(memory_format=torch.channels_last)
+    return x

@@ -9,7 +9,7 @@ from torch import nn
 
 from .. import functional as F
 from .._checks import rms_variant
-from ._base import _NotScriptable, check_dtype, check_eps, check_shape, register_affine, reset_affine
+from ._base import _NotScriptable, check_dtype, check_eps, check_shape, register_affine, reset_affine, timm_layout
 
 
 class LayerNorm(_NotScriptable, nn.Module):
@@ -169,7 +169,11 @@ class LayerNorm2d(_NotScriptable, nn.Module):
     ``torch.nn.LayerNorm(C)`` applied to ``x.permute(0, 2, 3, 1)``, permuted back.
 
     Shapes: input ``(N, C, H, W)``, output the same, in the input's memory format (a
-    ``channels_last`` input runs on LayerNorm's row kernel without a copy).
+    ``channels_last`` input runs on LayerNorm's row kernel without a copy). With
+    ``channels_last_output = True`` (an attribute, set on the twins ``normlab.convert`` makes of
+    timm's permute-based ``LayerNorm2d``/``LayerNormAct2d``) the output is ``channels_last`` whatever
+    the input's format, as timm's is: the layers after it then run the kernels they ran before
+    (a 1x1 convolution on a contiguous bfloat16 tensor is several times slower on CPU).
 
     Numerics: mean and biased variance over the ``C`` values of one pixel, accumulated in
     float32 for float16/bfloat16/float32 input and float64 for float64; output cast once.
@@ -182,6 +186,7 @@ class LayerNorm2d(_NotScriptable, nn.Module):
     """
 
     __constants__ = ["num_channels", "eps", "affine"]
+    channels_last_output = False
 
     def __init__(self, num_channels: int, eps: float = 1e-6, affine: bool = True, device=None, dtype=None) -> None:
         if not isinstance(num_channels, numbers.Integral) or isinstance(num_channels, bool):
@@ -215,7 +220,9 @@ class LayerNorm2d(_NotScriptable, nn.Module):
                 f"got input of shape {list(input.shape)}; a channels-last (N, H, W, C) tensor is "
                 f"x.permute(0, 3, 1, 2) here"
             )
-        return F.layer_norm2d(input, self.weight, self.bias, self.eps)
+        return F.layer_norm2d(timm_layout(self, input), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.num_channels}, eps={self.eps}, affine={self.affine}"
+        s = f"{self.num_channels}, eps={self.eps}, affine={self.affine}"
+        return s + (", channels_last_output=True" if self.channels_last_output else "")
+

@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import functional as F
 from ._activations import act_of, make_act
+from ._base import timm_layout
 from .batch_norm import BatchNorm2d
 from .frozen_batch_norm import FrozenBatchNorm2d
 from .group_norm import GroupNorm
@@ -171,4 +172,4 @@ class LayerNormAct2d(LayerNorm2d):
         a = _fused(self)
         if a is None or input.dim() != 4 or input.shape[1] != self.num_channels:
             return _finish(self, super().forward(input))  # (a wrong input: its error)
-        return F.layer_norm_act2d(input, self.weight, self.bias, self.eps, a[0], a[1])
+        return F.layer_norm_act2d(timm_layout(self, input), self.weight, self.bias, self.eps, a[0], a[1])

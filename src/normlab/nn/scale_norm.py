@@ -88,8 +88,8 @@ class SimpleNorm2d(_ScaleNorm):
     """SimpleNorm over the channels of an (N, C, H, W) input (timm's ``SimpleNorm2d``):
     ``y = x / sqrt(var_C(x) + eps) * weight`` at every position (unbiased variance, not centred).
 
-    timm's constructor, defaults and ``state_dict`` keys; the output in the input's memory format
-    (timm's: the permuted result, channels-last strides for an NCHW input).
+    timm's constructor, defaults and ``state_dict`` keys; the output in the input's memory format,
+    as timm's (elementwise ops on the permuted view, permuted back).
 
     >>> import torch, normlab
     >>> normlab.nn.SimpleNorm2d(2, eps=0.0)(torch.tensor([[[[1.0]], [[3.0]]]])).flatten()

@@ -40,9 +40,11 @@ very same ``Parameter`` objects under the same names (``state_dict`` keys unchan
 the original module rides along on it (a plain attribute, no ``state_dict`` entry), and
 ``revert`` gives it back with the twin's current parameters, buffers, activation module, ``eps``
 (and ``momentum``). The outputs
-agree in value; one layout difference: timm's ``LayerNorm2d`` returns its permuted
-result (channels_last strides for an NCHW input), normlab's a contiguous tensor (so for
-``SimpleNorm2d``). normlab's statistics are float32 (float64 for float64 input) where timm's
+agree in value and in layout: timm's ``LayerNorm2d`` and ``LayerNormAct2d`` return the
+permuted result of ``F.layer_norm`` (channels_last strides for an NCHW input), and so do their
+twins (``channels_last_output = True``; a contiguous bfloat16 output made the 1x1 convolutions
+after a ConvNeXt block's norm 2.4x slower); timm's ``SimpleNorm2d``, elementwise ops on the
+permuted view, keeps the input's layout, as normlab's does. normlab's statistics are float32 (float64 for float64 input) where timm's
 RmsNorm2d and SimpleNorm(2d) compute in the input's dtype: bfloat16 outputs differ by rounding.
 """
 
@@ -120,6 +122,7 @@ def to_normlab(m: nn.Module) -> nn.Module | None:
         if len(shape) != 1 or (w is None) != (b is None):
             return None
         twin = adopt(m, LayerNorm2d, num_channels=shape[0], eps=float(eps), affine=w is not None)
+        twin.channels_last_output = True  # timm's permuted result: the next layers keep their kernels
     else:  # RmsNorm
         if b is not None:
             return None
@@ -282,6 +285,7 @@ def norm_act_to_normlab(m: nn.Module) -> nn.Module | None:
             if len(shape) != 1 or (w is None) != (b is None):
                 return None
             twin = adopt(m, na.LayerNormAct2d, num_channels=shape[0], eps=float(eps), affine=w is not None)
+            twin.channels_last_output = True
     twin.drop, twin.act = drop, act
     twin.__dict__[_ORIGINAL] = m
     return twin
