@@ -219,10 +219,11 @@ void apply_inplace(Dtype dt, void* yv, int64_t n, int act_id, double param) {
     act::visit(act_id, [&]<int Act>() {
       if constexpr (Act != act::kIdentity) {
         at::parallel_for(0, n, kTaskValues, [&](int64_t i0, int64_t i1) {
-          for (int64_t t = i0; t < i1; t += L) {
-            const int64_t k = std::min(L, i1 - t);
-            store_n(y + t, act::apply<Act, S>(load_n(y + t, k), p), k);
-          }
+          const auto f = [&](vec<A> z) { return act::apply<Act, S>(z, p); };
+          int64_t t = i0;
+          if constexpr (std::is_same_v<S, bf16>) t += eo_map(y + i0, y + i0, i1 - i0, f);  // (pairs, in place)
+          for (; t + L <= i1; t += L) vstore(y + t, f(vload(y + t)));
+          if (t < i1) vstore_n(y + t, f(vload_n(y + t, i1 - t)), i1 - t);
         });
       }
     });
