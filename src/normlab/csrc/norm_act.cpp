@@ -127,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_fwd_cpu(const at::Tensor& x_in
     batch_norm::update_running_raw(*rm, *rv, s, s + c, x.numel() / c, momentum);
   std::vector<double> hi, a, b2;
   consts(x, w, b, s, hi, a, b2);
-  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(fmt));
+  at::Tensor y = empty_out(x, fmt);  // (advised onto huge pages, as the plain norms' outputs)
   nact::forward_out(dt, x.const_data_ptr(), y.data_ptr(), hi.data(), a.data(), b2.data(), c, layout_of(x, fmt),
                     int(act), act_param);
   return {y, stats};
@@ -151,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   // dz = dy * act'(z) written into dx's buffer; BatchNorm's backward then reads it as its dy and
   // writes dx in its place (each value of dy is read before dx is written there, in every path of
   // cpu/batch_norm_kernels): no scratch of x's size
-  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  at::Tensor dx = empty_out(x, fmt);
   nact::grad_z(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
                layout_of(x, fmt), int(act), act_param);
   std::vector<double> sums(2 * c);  // dw, db as float64 sums
@@ -218,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_fwd_cpu(const at::
   TORCH_CHECK(x_in.numel() > 0 && x_in.numel() / (sh.n * g) > 1, kWhoGn,
               ": expected more than one value per group, got input size ", x_in.sizes());
   const at::Tensor x = x_in.contiguous(sh.fmt);
-  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(sh.fmt));
+  at::Tensor y = empty_out(x, sh.fmt);
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   at::Tensor mean = at::empty({sh.n, g}, x.options().dtype(acc)), var = at::empty({sh.n, g}, x.options().dtype(acc)),
              rstd = at::empty({sh.n, g}, x.options().dtype(acc));
@@ -272,7 +272,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
                               : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
   // dz = dy * act'(z) written into dx's buffer; GroupNorm's backward then reads it as its dy and
   // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size
-  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(fmt));
+  at::Tensor dx = empty_out(x, fmt);
   nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(),
                b2.data(), sh.n * sh.c, l, int(act), act_param);
   at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
@@ -340,7 +340,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_fwd_cpu(const at::
   TORCH_CHECK(act >= 0 && act < 8, kWhoLn, ": expected an activation id in 0..7, got ", act);
   const int64_t n_rows = ln_rows(x, n_cols);
   const Dtype dt = dt_of(x, "the input"), wdt = ln_wdt(x, w, b, n_cols);
-  at::Tensor y = at::empty_like(x);  // (x's memory format: the same rows)
+  at::Tensor y = advised(at::empty_like(x));  // (x's memory format: the same rows)
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   at::Tensor mean = at::empty({n_rows}, x.options().dtype(acc)), rstd = at::empty({n_rows}, x.options().dtype(acc));
   if (n_rows == 0) return {y, mean, rstd};
@@ -392,7 +392,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act_bwd_cpu(
               dy_in.sizes());
   const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous(x.is_contiguous() ? at::MemoryFormat::Contiguous
                                                                                  : at::MemoryFormat::ChannelsLast);
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = advised(at::empty_like(x));
   const bool has_w = w.has_value() && w->defined(), has_b = b.has_value() && b->defined();
   TORCH_CHECK(has_w || !has_b, kWhoLn, ": expected no bias without a weight (LayerNorm's backward sums db with dw)");
   at::Tensor dw = at::zeros({has_w ? n_cols : 0}, x.options().dtype(acc)),
@@ -461,7 +461,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_fwd_cpu(const at
   (void)kernel_dtype(x.scalar_type(), kWhoLn2d, "the input");
   const at::ScalarType acc = acc_dtype(x.scalar_type());
   const at::Tensor wa = param_acc(w, sh.c, acc, "weight"), ba = param_acc(b, sh.c, acc, "bias");
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor y = empty_out(x);
   at::Tensor mean = at::empty({sh.n * sh.s}, x.options().dtype(acc)), rstd = at::empty({sh.n * sh.s}, x.options().dtype(acc));
   if (x.numel() == 0) return {y, mean, rstd};
   const bool far = x.numel() * x.element_size() >= ln2d::kFarBytes;
@@ -493,7 +493,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_bwd_cpu(
   const at::Tensor dy = dy_in.to(x.scalar_type()).contiguous();
   const at::Tensor wa = param_acc(w, sh.c, acc, "weight"), ba = param_acc(b, sh.c, acc, "bias");
   const at::Tensor m = mean.contiguous(), r = rstd.contiguous();
-  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor dx = empty_out(x);
   at::Tensor dw = at::zeros({need_dwb ? sh.c : 0}, x.options().dtype(acc)),
              db = at::zeros({need_dwb ? sh.c : 0}, x.options().dtype(acc));
   if (x.numel() == 0) return {dx, dw, db};
