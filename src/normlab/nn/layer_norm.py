@@ -225,4 +225,3 @@ class LayerNorm2d(_NotScriptable, nn.Module):
     def extra_repr(self) -> str:
         s = f"{self.num_channels}, eps={self.eps}, affine={self.affine}"
         return s + (", channels_last_output=True" if self.channels_last_output else "")
-

@@ -62,15 +62,24 @@ inline double tanh_sech2(double u, double* s) {
 
 template <class S> inline const acc_t<S>* col(const acc_t<S>* p, int64_t j) { return p ? p + j : nullptr; }
 
-// y for columns [0, n) of one row; float32 lanes (float, bf16, f16 storage); W, B: whether there
-// is a weight, a bias (t * w + b in one fused step where the build has it).
-// Columns [j, n) from j on (bfloat16 rows: j is where fwd_eo_row stopped).
+// t * w + b, t * w, t + b or t: W, B whether there is a weight, a bias (one fused step where the
+// build has it).
 template <bool W, bool B> inline vf dyt_affine(vf t, vf wv, vf bv) {
   if constexpr (W && B) return vfma(t, wv, bv);
   else if constexpr (W) return t * wv;
   else if constexpr (B) return t + bv;
   else return t;
 }
+// f.template operator()<W, B>() for the weight and bias present (non-null)
+template <class F> inline void with_affine(const float* w, const float* b, const F& f) {
+  if (w && b) f.template operator()<true, true>();
+  else if (w) f.template operator()<true, false>();
+  else if (b) f.template operator()<false, true>();
+  else f.template operator()<false, false>();
+}
+
+// y for columns [j, n) of one row (j = 0: the whole row; bfloat16 rows: from where the pairs of
+// fwd_eo_row stopped); float32 lanes (float, bf16, f16 storage).
 template <bool W, bool B, class S>
 void fwd_row_of(const S* x, float a, const float* w, const float* b, S* y, int64_t n, int64_t j = 0) {
   constexpr int64_t L = vlanes<S>;
@@ -87,35 +96,26 @@ void fwd_row_of(const S* x, float a, const float* w, const float* b, S* y, int64
 }
 
 template <class S> void fwd_row(const S* x, float a, const float* w, const float* b, S* y, int64_t n) {
-  if (w && b) fwd_row_of<true, true>(x, a, w, b, y, n);
-  else if (w) fwd_row_of<true, false>(x, a, w, b, y, n);
-  else if (b) fwd_row_of<false, true>(x, a, w, b, y, n);
-  else fwd_row_of<false, false>(x, a, w, b, y, n);
+  with_affine(w, b, [&]<bool W, bool B>() { fwd_row_of<W, B>(x, a, w, b, y, n); });
 }
 
 // A bfloat16 row two vectors at a time, even and odd values apart (vload_eo / vstore_eo: a shift
 // and a mask each way, where vload / vstore widen and pack each vector), over its first n2 columns
 // (n2 a multiple of 2 * lanes); we, be: w and b of those columns in eo_order. The rest of the row
 // as fwd_row writes it, from w and b in order. The same bits as fwd_row.
-template <bool W, bool B>
-void fwd_eo_row_of(const bf16* x, float a, const float* we, const float* be, const float* w, const float* b,
-                   bf16* y, int64_t n, int64_t n2) {
-  constexpr int64_t L = lanes<float>;
-  for (int64_t j = 0; j < n2; j += 2 * L) {
-    vf e, o;
-    vload_eo(x + j, e, o);
-    const vf te = vtanh<false>(e * a), to = vtanh<false>(o * a);
-    vstore_eo(y + j, dyt_affine<W, B>(te, W ? vload(we + j) : vf{}, B ? vload(be + j) : vf{}),
-              dyt_affine<W, B>(to, W ? vload(we + j + L) : vf{}, B ? vload(be + j + L) : vf{}));
-  }
-  fwd_row_of<W, B>(x, a, w, b, y, n, n2);
-}
 void fwd_eo_row(const bf16* x, float a, const float* we, const float* be, const float* w, const float* b, bf16* y,
                 int64_t n, int64_t n2) {
-  if (w && b) fwd_eo_row_of<true, true>(x, a, we, be, w, b, y, n, n2);
-  else if (w) fwd_eo_row_of<true, false>(x, a, we, be, w, b, y, n, n2);
-  else if (b) fwd_eo_row_of<false, true>(x, a, we, be, w, b, y, n, n2);
-  else fwd_eo_row_of<false, false>(x, a, we, be, w, b, y, n, n2);
+  with_affine(w, b, [&]<bool W, bool B>() {
+    constexpr int64_t L = lanes<float>;
+    for (int64_t j = 0; j < n2; j += 2 * L) {
+      vf e, o;
+      vload_eo(x + j, e, o);
+      const vf te = vtanh<false>(e * a), to = vtanh<false>(o * a);
+      vstore_eo(y + j, dyt_affine<W, B>(te, W ? vload(we + j) : vf{}, B ? vload(be + j) : vf{}),
+                dyt_affine<W, B>(to, W ? vload(we + j + L) : vf{}, B ? vload(be + j + L) : vf{}));
+    }
+    fwd_row_of<W, B>(x, a, w, b, y, n, n2);
+  });
 }
 
 void fwd_row(const double* x, double a, const double* w, const double* b, double* y, int64_t n) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "numerics/activation.h"
@@ -46,9 +47,13 @@ template <class F> void tasks(const Layout& l, const F& body) {
   at::parallel_for(0, l.n_outer, per, [&](int64_t p0, int64_t p1) { body(p0, p1); });
 }
 
-// g(z, t, k) for every vector of z values: t = offset, k = lanes used; planes or rows alike
-template <class S, class G> inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t p0,
-                                              int64_t p1, const G& g) {
+// g(z, t, k) for every vector of z values: t = offset, k = lanes used; planes or rows alike.
+// bfloat16 planes (per-plane constants) go two vectors at a time first, even and odd values apart:
+// g_pair(ze, zo, t) (vec.h vload_eo; the caller stores by vstore_eo: no widening or packing of
+// halves), then g for the rest of the plane. g_pair is called only for bfloat16 (a generic lambda).
+template <class S, class G, class GP>
+inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t p0, int64_t p1, const G& g,
+                 const GP& g_pair) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   if (l.planes) {
@@ -57,7 +62,15 @@ template <class S, class G> inline void over(const Layout& l, const S* x, const 
       const int64_t c = p % l.n_const;
       const vec<A> h = vset1(k.hi[c]), a = vset1(k.a[c]), b = vset1(k.b2[c]);
       const int64_t base = p * s;
-      for (int64_t t = 0; t < s; t += L) {
+      int64_t t = 0;
+      if constexpr (std::is_same_v<S, bf16>) {
+        for (; t + 2 * L <= s; t += 2 * L) {
+          vec<A> e, o;
+          vload_eo(x + base + t, e, o);
+          g_pair((e - h) * a + b, (o - h) * a + b, base + t);
+        }
+      }
+      for (; t < s; t += L) {
         const int64_t n = std::min(L, s - t);
         g((load_n(x + base + t, n) - h) * a + b, base + t, n);
       }
@@ -85,30 +98,6 @@ template <class S, class G> inline void over(const Layout& l, const S* x, const 
   }
 }
 
-// bfloat16 planes (per-plane constants): g(ze, zo, t) for the pairs of vectors of each plane, even
-// and odd values apart (vec.h vload_eo; the caller stores them by vstore_eo: no widening or
-// packing of halves), then tail(z, t, k) for the rest of the plane as `over` gives it.
-template <class GP, class G> inline void over_planes_eo(const Layout& l, const bf16* x, const Consts<float>& k,
-                                                        int64_t p0, int64_t p1, const GP& g_pair, const G& g) {
-  constexpr int64_t L = vlanes<bf16>;
-  const int64_t s = l.n_inner;
-  for (int64_t p = p0; p < p1; ++p) {
-    const int64_t c = p % l.n_const;
-    const vec<float> h = vset1(k.hi[c]), a = vset1(k.a[c]), b = vset1(k.b2[c]);
-    const int64_t base = p * s;
-    int64_t t = 0;
-    for (; t + 2 * L <= s; t += 2 * L) {
-      vec<float> e, o;
-      vload_eo(x + base + t, e, o);
-      g_pair((e - h) * a + b, (o - h) * a + b, base + t);
-    }
-    for (; t < s; t += L) {
-      const int64_t n = std::min(L, s - t);
-      g((load_n(x + base + t, n) - h) * a + b, base + t, n);
-    }
-  }
-}
-
 template <class F> void by_dtype(Dtype dt, const F& f) {
   switch (dt) {
     case Dtype::f32: f(float{}); break;
@@ -131,16 +120,10 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
-        const auto one = [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); };
-        if constexpr (std::is_same_v<S, bf16>) {
-          if (l.planes) {
-            over_planes_eo(l, x, k, p0, p1, [&](vec<A> ze, vec<A> zo, int64_t t) {
-              vstore_eo(y + t, act::apply<Act, S>(ze, p), act::apply<Act, S>(zo, p));
-            }, one);
-            return;
-          }
-        }
-        over<S>(l, x, k, p0, p1, one);
+        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); },
+                [&](auto ze, auto zo, int64_t t) {
+                  vstore_eo(y + t, act::apply<Act, S>(ze, p), act::apply<Act, S>(zo, p));
+                });
       });
     });
   });
@@ -158,20 +141,13 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
-        const auto one = [&](vec<A> z, int64_t t, int64_t n) {
+        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
           store_n(dz + t, load_n(dy + t, n) * act::grad<Act, S>(z, p), n);
-        };
-        if constexpr (std::is_same_v<S, bf16>) {
-          if (l.planes) {
-            over_planes_eo(l, x, k, p0, p1, [&](vec<A> ze, vec<A> zo, int64_t t) {
-              vec<A> de, dq;
-              vload_eo(dy + t, de, dq);
-              vstore_eo(dz + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
-            }, one);
-            return;
-          }
-        }
-        over<S>(l, x, k, p0, p1, one);
+        }, [&](auto ze, auto zo, int64_t t) {
+          decltype(ze) de, dq;  // (dependent: the body is compiled only for bfloat16, where over calls it)
+          vload_eo(dy + t, de, dq);
+          vstore_eo(dz + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+        });
       });
     });
   });
