@@ -331,3 +331,36 @@ def test_layer_norm_act_same_bits_on_one_and_two_threads(fn):
         torch.set_num_threads(threads)
     for u, v in zip(*out):
         assert torch.equal(u, v)
+
+
+# bfloat16 rows (channels-last BatchNorm and GroupNorm, LayerNorm's rows) go two vectors at a time,
+# even and odd values apart, with the per-column constants reordered to match: 40 columns are
+# 32 by pairs and 8 after them, 12 columns none by pairs
+ROWS_BY_PAIRS = {
+    "batch_norm_act channels_last, 40": (lambda x, w, b, act: NF.batch_norm_act(x, None, None, w, b, True, act=act),
+                                         lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 40, 5, 7), CL),
+    "batch_norm_act channels_last, 12": (lambda x, w, b, act: NF.batch_norm_act(x, None, None, w, b, True, act=act),
+                                         lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 12, 5, 7), CL),
+    "group_norm_act channels_last, 40": (lambda x, w, b, act: NF.group_norm_act(x, 8, w, b, act=act),
+                                         lambda x, w, b: NF.group_norm(x, 8, w, b), (3, 40, 5, 7), CL),
+    "layer_norm_act, 40": (lambda x, w, b, act: NF.layer_norm_act(x, (40,), w, b, act=act),
+                           lambda x, w, b: NF.layer_norm(x, (40,), w, b), (6, 7, 40), None),
+}
+
+
+@pytest.mark.parametrize("case", list(ROWS_BY_PAIRS))
+def test_bfloat16_rows_by_pairs_relu_is_the_unfused_bits(case):
+    """relu(z) rounded is relu of z rounded, and relu'(z) has z's sign, so the fused path's output
+    and gradients are the unfused path's bits -- wherever a column's constants were read beside the
+    wrong value (the even/odd order), z and so relu's mask would differ. (leaky_relu is not exact
+    here: the fused BatchNorm pass applies it to z before rounding.)"""
+    act = "relu"
+    fused, norm, shape, fmt = ROWS_BY_PAIRS[case]
+    x, dy = _x(shape, torch.bfloat16, fmt=fmt), _x(shape, torch.bfloat16, seed=3, fmt=fmt)
+    # per-column constants that differ column by column
+    w, b = _params(shape[1] if fmt is not None else shape[-1], torch.bfloat16)
+    fn = A.ID[act]
+    got = _grads(lambda x, w, b: fused(x, w, b, act), x, w, b, dy)
+    want = _grads(lambda x, w, b: A.act_forward(norm(x, w, b), fn), x, w, b, dy)
+    for i, (u, v) in enumerate(zip(got, want)):
+        assert torch.equal(u, v), (case, act, i)

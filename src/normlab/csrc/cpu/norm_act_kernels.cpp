@@ -39,6 +39,19 @@ template <class A> struct Consts {
   Consts(const double* h, const double* f, const double* b, int64_t n) : hi(n), a(n), b2(n) {
     for (int64_t i = 0; i < n; ++i) { hi[i] = A(h[i]); a[i] = A(f[i]); b2[i] = A(b[i]); }
   }
+  // Each row of w constants (the rows layout) with its first pairs(w) values in eo_order (vec.h),
+  // the rest in order: what over's bfloat16 rows read beside vload_eo.
+  static int64_t pairs(int64_t w) { return w / (2 * lanes<A>) * (2 * lanes<A>); }
+  void eo_rows(int64_t w) {
+    const int64_t n2 = pairs(w);
+    if (n2 == 0) return;
+    std::vector<A> t(n2);
+    for (std::vector<A>* v : {&hi, &a, &b2})
+      for (int64_t r0 = 0; r0 + w <= int64_t(v->size()); r0 += w) {
+        eo_order(v->data() + r0, n2, t.data());
+        std::copy(t.begin(), t.end(), v->begin() + r0);
+      }
+  }
 };
 
 // body(p0, p1) over planes or rows in tasks of about kTaskValues values
@@ -48,9 +61,10 @@ template <class F> void tasks(const Layout& l, const F& body) {
 }
 
 // g(z, t, k) for every vector of z values: t = offset, k = lanes used; planes or rows alike.
-// bfloat16 planes (per-plane constants) go two vectors at a time first, even and odd values apart:
+// bfloat16 planes and rows go two vectors at a time first, even and odd values apart:
 // g_pair(ze, zo, t) (vec.h vload_eo; the caller stores by vstore_eo: no widening or packing of
-// halves), then g for the rest of the plane. g_pair is called only for bfloat16 (a generic lambda).
+// halves), then g for the rest of the plane or row (rows: k's constants in eo_rows' order, each
+// row's pairs reading them beside vload_eo). g_pair is called only for bfloat16 (a generic lambda).
 template <class S, class G, class GP>
 inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t p0, int64_t p1, const G& g,
                  const GP& g_pair) {
@@ -92,10 +106,28 @@ inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t
           base + t, n);
       };
       int64_t t = 0;
+      if constexpr (std::is_same_v<S, bf16>) {
+        const int64_t n2 = Consts<A>::pairs(w);
+        for (; t < n2; t += 2 * L) {
+          vec<A> e, o;
+          vload_eo(x + base + t, e, o);
+          const int64_t j = c0 + t;
+          g_pair((e - vload(hi + j)) * vload(av + j) + vload(bv + j),
+                 (o - vload(hi + j + L)) * vload(av + j + L) + vload(bv + j + L), base + t);
+        }
+      }
       for (; t + L <= w; t += L) z_at(t, L);
       if (t < w) z_at(t, w - t);
     }
   }
+}
+
+// The constants of a call (bfloat16 rows: in eo_rows' order)
+template <class S>
+Consts<acc_t<S>> consts(const double* hi, const double* a, const double* b2, int64_t n, const Layout& l) {
+  Consts<acc_t<S>> k(hi, a, b2, n);
+  if (std::is_same_v<S, bf16> && !l.planes) k.eo_rows(l.n_inner);
+  return k;
 }
 
 template <class F> void by_dtype(Dtype dt, const F& f) {
@@ -116,7 +148,7 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
     using A = acc_t<S>;
     const S* x = static_cast<const S*>(xv);
     S* y = static_cast<S*>(yv);
-    const Consts<A> k(hi, a, b2, n_consts);
+    const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
@@ -137,7 +169,7 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     const S* x = static_cast<const S*>(xv);
     const S* dy = static_cast<const S*>(dyv);
     S* dz = static_cast<S*>(dzv);
-    const Consts<A> k(hi, a, b2, n_consts);
+    const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
@@ -167,6 +199,12 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
     const std::unique_ptr<A[]> wb(new A[2 * n_cols]);
     A *wa = wb.get(), *ba = wa + n_cols;
     for (int64_t c = 0; c < n_cols; ++c) { wa[c] = A(w ? w[c] : 1.0); ba[c] = A(b ? b[c] : 0.0); }
+    // bfloat16: each row's first n2 values by pairs, even and odd apart (w and b in eo_order there)
+    const int64_t n2 = std::is_same_v<S, bf16> ? Consts<A>::pairs(n_cols) : 0;
+    if (n2) {
+      const std::unique_ptr<A[]> t(new A[n2]);
+      for (A* v : {wa, ba}) { eo_order(v, n2, t.get()); std::copy(t.get(), t.get() + n2, v); }
+    }
     const A p = A(param);
     const Layout l{false, n_rows, n_cols, 0, 1};
     act::visit(act_id, [&]<int Act>() {
@@ -174,7 +212,17 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
         for (int64_t r = r0; r < r1; ++r) {
           const vec<A> m = vset1(A(mean[r])), rs = vset1(A(rstd[r]));
           const int64_t base = r * n_cols;
-          for (int64_t t = 0; t < n_cols; t += L) {
+          if constexpr (std::is_same_v<S, bf16>) {
+            for (int64_t t = 0; t < n2; t += 2 * L) {
+              vec<A> e, o, de, dq;
+              vload_eo(x + base + t, e, o);
+              vload_eo(dy + base + t, de, dq);
+              const vec<A> ze = ((e - m) * rs) * vload(&wa[t]) + vload(&ba[t]);
+              const vec<A> zo = ((o - m) * rs) * vload(&wa[t + L]) + vload(&ba[t + L]);
+              vstore_eo(dz + base + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+            }
+          }
+          for (int64_t t = n2; t < n_cols; t += L) {
             const int64_t n = std::min(L, n_cols - t);
             const vec<A> z = ((load_n(x + base + t, n) - m) * rs) * loadc_n(&wa[t], n) + loadc_n(&ba[t], n);
             store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, S>(z, p), n);

@@ -102,9 +102,11 @@ inline vf vexp_in_range(vf v) {
 // min(x, y) and max(x, y), y where either is NaN or both are zeros (x < y ? x : y, x > y ? x : y:
 // what minps and maxps compute, lane by lane). With AVX2 and AVX-512 as the instructions themselves:
 // GCC compiles the conditional form to a compare and a blend, two dependent instructions for one.
+// (AVX-512: the maskz forms with a full mask, as Lookup's permute: the plain ones trip GCC 12's
+// -Wuninitialized.)
 inline vf vmin_nan(vf x, vf y) {
 #if NORMLAB_VEC_BYTES == 64
-  return (vf)_mm512_min_ps((__m512)x, (__m512)y);
+  return (vf)_mm512_maskz_min_ps(0xFFFF, (__m512)x, (__m512)y);
 #elif NORMLAB_VEC_BYTES == 32
   return (vf)_mm256_min_ps((__m256)x, (__m256)y);
 #else
@@ -113,7 +115,7 @@ inline vf vmin_nan(vf x, vf y) {
 }
 inline vf vmax_nan(vf x, vf y) {
 #if NORMLAB_VEC_BYTES == 64
-  return (vf)_mm512_max_ps((__m512)x, (__m512)y);
+  return (vf)_mm512_maskz_max_ps(0xFFFF, (__m512)x, (__m512)y);
 #elif NORMLAB_VEC_BYTES == 32
   return (vf)_mm256_max_ps((__m256)x, (__m256)y);
 #else
