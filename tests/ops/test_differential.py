@@ -40,7 +40,8 @@ CPU runs, or ``NORMLAB_CPU_LEVEL``'s); the shapes are derived from them.
   row of 16M values).
 - **BatchNorm** (``cpu/batch_norm_kernels.h``, ``Constants``; ``geometry`` in
   ``cpu/batch_norm_kernels.cpp``): planes of ``S >= plane_min = 256`` values (or of
-  ``S >= short_plane_min = 32`` when ``S >= 8 N``) are cut per channel
+  ``S >= short_plane_min = 32`` when ``S >= 8 N``; half precision with sums: ``S >= mid_plane_min = 128``
+  when ``S >= 4 N``) are cut per channel
   into ``P = ceil(N * S / part_values)`` parts (``part_values = 65536``, at most 64), read in
   pieces of ``plane_piece = 4096``; ``P == 1`` finishes a channel in cache. Rows narrower than
   ``fold_below = 64`` values are folded to at most ``fold_width = 256``; ``column_block = 2048``
@@ -158,7 +159,9 @@ def _cases():
         _case("batch_norm", (600, 63), WIDE), _case("batch_norm", (600, 64), WIDE),  # fold_below: 63 | 64
         _case("batch_norm", (300, 2500), WIDE),                       # 2 column blocks, chunks of 52 rows
         _case("batch_norm", (6, 5, 7)), _case("batch_norm", (6, 5, 2 * L32 + 1)),  # lane tails within a plane
-        _case("batch_norm", (40, 64, 200), WIDE),                     # local, row sums (S < plane_min, S < 8 N)
+        _case("batch_norm", (40, 64, 150), WIDE),                     # local, row sums (S < plane_min, S < 4 N)
+        _case("batch_norm", (32, 8, 127), WIDE), _case("batch_norm", (32, 8, 128), WIDE),  # mid_plane_min, S >= 4 N: rows | planes
+        _case("batch_norm", (33, 8, 128), WIDE),                      # S < 4 N: rows
         _case("batch_norm", (4, 8, 32), WIDE), _case("batch_norm", (5, 8, 32), WIDE),  # S >= 8 N: planes | rows
         _case("batch_norm", (2, 8, 31), WIDE),                        # S < short_plane_min 32: rows
         _case("batch_norm", (4, 8, 255), WIDE), _case("batch_norm", (4, 8, 256), WIDE),  # plane_min: 255 | 256

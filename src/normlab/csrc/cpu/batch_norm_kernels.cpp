@@ -611,13 +611,20 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
 
 // Which view a contiguous (N, C, S) input takes. A plane run costs a fixed ~100 cycles (its
 // sums' horizontal adds, a division, a merge) besides its values; a column of the rows view costs
-// ~25 cycles of float64 merging per chunk besides its N values. So planes when a run is long
-// (S >= plane_min), or when it is at least short_plane_min and a column would hold few values
-// against it (S >= 8 N: (2, 512, 8, 8) has 2 values per column, 64 per run; 1 thread, float16
-// forward 0.73x -> 1.2x torch, (4, 64, 14, 14) float32 forward+backward 0.97x -> 2.1x).
-inline bool takes_planes(const View& v) {
+// ~25 cycles of float64 merging per chunk besides its N values: per channel, N runs against S
+// columns. So planes when a run is long (S >= plane_min), or when it is at least short_plane_min
+// and a column would hold few values against it (S >= 8 N: (2, 512, 8, 8) has 2 values per column,
+// 64 per run; 1 thread, float16 forward 0.73x -> 1.2x torch, (4, 64, 14, 14) float32
+// forward+backward 0.97x -> 2.1x). Half precision with sums to take (training, or the backward's
+// dweight/dbias) from S >= mid_plane_min and S >= 4 N, where the two fixed costs meet: the rows
+// view widens every value in its per-column sums, the planes read them by even/odd pairs
+// (32x256x14x14 bfloat16 forward+backward 0.98-1.03x -> 1.25-1.31x torch; float32, whose values cost
+// the same either way and whose plane runs lie C * S apart, stays at 8 N: 40x256x14x14 was 8 %
+// slower by planes, and an evaluation forward, with no sums, streams rows in order).
+inline bool takes_planes(const View& v, bool half_sums) {
   const Constants& k = constants();
-  return v.s_len >= k.plane_min || (v.s_len >= k.short_plane_min && v.s_len >= 8 * v.n_rows);
+  return v.s_len >= k.plane_min || (v.s_len >= k.short_plane_min && v.s_len >= 8 * v.n_rows) ||
+         (half_sums && v.s_len >= k.mid_plane_min && v.s_len >= 4 * v.n_rows);
 }
 
 struct Parts {
@@ -745,7 +752,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
 template <class S>
 void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps, bool train) {
   using A = acc_t<S>;
-  if (takes_planes(v)) return forward_planes(x, y, w, b, rm, rv, stats, v, eps, train);
+  if (takes_planes(v, sizeof(S) == 2 && train)) return forward_planes(x, y, w, b, rm, rv, stats, v, eps, train);
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
@@ -952,20 +959,33 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
 }
 
 // dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
+// bfloat16: pairs of vectors first, even and odd values apart (vec.h vload_eo / vstore_eo: no
+// widening or packing of halves; the same bits), then the rest of the run.
 template <class S>
 inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, acc_t<S> h, acc_t<S> q2, acc_t<S> q0,
                        bool train) {
   using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
   vec<A> vf = vset1<A>(f);
+  int64_t t0 = 0;
   if (train) {
     vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
+    if constexpr (std::is_same_v<S, bf16>) {
+      for (; t0 + 2 * L <= len; t0 += 2 * L) {
+        vec<A> ge, go, xe, xo;
+        vload_eo(dy + t0, ge, go);
+        vload_eo(x + t0, xe, xo);
+        vstore_eo(dx + t0, (vf * ge - v2 * (xe - vh)) - v0, (vf * go - v2 * (xo - vh)) - v0);
+      }
+    }
     columns_part<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
                     [&](int64_t t, int64_t k) {
                       vstore_n(dx + t, (vf * vload_n(dy + t, k) - v2 * (vload_n(x + t, k) - vh)) - v0, k);
-                    });
+                    }, t0);
   } else {
+    if constexpr (std::is_same_v<S, bf16>) t0 = eo_map(dy, dx, len, [&](vec<A> g) { return g * vf; });
     columns_part<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
-                    [&](int64_t t, int64_t k) { vstore_n(dx + t, vload_n(dy + t, k) * vf, k); });
+                    [&](int64_t t, int64_t k) { vstore_n(dx + t, vload_n(dy + t, k) * vf, k); }, t0);
   }
 }
 
@@ -1058,7 +1078,8 @@ template <class S>
 void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
                    bool train, bool need_dx, bool need_wb) {
   using A = acc_t<S>;
-  if (takes_planes(v)) return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb);
+  if (takes_planes(v, sizeof(S) == 2 && (train || need_wb)))
+    return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb);
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;

@@ -2,7 +2,8 @@
 //
 // Two views, each with its rule (docs/derivations/batch_norm.md, "The cpu kernels"):
 //  - planes: contiguous (N, C, *spatial) with S >= plane_min values per plane (or S >=
-//    short_plane_min and S >= 8 N: takes_planes). A channel's N*S
+//    short_plane_min and S >= 8 N, or half precision with sums from mid_plane_min and S >= 4 N:
+//    takes_planes). A channel's N*S
 //    values are cut into P = ceil(N*S / part_values) parts (at most 64); a task is one
 //    (channel, part), read in pieces of plane_piece values (two passes in L1, Chan-merged in
 //    float64); parts merged in order. P == 1: the task finishes its channel while in cache.
@@ -70,6 +71,7 @@ struct Constants {
   int64_t local_elems = 1 << 18;   // a block of whole channels of at most this many values is local
   int64_t min_local_run = 1024;    // ... read in runs of at least this many values per row
   int64_t plane_min = 256;         // planes of at least this many values: per-plane sums ...
+  int64_t mid_plane_min = 128;     // ... and of at least this many when S >= 4 N (half precision, sums) ...
   int64_t short_plane_min = 32;    // ... and of at least this many when S >= 8 N (few rows)
   int64_t plane_piece = 4096;      // ... in pieces of at most this many values
   int64_t part_values = 65536;     // ... a channel cut into ceil(N * S / this) parts (at most 64)
