@@ -42,15 +42,17 @@ template <class A> struct Consts {
   // Each row of w constants (the rows layout) with its first pairs(w) values in eo_order (vec.h),
   // the rest in order: what over's bfloat16 rows read beside vload_eo.
   static int64_t pairs(int64_t w) { return w / (2 * lanes<A>) * (2 * lanes<A>); }
+  // v's first n2 values (a multiple of 2 * lanes) put in eo_order in place; t: n2 values of scratch
+  static void eo_in_place(A* v, int64_t n2, A* t) {
+    eo_order(v, n2, t);
+    std::copy(t, t + n2, v);
+  }
   void eo_rows(int64_t w) {
     const int64_t n2 = pairs(w);
     if (n2 == 0) return;
     std::vector<A> t(n2);
     for (std::vector<A>* v : {&hi, &a, &b2})
-      for (int64_t r0 = 0; r0 + w <= int64_t(v->size()); r0 += w) {
-        eo_order(v->data() + r0, n2, t.data());
-        std::copy(t.begin(), t.end(), v->begin() + r0);
-      }
+      for (int64_t r0 = 0; r0 + w <= int64_t(v->size()); r0 += w) eo_in_place(v->data() + r0, n2, t.data());
   }
 };
 
@@ -203,7 +205,7 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
     const int64_t n2 = std::is_same_v<S, bf16> ? Consts<A>::pairs(n_cols) : 0;
     if (n2) {
       const std::unique_ptr<A[]> t(new A[n2]);
-      for (A* v : {wa, ba}) { eo_order(v, n2, t.get()); std::copy(t.get(), t.get() + n2, v); }
+      for (A* v : {wa, ba}) Consts<A>::eo_in_place(v, n2, t.get());
     }
     const A p = A(param);
     const Layout l{false, n_rows, n_cols, 0, 1};
