@@ -616,11 +616,11 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
 // and a column would hold few values against it (S >= 8 N: (2, 512, 8, 8) has 2 values per column,
 // 64 per run; 1 thread, float16 forward 0.73x -> 1.2x torch, (4, 64, 14, 14) float32
 // forward+backward 0.97x -> 2.1x). Half precision with sums to take (training, or the backward's
-// dweight/dbias) from S >= mid_plane_min and S >= 4 N, where the two fixed costs meet: the rows
-// view widens every value in its per-column sums, the planes read them by even/odd pairs
-// (32x256x14x14 bfloat16 forward+backward 0.98-1.03x -> 1.25-1.31x torch; float32, whose values cost
-// the same either way and whose plane runs lie C * S apart, stays at 8 N: 40x256x14x14 was 8 %
-// slower by planes, and an evaluation forward, with no sums, streams rows in order).
+// dweight/dbias) from S >= mid_plane_min and S >= 4 N, where the two fixed costs meet; measured
+// on a grid of both views, half precision gains there (32x256x14x14 bfloat16 forward+backward
+// 0.98-1.03x -> 1.25-1.31x torch), float32 gains less and loses up to 15 % at N = 40-64 (its plane
+// runs lie C * S apart: 40x256x14x14 was 8 % slower by planes), so it stays at 8 N; an evaluation
+// forward, with no sums, streams rows in order and keeps the old rule.
 inline bool takes_planes(const View& v, bool half_sums) {
   const Constants& k = constants();
   return v.s_len >= k.plane_min || (v.s_len >= k.short_plane_min && v.s_len >= 8 * v.n_rows) ||
