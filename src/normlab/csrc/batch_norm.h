@@ -1,31 +1,77 @@
-// The batch_norm family's C++ API: its ops (schemas in batch_norm.cpp) called through cached
-// dispatcher handles, the fast eager entries (autograd/batch_norm.cpp) and the kernels' geometry
-// constants (cpu/batch_norm.cpp, for tests) that extension.cpp binds for Python.
+// The batch_norm family's schemas and typed C++ API, in one file: `define` declares the ops
+// (torch.ops.normlab.*; called from extension.cpp's one registration block), each typed function
+// calls its op through a cached dispatcher handle, and the fast eager entries
+// (autograd/batch_norm.cpp) and the kernels' geometry constants (cpu/batch_norm.cpp, for tests)
+// are declared for extension.cpp's bindings. Kernels: cpu/batch_norm.cpp (CPU),
+// meta/batch_norm.cpp (Meta), autograd/batch_norm.cpp (Autograd, ADInplaceOrView). Math:
+// docs/derivations/batch_norm.md.
+//
+// BatchNorm's training and evaluation forwards, its backward, the batch statistics alone
+// (SyncBatchNorm's per-rank part) and the running-statistics update.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <map>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "args.h"
+
 namespace normlab::batch_norm {
 
-using OptTensor = std::optional<at::Tensor>;
+inline void define(torch::Library& m) {
+  // training: (y, stats), stats (3, C) float64 rows batch mean, biased var, rstd
+  m.def("batch_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor y, Tensor stats)");
+  // evaluation: y with the running statistics
+  m.def("batch_norm_eval_fwd(Tensor x, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, "
+        "float eps) -> Tensor y");
+  // (2, C) float64 rows batch mean, biased var (no output)
+  m.def("batch_norm_stats(Tensor x) -> Tensor stats");
+  // (dx, dw, db): dx empty (0,) unless need_dx; dw, db (C,) float64 sums, (0,) unless training or need_wb
+  m.def("batch_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor stats, bool training, bool need_dx, "
+        "bool need_wb) -> (Tensor dx, Tensor dw, Tensor db)");
+  // running = (1 - momentum) * running + momentum * stat (unbiased var, n values per channel);
+  // momentum a 0-dim tensor read when the op runs (momentum=None's factor depends on a buffer)
+  m.def("batch_norm_update_stats(Tensor(a!) running_mean, Tensor(b!) running_var, Tensor stats, int n, "
+        "Tensor momentum) -> ()");
+}
 
 // ---- the ops (torch.ops.normlab.<name>; the arguments as in the schemas) ----
 
-std::tuple<at::Tensor, at::Tensor> batch_norm_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                                  double eps);
-at::Tensor batch_norm_eval_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                               const at::Tensor& running_mean, const at::Tensor& running_var, double eps);
-at::Tensor batch_norm_stats(const at::Tensor& x);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_bwd(const at::Tensor& dy, const at::Tensor& x,
-                                                              const OptTensor& weight, const at::Tensor& stats,
-                                                              bool training, bool need_dx, bool need_wb);
-void batch_norm_update_stats(const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& stats,
-                             int64_t n, const at::Tensor& momentum);
+using at::Tensor;
+
+inline std::tuple<Tensor, Tensor> batch_norm_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                 double eps) {
+  static const auto op = op_handle<decltype(batch_norm_fwd)>("normlab::batch_norm_fwd");
+  return op.call(x, weight, bias, eps);
+}
+
+inline Tensor batch_norm_eval_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                  const Tensor& running_mean, const Tensor& running_var, double eps) {
+  static const auto op = op_handle<decltype(batch_norm_eval_fwd)>("normlab::batch_norm_eval_fwd");
+  return op.call(x, weight, bias, running_mean, running_var, eps);
+}
+
+inline Tensor batch_norm_stats(const Tensor& x) {
+  static const auto op = op_handle<decltype(batch_norm_stats)>("normlab::batch_norm_stats");
+  return op.call(x);
+}
+
+inline std::tuple<Tensor, Tensor, Tensor> batch_norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
+                                                         const Tensor& stats, bool training, bool need_dx,
+                                                         bool need_wb) {
+  static const auto op = op_handle<decltype(batch_norm_bwd)>("normlab::batch_norm_bwd");
+  return op.call(dy, x, weight, stats, training, need_dx, need_wb);
+}
+
+inline void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& stats,
+                                    int64_t n, const Tensor& momentum) {
+  static const auto op = op_handle<decltype(batch_norm_update_stats)>("normlab::batch_norm_update_stats");
+  op.call(running_mean, running_var, stats, n, momentum);
+}
 
 // ---- the eager entries (normlab._C) ----
 

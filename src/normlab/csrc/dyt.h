@@ -1,25 +1,46 @@
-// The dyt family's C++ API: its ops (schemas in dyt.cpp) called through cached dispatcher
-// handles, and the fast eager entry (autograd/dyt.cpp) that extension.cpp binds for Python.
+// The dyt family's schemas and typed C++ API, in one file: `define` declares the ops (called from
+// the one registration block, extension.cpp), each typed function calls its op through a cached
+// dispatcher handle, and the fast eager entry (autograd/dyt.cpp) is declared for extension.cpp's
+// binding. Kernels: cpu/dyt.cpp (CPU), meta/dyt.cpp (Meta), autograd/dyt.cpp (Autograd).
+//
 // DyT (Dynamic Tanh): y = tanh(alpha * x) * weight + bias, the affine along x's trailing dims.
+// x as the user gives it, (*, *normalized_shape); weight and bias of normalized_shape (the
+// columns of x's rows); alpha (1,). The output is contiguous, x's dtype; dalpha (1,), dw, db
+// (normalized_shape) in the accumulation dtype (float64 for float64, else float32).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
 
+#include "args.h"
+
 namespace normlab::dyt {
 
-using OptTensor = std::optional<at::Tensor>;
+inline void define(torch::Library& m) {
+  // DyT's output (differentiable; saves x)
+  m.def("dyt_fwd(Tensor x, Tensor? weight, Tensor? bias, int[] normalized_shape, Tensor alpha) -> Tensor y");
+  // DyT's gradients (dx, dalpha, dw, db); each empty unless asked for
+  m.def("dyt_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor alpha, int[] normalized_shape, bool need_dx, "
+        "bool need_dalpha, bool need_wb) -> (Tensor dx, Tensor dalpha, Tensor dw, Tensor db)");
+}
 
 // ---- the ops (torch.ops.normlab.<name>; the arguments as in the schemas) ----
 
-at::Tensor dyt_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                   at::IntArrayRef normalized_shape, const at::Tensor& alpha);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dyt_bwd(const at::Tensor& dy, const at::Tensor& x,
-                                                                   const OptTensor& weight, const at::Tensor& alpha,
-                                                                   at::IntArrayRef normalized_shape, bool need_dx,
-                                                                   bool need_dalpha, bool need_wb);
+inline at::Tensor dyt_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                          at::IntArrayRef normalized_shape, const at::Tensor& alpha) {
+  static const auto op = op_handle<decltype(dyt_fwd)>("normlab::dyt_fwd");
+  return op.call(x, weight, bias, normalized_shape, alpha);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dyt_bwd(
+    const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight, const at::Tensor& alpha,
+    at::IntArrayRef normalized_shape, bool need_dx, bool need_dalpha, bool need_wb) {
+  static const auto op = op_handle<decltype(dyt_bwd)>("normlab::dyt_bwd");
+  return op.call(dy, x, weight, alpha, normalized_shape, need_dx, need_dalpha, need_wb);
+}
 
 // ---- the eager entry (normlab._C) ----
 

@@ -1,10 +1,10 @@
 // normlab._C: the Python module of the extension, and the one place where Python meets the C++
-// API. Importing it runs the families' TORCH_LIBRARY_FRAGMENT(normlab, ...) registrations
-// (schemas in csrc/<family>.cpp; CPU, Meta and Autograd kernels in cpu/, meta/, autograd/) and
-// gives Python every eager entry of every family (declared in csrc/<family>.h): direct calls of
-// the registered ops through cached dispatcher handles (cheaper than torch.ops), and the fast
-// entries of normlab.functional, which check their arguments themselves and return None for
-// anything Python's checks must word.
+// API. It holds the one registration block of the op schemas (each family's `define`, in
+// csrc/<family>.h; the families' CPU, Meta and Autograd kernels register themselves from cpu/,
+// meta/ and autograd/) and gives Python every eager entry of every family (declared in
+// csrc/<family>.h): direct calls of the registered ops through cached dispatcher handles
+// (cheaper than torch.ops), and the fast entries of normlab.functional, which check their
+// arguments themselves and return None for anything Python's checks must word.
 //
 // This is the one translation unit that includes torch/extension.h (pybind11 and the tensor
 // casters, ~20 s to compile).
@@ -147,6 +147,16 @@ void bind_scale_norm(py::module_& m) {
   m.def("scale_norm2d_fast", &scale_norm2d_fast,
         "rms_norm2d (simple=False) / simple_norm2d (simple=True) of arguments the checks accept, else None",
         py::arg("x"), py::arg("weight"), py::arg("eps").noconvert(), py::arg("simple"));
+}
+
+// The op schemas of every family: torch.ops.normlab.<name>.
+TORCH_LIBRARY_FRAGMENT(normlab, m) {
+  normlab::batch_norm::define(m);
+  normlab::dyt::define(m);
+  normlab::frn::define(m);
+  normlab::group_norm::define(m);
+  normlab::layer_norm::define(m);
+  normlab::scale_norm::define(m);
 }
 
 PYBIND11_MODULE(_C, m) {
