@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .._backend import route
+from .._backend import TRANSFORM, route
 from .._checks import check_eps, check_input, check_momentum, check_num_groups, check_param
-from ..ops.evo_norm import op as _op
+from ..ops import _transforms
+from ..ops.evo_norm.reference import batch_var, ref_evo_b0, ref_evo_s0
 from .frn import check_4d
 
 _PER_CHANNEL = "num_features, the input's dim 1"
@@ -60,7 +61,15 @@ def evo_norm2d_b0(
         if training and running_var is not None and input.numel() > 0 and input.numel() == input.shape[1]:
             raise ValueError(f"{fn}: expected more than 1 value per channel when training (the running "
                              f"variance takes the unbiased variance), got input of shape {list(input.shape)}")
-    return _op.evo_b0(path, input, running_var, v, weight, bias, training, float(momentum), float(eps))
+    momentum, eps = float(momentum), float(eps)
+    # the running variance updated in place first (its new value is not what this call reads), as
+    # torch's batch_norm updates its own: with the batch's unbiased variance
+    if training and v is not None and running_var is not None and input.numel() > 0:
+        with torch.no_grad():
+            n = input.numel() / input.shape[1]
+            var = batch_var(input.detach())
+            running_var.copy_(running_var * (1 - momentum) + var.to(running_var.dtype) * (momentum * (n / (n - 1))))
+    return ref_evo_b0(input, v, weight, bias, running_var, eps, training, plain=_plain(path))
 
 
 def evo_norm2d_s0(
@@ -99,7 +108,14 @@ def evo_norm2d_s0(
     for name, p in (("weight", weight), ("bias", bias), ("v", v)):
         check_param(fn, name, p, input, shape, _PER_CHANNEL)
     check_eps(fn, eps, none_ok=False)
-    return _op.evo_s0(path, input, v, weight, bias, groups, float(eps))
+    return ref_evo_s0(input, v, weight, bias, groups, float(eps), plain=_plain(path))
+
+
+def _plain(path) -> bool:
+    """Under torch.func transforms and forward-mode AD (``TRANSFORM``, on any path): the reference
+    forward in plain torch ops, which torch differentiates and batches itself; else the reference's
+    autograd Functions with the hand-derived backward (every other path: EvoNorm has no kernel)."""
+    return path == TRANSFORM or _transforms.active()
 
 
 __all__ = ["evo_norm2d_b0", "evo_norm2d_s0"]

@@ -1,14 +1,27 @@
 """Filter Response Normalization as a function (``normlab.functional``; the math: ``normlab.ops.frn``),
-and the check the (N, C, H, W) layers of timm's norms share."""
+and the check the (N, C, H, W) layers of timm's norms share.
+
+``filter_response_norm`` judges the arguments and runs the path ``normlab._backend.route`` decided:
+
+- ``REF``: the reference, ``ops.frn.reference.ref_frn`` (its autograd Function with the
+  hand-derived backward);
+- ``EAGER``: the C++ entry ``normlab._C.frn_fast`` (the ``frn_fwd`` op with its autograd node,
+  without the dispatcher's Python layer); arguments it does not take (a tensor subclass) go through
+  ``torch.ops.normlab.frn_fwd``;
+- ``COMPILE``: ``torch.ops.normlab.frn_fwd`` (traced as one node; its Meta kernel gives the shapes);
+- ``TRANSFORM`` (torch.func transforms, forward-mode AD; on any path): the reference forward in
+  plain torch ops, which torch differentiates and batches itself.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .._backend import EAGER, route
+from .._backend import COMPILE, EAGER, TRANSFORM, route
 from .._checks import check_eps, check_input, check_param
+from ..ops import _transforms
 from ..ops import extension as _extension
-from ..ops.frn import op as _op
+from ..ops.frn.reference import ref_frn
 
 _C = _extension.load()
 
@@ -61,4 +74,13 @@ def filter_response_norm(
     for name, p in (("weight", weight), ("bias", bias), ("tau", tau)):
         check_param(fn, name, p, input, shape, "num_features, the input's dim 1")
     check_eps(fn, eps, none_ok=False)
-    return _op.frn(path, input, weight, bias, tau, float(eps))
+    eps = float(eps)
+    if path == TRANSFORM or _transforms.active():
+        return ref_frn(input, weight, bias, tau, eps, plain=True)
+    if path == EAGER:
+        y = _C.frn_fast(input, weight, bias, tau, eps)
+        if y is not None:
+            return y
+    if path == EAGER or path == COMPILE:
+        return torch.ops.normlab.frn_fwd(input, weight, bias, tau, eps)[0]
+    return ref_frn(input, weight, bias, tau, eps)

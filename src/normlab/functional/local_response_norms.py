@@ -9,7 +9,7 @@ import torch
 
 from .._backend import route
 from .._checks import check_input
-from ..ops.local_response_norm import op as _op
+from ..ops.local_response_norm.reference import ref_local_response_norm
 
 
 def local_response_norm(
@@ -48,7 +48,8 @@ def local_response_norm(
             f"{fn}: expected an input of 3 or more dims (N, C, *), got a {input.dim()}-D input of shape "
             f"{list(input.shape)}; give a batch and a trailing dim, e.g. x.reshape(1, C, -1)")
     size = _check_arguments(fn, size, alpha, beta, k)
-    return _op.local_response_norm(path, input, size, alpha, beta, k, "lrn")
+    del path  # every path runs the reference (no kernel: ops/local_response_norm)
+    return ref_local_response_norm(input, size, alpha, beta, k, "lrn")
 
 
 def cross_map_lrn2d(input: torch.Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75,
@@ -64,7 +65,8 @@ def cross_map_lrn2d(input: torch.Tensor, size: int, alpha: float = 1e-4, beta: f
             f"{fn}: expected a 4-D input (N, C, H, W), got a {input.dim()}-D input of shape "
             f"{list(input.shape)}; use normlab.nn.LocalResponseNorm for other ranks")
     size = _check_arguments(fn, size, alpha, beta, k)
-    return _op.local_response_norm(path, input, size, alpha, beta, k, "cross_map")
+    del path  # every path runs the reference (no kernel: ops/local_response_norm)
+    return ref_local_response_norm(input, size, alpha, beta, k, "cross_map")
 
 
 def _check_arguments(fn: str, size, alpha, beta, k) -> int:

@@ -1,4 +1,15 @@
-"""DyT (Dynamic Tanh) as a function (``normlab.functional``; the math: ``normlab.ops.dyt``)."""
+"""DyT (Dynamic Tanh) as a function (``normlab.functional``; the math: ``normlab.ops.dyt``): the
+public entry, which judges the arguments and runs the path ``normlab._backend.route`` decided.
+
+- ``REF``, ``TRANSFORM`` (torch.func transforms, forward-mode AD): the reference Function
+  (``ops.dyt.reference.ref_dyt``), whose torch ops carry their own vmap rule and its hand-derived
+  jvp -- DyT is elementwise, so the reference is already one pass of torch ops;
+- ``EAGER``: the C++ entry ``normlab._C.dyt_fast`` (the ``dyt_fwd`` op with its autograd node,
+  without the dispatcher's Python layer), tried first on the arguments as given and again on
+  them as judged; arguments it does not take (a tensor subclass) go through
+  ``torch.ops.normlab.dyt_fwd``;
+- ``COMPILE``: ``torch.ops.normlab.dyt_fwd`` (traced as one node; its Meta kernel gives the shape).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +18,10 @@ import numbers
 
 import torch
 
-from .._backend import EAGER, route
+from .._backend import EAGER, REF, TRANSFORM, route
 from .._checks import check_input, check_param, normalized_shape_tuple
 from ..ops import extension as _extension
-from ..ops.dyt import op as _op
+from ..ops.dyt.reference import ref_dyt
 from .checks import check_normalized_shape
 
 _C = _extension.load()
@@ -55,7 +66,13 @@ def dyt(
     check_param(fn, "weight", weight, input, shape, "normalized_shape")
     check_param(fn, "bias", bias, input, shape, "normalized_shape")
     alpha = _alpha(fn, alpha, input)
-    return _op.dyt(path, input, shape, alpha, weight, bias)
+    if path == REF or path == TRANSFORM:
+        return ref_dyt(input, shape, alpha, weight, bias)
+    if path == EAGER:  # the arguments in their judged form (a float alpha now a tensor)
+        y = _C.dyt_fast(input, shape, alpha, weight, bias)
+        if y is not None:
+            return y
+    return torch.ops.normlab.dyt_fwd(input, weight, bias, shape, alpha)
 
 
 def _alpha(fn: str, alpha, x: torch.Tensor) -> torch.Tensor:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from .._backend import EAGER, route
+from .._backend import COMPILE, EAGER, TRANSFORM, route
 from .._checks import check_eps, check_input, check_param, normalized_shape_tuple
+from ..ops import _transforms
 from ..ops import extension as _extension
-from ..ops.scale_norm import op as _op
+from ..ops.scale_norm.reference import ref_scale_norm
 from .checks import check_normalized_shape
 from .frn import check_4d
 
@@ -53,7 +54,7 @@ def rms_norm2d(input: torch.Tensor, weight: torch.Tensor | None = None, eps: flo
     if path == EAGER and (y := _fast(input, weight, eps, False)) is not None:
         return y
     _channels(fn, input, weight, eps)
-    return _op.scale_norm(path, input, None, weight, float(eps), "rms", channels=True)
+    return _scale_norm(path, input, None, weight, float(eps), "rms", channels=True)
 
 
 def simple_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -81,7 +82,7 @@ def simple_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | No
     check_normalized_shape(fn, input, shape)
     check_param(fn, "weight", weight, input, shape, "normalized_shape")
     check_eps(fn, eps, none_ok=False)
-    return _op.scale_norm(path, input, shape, weight, float(eps), "simple")
+    return _scale_norm(path, input, shape, weight, float(eps), "simple")
 
 
 def simple_norm2d(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -103,4 +104,27 @@ def simple_norm2d(input: torch.Tensor, weight: torch.Tensor | None = None, eps: 
     if path == EAGER and (y := _fast(input, weight, eps, True)) is not None:
         return y
     _channels(fn, input, weight, eps)
-    return _op.scale_norm(path, input, None, weight, float(eps), "simple", channels=True)
+    return _scale_norm(path, input, None, weight, float(eps), "simple", channels=True)
+
+
+def _scale_norm(path, x, normalized_shape, w, eps, kind, channels=False):
+    """The norm of ``x`` on ``path`` (arguments judged above; see ``ops.scale_norm.reference.ref_scale_norm``).
+
+    - ``REF``: the reference (its autograd Function with the hand-derived backward);
+    - ``EAGER`` (RmsNorm2d, SimpleNorm2d): the C++ entry ``normlab._C.scale_norm2d_fast`` (the
+      ``scale_norm2d_fwd`` op with its autograd node); arguments it does not take (a tensor
+      subclass) go through ``torch.ops.normlab.scale_norm2d_fwd``;
+    - ``COMPILE`` (the same two): ``torch.ops.normlab.scale_norm2d_fwd`` (its Meta kernel gives the shapes);
+    - SimpleNorm over trailing dims has no kernel: the reference on every path;
+    - ``TRANSFORM`` (torch.func transforms, forward-mode AD; on any path): the reference forward in
+      plain torch ops, which torch differentiates and batches itself.
+    """
+    if path == TRANSFORM or _transforms.active():
+        return ref_scale_norm(x, normalized_shape, w, eps, kind, channels, plain=True)
+    if channels and path == EAGER:
+        y = _C.scale_norm2d_fast(x, w, eps, kind == "simple")
+        if y is not None:
+            return y
+    if channels and path in (EAGER, COMPILE):
+        return torch.ops.normlab.scale_norm2d_fwd(x, w, kind == "simple", eps)[0]
+    return ref_scale_norm(x, normalized_shape, w, eps, kind, channels)

@@ -9,8 +9,10 @@ backend ``"cpu"`` available when it is installed), ``_register.py`` (the Python 
 Functions and custom ops), ``_transforms.py`` (torch.func rules), ``numerics.py``,
 ``layouts.py``, ``forward_mode.py``.
 
-Each family's ``op.py`` holds its entries: one function per op that takes the path
-``normlab._backend.route`` decided (``REF``, ``EAGER``, ``TRANSFORM``, ``COMPILE``) and runs it.
+A room holds the family's math (``reference.py``) and what serves it below the public
+functions; the entry that takes the path ``normlab._backend.route`` decided (``REF``, ``EAGER``,
+``TRANSFORM``, ``COMPILE``) and runs it is the family's public function in
+``normlab.functional``.
 """
 
 from .. import _backend

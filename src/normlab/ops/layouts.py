@@ -84,6 +84,13 @@ def output_memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def canonical(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the memory format of torch's output for it (a copy only if it is not already)."""
+    if x.is_contiguous():
+        return x
+    return x.contiguous(memory_format=output_memory_format(x))
+
+
 def in_memory_format(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
     """``t.contiguous(memory_format=fmt)`` with torch's own strides for every dim, as an output
     that torch allocated in ``fmt`` has them. A dim of size 1 can carry any stride, and a

@@ -16,6 +16,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import normlab
 import normlab.functional as NF
 from normlab._backend import EAGER, REF
+from normlab.functional import batch_norms
 from normlab.ops import batch_norm as bn_ops
 from normlab.ops.layouts import output_memory_format
 from tests.oracle import assert_within_rounding, rel_err
@@ -500,7 +501,7 @@ def test_entry_point_with_ref_backend():
 def test_entry_point_empty_batch_in_training_like_torch():
     """torch accepts N=0 in training: empty output, zero dw/db, running stats untouched.
 
-    (normlab.functional.batch_norm rejects it today; this is the op's side.)
+    (normlab.functional.batch_norm rejects it today; this is its path entry's side.)
     """
     x = torch.randn(0, 3, 2, 2, requires_grad=True)
     w, b = torch.ones(3, requires_grad=True), torch.zeros(3, requires_grad=True)
@@ -508,7 +509,7 @@ def test_entry_point_empty_batch_in_training_like_torch():
     yt = TF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
     dwt, dbt = torch.autograd.grad(yt.sum(), (w, b))
     for path in (REF, EAGER):  # the reference and the kernels' entry
-        y = bn_ops.op.batch_norm(path, x, rm, rv, w, b, True, 0.1, 1e-5)
+        y = batch_norms._batch_norm_path(path, x, rm, rv, w, b, True, 0.1, 1e-5)
         assert y.shape == yt.shape == x.shape and y.dtype == yt.dtype
         dw, db = torch.autograd.grad(y.sum(), (w, b))
         assert torch.equal(dw, dwt) and torch.equal(db, dbt)

@@ -3,17 +3,17 @@
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the running-statistic update, the autograd Functions, and the ``REF`` path
   (``ref_batch_norm``).
-- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided: the reference,
-  or the C++ ops ``torch.ops.normlab.batch_norm_*`` eager, compiled or under a transform
-  (its transform Function).
 - ``sync.py``: SyncBatchNorm, the statistics and gradient sums merged across the
   ranks (the collectives of ``torch.distributed``); ``sync_parts.py``: its per-rank
   computations on each backend.
 - ``ghost.py``: GhostBatchNorm's virtual batches as channels of one BatchNorm call;
   ``renorm.py``: BatchRenorm's correction ``r``, ``d``.
+
+The entry that runs each path of the gate (the reference, or the C++ ops
+``torch.ops.normlab.batch_norm_*`` eager, compiled or under a transform) is the public function,
+``normlab.functional.batch_norm``.
 """
 
-from . import op  # noqa: F401 (the entries: <family>.op)
 from .reference import (
     BatchNormEvalFunction,
     BatchNormTrainFunction,

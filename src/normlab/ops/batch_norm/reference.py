@@ -412,7 +412,7 @@ class BatchNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The REF path (what op.py runs when normlab._backend.route says REF;
+# The REF path (what normlab.functional runs when normlab._backend.route says REF;
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
 

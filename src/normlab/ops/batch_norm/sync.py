@@ -66,8 +66,7 @@ from torch.autograd.function import once_differentiable
 from ... import _backend
 from ..layouts import output_memory_format
 from ..numerics import acc_dtype, chan_merge  # noqa: F401 (chan_merge: also imported from here)
-from .. import _register
-from . import op as _op
+from .. import _register, extension
 from .sync_parts import KERNEL_PARTS, TORCH_PARTS, Parts, empty_vectors
 from .reference import _stat_shape
 from .reference import update_running_stats
@@ -301,7 +300,8 @@ def _update(running_mean: Tensor, running_var: Tensor, stats, momentum: float) -
     """Blend the global statistics into the running ones, in place (unbiased variance ``M2 / (N - 1)``)."""
     n = int(stats[3, 0])
     if isinstance(stats, np.ndarray) and running_mean.dtype in DTYPE_CODES and running_var.dtype in DTYPE_CODES:
-        _op.update_running(running_mean, running_var, torch.from_numpy(stats[:3]), n, momentum)
+        # the training forward's blend, in place (eager; version counters moved)
+        extension.load().batch_norm_update(running_mean, running_var, torch.from_numpy(stats[:3]), n, float(momentum))
     else:
         stats = torch.as_tensor(stats, device=running_mean.device)
         update_running_stats(running_mean, running_var, stats[0], stats[1], n, momentum)

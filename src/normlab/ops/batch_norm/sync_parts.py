@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..layouts import canonical
 from ..numerics import acc_dtype
-from . import op as _op
 from .reference import _channel_sum, _mean_var_xc, _stat_shape, batch_norm_eval_ref
 
 
@@ -72,7 +72,7 @@ class Parts(NamedTuple):
     canonical: Callable  # x -> the layout the computations take
 
 
-KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, _op._canonical)
+KERNEL_PARTS = Parts(_kernel_stats, _kernel_normalize, _kernel_sums, canonical)
 
 
 TORCH_PARTS = Parts(_torch_stats, _torch_normalize, _torch_sums, lambda x: x)

@@ -2,11 +2,12 @@
 timm's EvoNorm2dB0 and EvoNorm2dS0): normalization and activation in one expression.
 
 - ``reference.py``: the math in torch ops, the hand-derived backward, the autograd Functions and
-  the ``REF`` paths (``ref_evo_b0``, ``ref_evo_s0``);
-- ``op.py``: the entries, taking the path ``normlab._backend.route`` decided.
+  the ``REF`` paths (``ref_evo_b0``, ``ref_evo_s0``).
+
+The entries that run each path of the gate are the public functions,
+``normlab.functional.evo_norm2d_b0`` and ``evo_norm2d_s0``.
 """
 
-from . import op  # noqa: F401 (the entries: evo_norm.op)
 from .reference import (EvoB0Function, EvoS0Function, evo_b0_backward_ref, evo_b0_ref, evo_s0_backward_ref,
                         evo_s0_ref, ref_evo_b0, ref_evo_s0)
 

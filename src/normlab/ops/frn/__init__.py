@@ -3,11 +3,12 @@ FilterResponseNormAct2d): ``z = x * rsqrt(mean_HW(x^2) + eps) * weight + bias``,
 ``max(z, tau)`` (or, in the modules, an activation).
 
 - ``reference.py``: the math in torch ops, the hand-derived backward, the autograd Function and
-  the ``REF`` path (``ref_frn``);
-- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided.
+  the ``REF`` path (``ref_frn``).
+
+The entry that runs each path of the gate is the public function,
+``normlab.functional.filter_response_norm``.
 """
 
-from . import op  # noqa: F401 (the entry: frn.op)
 from .reference import FRNFunction, frn_backward_ref, frn_ref, ref_frn
 
 __all__ = ["frn_ref", "frn_backward_ref", "FRNFunction", "ref_frn"]

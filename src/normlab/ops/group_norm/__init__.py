@@ -3,12 +3,12 @@
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   InstanceNorm's running-statistics update, the autograd Functions, and the
   ``REF`` path (``ref_group_norm``, ``ref_instance_norm``).
-- ``op.py``: the entries, one function per op taking the path ``normlab._backend.route``
-  decided: the reference, or the C++ ops (``torch.ops.normlab.group_norm``, ...) eager,
-  compiled or under a transform (their transform Function).
+
+The entries that run each path of the gate (the reference, or the C++ ops
+``torch.ops.normlab.group_norm``, ... eager, compiled or under a transform) are the public
+functions, ``normlab.functional.group_norm`` and ``instance_norm``.
 """
 
-from . import op  # noqa: F401 (the entries: <family>.op)
 from .reference import (
     GroupNormFunction,
     InstanceNormEvalFunction,

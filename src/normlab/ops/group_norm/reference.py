@@ -21,7 +21,7 @@ each channel of each sample is normalised over its spatial dims. On top of
 that it may keep running statistics (see ``instance_norm``):
 
 - ``use_input_stats=True``: normalise with the input's own statistics; when
-  ``running_mean``/``running_var`` are given, update them in place (``op.py``)
+  ``running_mean``/``running_var`` are given, update them in place (``normlab.functional.instance_norm``)
   with the batch average of the per-instance mean and of the per-instance
   *unbiased* variance (``var * S / (S - 1)``), weighted by ``momentum``::
 
@@ -318,7 +318,7 @@ class InstanceNormEvalFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The REF path (what op.py runs when normlab._backend.route says REF;
+# The REF path (what normlab.functional runs when normlab._backend.route says REF;
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
 

@@ -2,15 +2,13 @@
 
 - ``reference.py``: the math in plain torch ops, the hand-derived backward,
   the autograd Functions, and the ``REF`` path (:func:`ref_layer_norm`, ...).
-- ``op.py``: the entries of the row norms, one function per op taking the path
-  ``normlab._backend.route`` decided: the reference, or the C++ ops
-  (``torch.ops.normlab.layer_norm_fwd``, ...) eager, compiled or under a transform
-  (their transform Function: vmap and forward-mode rules).
-- ``op_2d.py``: LayerNorm2d's entry, on the C++ op ``torch.ops.normlab.layer_norm2d``
-  (both layouts).
+
+The entries that run each path of the gate (the reference, or the C++ ops
+``torch.ops.normlab.layer_norm_fwd``, ..., ``layer_norm2d`` eager, compiled or under a transform)
+are the public functions, ``normlab.functional.layer_norm`` and its siblings
+(``functional/row_norms.py``).
 """
 
-from . import op, op_2d  # noqa: F401 (the entries: layer_norm.op, layer_norm.op_2d)
 from .reference import (
     LayerNormFunction,
     RMSNormFunction,

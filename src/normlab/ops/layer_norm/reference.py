@@ -304,7 +304,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------
-# The REF path (what op.py runs when normlab._backend.route says REF;
+# The REF path (what normlab.functional runs when normlab._backend.route says REF;
 # normlab.functional has checked the arguments)
 # --------------------------------------------------------------------------
 

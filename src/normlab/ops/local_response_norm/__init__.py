@@ -5,13 +5,14 @@ window of neighbouring channels, ``y = x / (k + alpha / size * sum_window x^2) *
   hand-derived backward and forward-mode rule, the autograd Function, and the ``REF`` path
   (``ref_local_response_norm``). Two windows: torch.nn.LocalResponseNorm's (``"lrn"``) and
   torch.nn.CrossMapLRN2d's (``"cross_map"``).
-- ``op.py``: the entry, taking the path ``normlab._backend.route`` decided.
+
+The entry that runs each path of the gate is the public function,
+``normlab.functional.local_response_norm`` (and ``cross_map_lrn2d``).
 
 No C++ kernel: LRN is a rare layer (AlexNet, GoogLeNet), and torch's own is composed of pooling
 ops; every path of the gate runs the reference, which is already a few passes of torch ops.
 """
 
-from . import op  # noqa: F401 (the entry: local_response_norm.op)
 from .reference import (
     LocalResponseNormFunction,
     local_response_norm_backward_ref,
