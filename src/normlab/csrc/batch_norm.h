@@ -43,32 +43,34 @@ inline void define(torch::Library& m) {
 
 using at::Tensor;
 
-inline std::tuple<Tensor, Tensor> batch_norm_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                                 double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> batch_norm_fwd(const Tensor& x, const OptTensor& weight,
+                                                                        const OptTensor& bias, double eps) {
   static const auto op = op_handle<decltype(batch_norm_fwd)>("normlab::batch_norm_fwd");
   return op.call(x, weight, bias, eps);
 }
 
-inline Tensor batch_norm_eval_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                  const Tensor& running_mean, const Tensor& running_var, double eps) {
+[[gnu::always_inline]] inline Tensor batch_norm_eval_fwd(const Tensor& x, const OptTensor& weight,
+                                                         const OptTensor& bias, const Tensor& running_mean,
+                                                         const Tensor& running_var, double eps) {
   static const auto op = op_handle<decltype(batch_norm_eval_fwd)>("normlab::batch_norm_eval_fwd");
   return op.call(x, weight, bias, running_mean, running_var, eps);
 }
 
-inline Tensor batch_norm_stats(const Tensor& x) {
+[[gnu::always_inline]] inline Tensor batch_norm_stats(const Tensor& x) {
   static const auto op = op_handle<decltype(batch_norm_stats)>("normlab::batch_norm_stats");
   return op.call(x);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> batch_norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
-                                                         const Tensor& stats, bool training, bool need_dx,
-                                                         bool need_wb) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> batch_norm_bwd(const Tensor& dy, const Tensor& x,
+                                                                                const OptTensor& weight,
+                                                                                const Tensor& stats, bool training,
+                                                                                bool need_dx, bool need_wb) {
   static const auto op = op_handle<decltype(batch_norm_bwd)>("normlab::batch_norm_bwd");
   return op.call(dy, x, weight, stats, training, need_dx, need_wb);
 }
 
-inline void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& stats,
-                                    int64_t n, const Tensor& momentum) {
+[[gnu::always_inline]] inline void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var,
+                                                           const Tensor& stats, int64_t n, const Tensor& momentum) {
   static const auto op = op_handle<decltype(batch_norm_update_stats)>("normlab::batch_norm_update_stats");
   op.call(running_mean, running_var, stats, n, momentum);
 }
@@ -77,7 +79,7 @@ inline void batch_norm_update_stats(const Tensor& running_mean, const Tensor& ru
 
 // BatchNorm of an (N, C, *) x through the registered ops (autograd included): training, the
 // batch's statistics and, with running statistics, their update in place (version counters
-// moved); evaluation, the running statistics. The eager path of ops/batch_norm/op.py.
+// moved); evaluation, the running statistics. The eager path of normlab.functional.batch_norm.
 at::Tensor batch_norm_entry(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                             const OptTensor& running_mean, const OptTensor& running_var, bool training,
                             double momentum, double eps);

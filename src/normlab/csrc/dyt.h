@@ -29,13 +29,13 @@ inline void define(torch::Library& m) {
 
 // ---- the ops (torch.ops.normlab.<name>; the arguments as in the schemas) ----
 
-inline at::Tensor dyt_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                          at::IntArrayRef normalized_shape, const at::Tensor& alpha) {
+[[gnu::always_inline]] inline at::Tensor dyt_fwd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                 at::IntArrayRef normalized_shape, const at::Tensor& alpha) {
   static const auto op = op_handle<decltype(dyt_fwd)>("normlab::dyt_fwd");
   return op.call(x, weight, bias, normalized_shape, alpha);
 }
 
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dyt_bwd(
+[[gnu::always_inline]] inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dyt_bwd(
     const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight, const at::Tensor& alpha,
     at::IntArrayRef normalized_shape, bool need_dx, bool need_dalpha, bool need_wb) {
   static const auto op = op_handle<decltype(dyt_bwd)>("normlab::dyt_bwd");

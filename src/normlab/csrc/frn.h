@@ -32,16 +32,16 @@ inline void define(torch::Library& m) {
 
 using at::Tensor;
 
-inline std::tuple<Tensor, Tensor> frn_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                          const OptTensor& tau, double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> frn_fwd(const Tensor& x, const OptTensor& weight,
+                                                                 const OptTensor& bias, const OptTensor& tau,
+                                                                 double eps) {
   static const auto op = op_handle<decltype(frn_fwd)>("normlab::frn_fwd");
   return op.call(x, weight, bias, tau, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
-                                                          const OptTensor& bias, const OptTensor& tau,
-                                                          const Tensor& rstd, bool need_dx, bool need_dw, bool need_db,
-                                                          bool need_dtau) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor, Tensor> frn_bwd(
+    const Tensor& dy, const Tensor& x, const OptTensor& weight, const OptTensor& bias, const OptTensor& tau,
+    const Tensor& rstd, bool need_dx, bool need_dw, bool need_db, bool need_dtau) {
   static const auto op = op_handle<decltype(frn_bwd)>("normlab::frn_bwd");
   return op.call(dy, x, weight, bias, tau, rstd, need_dx, need_dw, need_db, need_dtau);
 }

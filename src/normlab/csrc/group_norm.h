@@ -42,41 +42,42 @@ inline void define(torch::Library& m) {
 
 using at::Tensor;
 
-inline Tensor group_norm(const Tensor& x, const OptTensor& weight, const OptTensor& bias, int64_t num_groups,
-                         double eps) {
+[[gnu::always_inline]] inline Tensor group_norm(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                int64_t num_groups, double eps) {
   static const auto op = op_handle<decltype(group_norm)>("normlab::group_norm");
   return op.call(x, weight, bias, num_groups, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd(const Tensor& x, const OptTensor& weight,
-                                                                 const OptTensor& bias, int64_t num_groups,
-                                                                 double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor, Tensor> group_norm_fwd(
+    const Tensor& x, const OptTensor& weight, const OptTensor& bias, int64_t num_groups, double eps) {
   static const auto op = op_handle<decltype(group_norm_fwd)>("normlab::group_norm_fwd");
   return op.call(x, weight, bias, num_groups, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> group_norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
-                                                         const Tensor& mean, const Tensor& rstd, int64_t num_groups,
-                                                         bool need_dx) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> group_norm_bwd(const Tensor& dy, const Tensor& x,
+                                                                                const OptTensor& weight,
+                                                                                const Tensor& mean, const Tensor& rstd,
+                                                                                int64_t num_groups, bool need_dx) {
   static const auto op = op_handle<decltype(group_norm_bwd)>("normlab::group_norm_bwd");
   return op.call(dy, x, weight, mean, rstd, num_groups, need_dx);
 }
 
-inline Tensor instance_norm_eval_fwd(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                     const Tensor& mean, const Tensor& rstd) {
+[[gnu::always_inline]] inline Tensor instance_norm_eval_fwd(const Tensor& x, const OptTensor& weight,
+                                                            const OptTensor& bias, const Tensor& mean,
+                                                            const Tensor& rstd) {
   static const auto op = op_handle<decltype(instance_norm_eval_fwd)>("normlab::instance_norm_eval_fwd");
   return op.call(x, weight, bias, mean, rstd);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> instance_norm_eval_bwd(const Tensor& dy, const Tensor& x,
-                                                                 const OptTensor& weight, const Tensor& mean,
-                                                                 const Tensor& rstd, bool need_dx) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> instance_norm_eval_bwd(
+    const Tensor& dy, const Tensor& x, const OptTensor& weight, const Tensor& mean, const Tensor& rstd, bool need_dx) {
   static const auto op = op_handle<decltype(instance_norm_eval_bwd)>("normlab::instance_norm_eval_bwd");
   return op.call(dy, x, weight, mean, rstd, need_dx);
 }
 
-inline void instance_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                                       const Tensor& var, double momentum, int64_t n_spatial) {
+[[gnu::always_inline]] inline void instance_norm_update_stats(const Tensor& running_mean, const Tensor& running_var,
+                                                              const Tensor& mean, const Tensor& var, double momentum,
+                                                              int64_t n_spatial) {
   static const auto op = op_handle<decltype(instance_norm_update_stats)>("normlab::instance_norm_update_stats");
   op.call(running_mean, running_var, mean, var, momentum, n_spatial);
 }

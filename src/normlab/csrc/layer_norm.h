@@ -60,70 +60,74 @@ inline void define(torch::Library& m) {
 
 using at::Tensor;
 
-inline std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(const Tensor& x, const OptTensor& weight,
-                                                         const OptTensor& bias, at::IntArrayRef normalized_shape,
-                                                         double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(
+    const Tensor& x, const OptTensor& weight, const OptTensor& bias, at::IntArrayRef normalized_shape, double eps) {
   static const auto op = op_handle<decltype(layer_norm_fwd)>("normlab::layer_norm_fwd");
   return op.call(x, weight, bias, normalized_shape, eps);
 }
 
-inline std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, const OptTensor& weight,
-                                               at::IntArrayRef normalized_shape, double offset, bool cast_x_hat,
-                                               double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, const OptTensor& weight,
+                                                                      at::IntArrayRef normalized_shape, double offset,
+                                                                      bool cast_x_hat, double eps) {
   static const auto op = op_handle<decltype(rms_norm_fwd)>("normlab::rms_norm_fwd");
   return op.call(x, weight, normalized_shape, offset, cast_x_hat, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd(const Tensor& x, const Tensor& residual,
-                                                                     const OptTensor& weight, const OptTensor& bias,
-                                                                     at::IntArrayRef normalized_shape, double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_fwd(
+    const Tensor& x, const Tensor& residual, const OptTensor& weight, const OptTensor& bias,
+    at::IntArrayRef normalized_shape, double eps) {
   static const auto op = op_handle<decltype(add_layer_norm_fwd)>("normlab::add_layer_norm_fwd");
   return op.call(x, residual, weight, bias, normalized_shape, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd(const Tensor& x, const Tensor& residual,
-                                                           const OptTensor& weight, at::IntArrayRef normalized_shape,
-                                                           double offset, bool cast_x_hat, double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> add_rms_norm_fwd(
+    const Tensor& x, const Tensor& residual, const OptTensor& weight, at::IntArrayRef normalized_shape, double offset,
+    bool cast_x_hat, double eps) {
   static const auto op = op_handle<decltype(add_rms_norm_fwd)>("normlab::add_rms_norm_fwd");
   return op.call(x, residual, weight, normalized_shape, offset, cast_x_hat, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(const Tensor& dy, const OptTensor& dh, const Tensor& x,
-                                                         const OptTensor& weight, const Tensor& mean,
-                                                         const Tensor& rstd, at::IntArrayRef normalized_shape,
-                                                         bool need_wb, std::optional<at::ScalarType> db_dtype) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> layer_norm_bwd(
+    const Tensor& dy, const OptTensor& dh, const Tensor& x, const OptTensor& weight, const Tensor& mean,
+    const Tensor& rstd, at::IntArrayRef normalized_shape, bool need_wb, std::optional<at::ScalarType> db_dtype) {
   static const auto op = op_handle<decltype(layer_norm_bwd)>("normlab::layer_norm_bwd");
   return op.call(dy, dh, x, weight, mean, rstd, normalized_shape, need_wb, db_dtype);
 }
 
-inline std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const OptTensor& dh, const Tensor& x,
-                                               const OptTensor& weight, const Tensor& rstd,
-                                               at::IntArrayRef normalized_shape, double offset, bool cast_x_hat,
-                                               bool need_dw) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& dy, const OptTensor& dh,
+                                                                      const Tensor& x, const OptTensor& weight,
+                                                                      const Tensor& rstd,
+                                                                      at::IntArrayRef normalized_shape, double offset,
+                                                                      bool cast_x_hat, bool need_dw) {
   static const auto op = op_handle<decltype(rms_norm_bwd)>("normlab::rms_norm_bwd");
   return op.call(dy, dh, x, weight, rstd, normalized_shape, offset, cast_x_hat, need_dw);
 }
 
-inline std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
-                                                 const OptTensor& bias, at::IntArrayRef normalized_shape, bool center,
-                                                 double offset, bool cast_x_hat, double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> row_norm_infer(const Tensor& x, const OptTensor& residual,
+                                                                        const OptTensor& weight, const OptTensor& bias,
+                                                                        at::IntArrayRef normalized_shape, bool center,
+                                                                        double offset, bool cast_x_hat, double eps) {
   static const auto op = op_handle<decltype(row_norm_infer)>("normlab::row_norm_infer");
   return op.call(x, residual, weight, bias, normalized_shape, center, offset, cast_x_hat, eps);
 }
 
-inline Tensor layer_norm2d(const Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
+[[gnu::always_inline]] inline Tensor layer_norm2d(const Tensor& x, const OptTensor& weight, const OptTensor& bias,
+                                                  double eps) {
   static const auto op = op_handle<decltype(layer_norm2d)>("normlab::layer_norm2d");
   return op.call(x, weight, bias, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> layer_norm2d_fwd(const Tensor& x, const OptTensor& weight,
-                                                           const OptTensor& bias, double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> layer_norm2d_fwd(const Tensor& x,
+                                                                                  const OptTensor& weight,
+                                                                                  const OptTensor& bias, double eps) {
   static const auto op = op_handle<decltype(layer_norm2d_fwd)>("normlab::layer_norm2d_fwd");
   return op.call(x, weight, bias, eps);
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> layer_norm2d_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
-                                                           const Tensor& mean, const Tensor& rstd, bool need_wb) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> layer_norm2d_bwd(const Tensor& dy, const Tensor& x,
+                                                                                  const OptTensor& weight,
+                                                                                  const Tensor& mean,
+                                                                                  const Tensor& rstd, bool need_wb) {
   static const auto op = op_handle<decltype(layer_norm2d_bwd)>("normlab::layer_norm2d_bwd");
   return op.call(dy, x, weight, mean, rstd, need_wb);
 }

@@ -34,15 +34,17 @@ inline void define(torch::Library& m) {
 
 using at::Tensor;
 
-inline std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd(const Tensor& x, const OptTensor& weight, bool simple,
-                                                           double eps) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor> scale_norm2d_fwd(const Tensor& x,
+                                                                                  const OptTensor& weight, bool simple,
+                                                                                  double eps) {
   static const auto op = op_handle<decltype(scale_norm2d_fwd)>("normlab::scale_norm2d_fwd");
   return op.call(x, weight, simple, eps);
 }
 
-inline std::tuple<Tensor, Tensor> scale_norm2d_bwd(const Tensor& dy, const Tensor& x, const OptTensor& weight,
-                                                   const Tensor& rstd, const Tensor& mean, bool simple, bool need_dx,
-                                                   bool need_dw) {
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor> scale_norm2d_bwd(const Tensor& dy, const Tensor& x,
+                                                                          const OptTensor& weight, const Tensor& rstd,
+                                                                          const Tensor& mean, bool simple, bool need_dx,
+                                                                          bool need_dw) {
   static const auto op = op_handle<decltype(scale_norm2d_bwd)>("normlab::scale_norm2d_bwd");
   return op.call(dy, x, weight, rstd, mean, simple, need_dx, need_dw);
 }

@@ -7,8 +7,8 @@
 // otherwise the op computes the output alone, with no statistics allocated. Backward: the
 // backward op; under create_graph=True the reference backward in differentiable ATen ops
 // (reference.py's formula, statistics recomputed from x), so double backward works. torch.func
-// transforms take the Python Function of op.py (its vmap and jvp rules), which calls the same
-// forward/backward ops.
+// transforms take the Python Function of functional/group_norms.py (its vmap and jvp rules),
+// which calls the same forward/backward ops.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -211,7 +211,8 @@ Tensor instance_norm_entry(const Tensor& x_in, const OptTensor& rm, const OptTen
   // dy in its own layout and gives dx in x's), and the output made contiguous after -- not x made
   // contiguous first, which left the backward a transposed dy to read and a dx for autograd to
   // copy back into x's layout (InstanceNorm3d(4) on a channels_last 1x4x5x211x211 float16 input,
-  // forward+backward: 0.85x torch.nn at 2 threads). op.py's compiled path does the same.
+  // forward+backward: 0.85x torch.nn at 2 threads). functional/group_norms.py's compiled path
+  // does the same.
   const bool own_layout = use_input_stats && channels_last(x_in);
   const Tensor x = own_layout ? x_in : contiguous_input(x_in);
   const int64_t n = x.size(0), c = x.size(1);

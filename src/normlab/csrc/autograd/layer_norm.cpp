@@ -8,7 +8,7 @@
 // (ops/layer_norm/reference.py) in differentiable ATen ops, the statistics recomputed from x.
 //
 // torch.func transforms refuse C++ autograd nodes of this kind: under them Python takes the
-// transform Functions of ops/layer_norm/op.py and op_2d.py instead.
+// transform Functions of functional/row_norms.py instead.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -103,10 +103,10 @@ struct RowNorm {
 };
 
 // (y, h, mean, rstd) of the forward op that fits (center, residual); h / mean undefined where
-// the op has none.
-std::tuple<Tensor, Tensor, Tensor, Tensor> forward_op(const Tensor& x, const OptTensor& res, at::IntArrayRef shape,
-                                                      const OptTensor& w, const OptTensor& b, double eps,
-                                                      bool center, double offset, bool cast_x_hat) {
+// the op has none. Inlined: no frame of its own between a Python call and the row loop.
+[[gnu::always_inline]] inline std::tuple<Tensor, Tensor, Tensor, Tensor> forward_op(
+    const Tensor& x, const OptTensor& res, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b, double eps,
+    bool center, double offset, bool cast_x_hat) {
   if (center && !res.has_value()) {
     auto [y, mean, rstd] = layer_norm_fwd(x, w, b, shape, eps);
     return {y, Tensor(), mean, rstd};

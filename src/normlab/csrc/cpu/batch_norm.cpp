@@ -1,4 +1,4 @@
-// The batch_norm family's CPU kernels (schemas: csrc/batch_norm.cpp): tensors in, checks,
+// The batch_norm family's CPU kernels (schemas: csrc/batch_norm.h): tensors in, checks,
 // outputs allocated in torch's memory format, the torch-free kernels of batch_norm_kernels.cpp;
 // and the kernels' geometry constants for tests (batch_norm.h).
 #include <ATen/ATen.h>

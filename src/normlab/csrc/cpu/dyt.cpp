@@ -1,4 +1,4 @@
-// The dyt family's CPU kernels (schemas: csrc/dyt.cpp): tensors in, checks, outputs allocated,
+// The dyt family's CPU kernels (schemas: csrc/dyt.h): tensors in, checks, outputs allocated,
 // the raw-pointer kernels of cpu/dyt_kernels.h called.
 //
 // x is read as (n_rows, n_cols) rows, n_cols the product of normalized_shape (a copy only if x is

@@ -1,4 +1,4 @@
-// The frn family's CPU kernels (schemas: csrc/frn.cpp): tensors in, checks, outputs allocated,
+// The frn family's CPU kernels (schemas: csrc/frn.h): tensors in, checks, outputs allocated,
 // the raw-pointer kernels of cpu/frn_kernels.h called.
 //
 // x is read in its suggested memory format (channels_last: the NHWC kernels; otherwise

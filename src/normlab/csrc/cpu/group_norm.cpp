@@ -1,4 +1,4 @@
-// The group_norm family's CPU kernels (schemas: csrc/group_norm.cpp): tensors in, checks, outputs
+// The group_norm family's CPU kernels (schemas: csrc/group_norm.h): tensors in, checks, outputs
 // allocated in torch's memory format, the raw-pointer kernels of group_norm_kernels.h called.
 //
 // Layout (as torch's CPU GroupNorm): the output takes x.suggest_memory_format(). A channels_last

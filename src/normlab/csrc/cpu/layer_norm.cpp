@@ -1,4 +1,4 @@
-// The layer_norm family's CPU kernels (schemas: csrc/layer_norm.cpp): argument checks, outputs
+// The layer_norm family's CPU kernels (schemas: csrc/layer_norm.h): argument checks, outputs
 // allocated in torch's layout, then the torch-free kernels: the row kernels
 // (cpu/layer_norm_kernels.cpp) for LayerNorm / RMSNorm and for LayerNorm2d's channels-last
 // pixels, the NCHW plane kernels (cpu/layer_norm2d_kernels.cpp) for LayerNorm2d's contiguous input.

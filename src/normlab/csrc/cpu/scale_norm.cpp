@@ -1,4 +1,4 @@
-// The scale_norm family's CPU kernels (schemas: csrc/scale_norm.cpp): tensors in, checks,
+// The scale_norm family's CPU kernels (schemas: csrc/scale_norm.h): tensors in, checks,
 // outputs allocated, the raw-pointer kernels of cpu/scale_norm_kernels.h called.
 //
 // x is read in its suggested memory format (channels_last: the NHWC kernels; otherwise contiguous
