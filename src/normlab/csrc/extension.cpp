@@ -16,6 +16,7 @@
 #include "cpu/huge_pages.h"
 #include "group_norm.h"
 #include "layer_norm.h"
+#include "norm_act.h"
 #include "scale_norm.h"
 #include "cpu/levels.h"
 
@@ -126,6 +127,147 @@ void bind_group_norm(py::module_& m) {
       "bool, momentum, eps: floats), else None");
 }
 
+// ---- norm_act: the Python objects its fast entries take, judged as normlab.functional's
+// *_act functions took them for the fused kernels: tensors of torch.Tensor itself (or
+// torch.nn.Parameter; not a subclass, whose own __torch_function__ is not ours), ints of type
+// int, numbers.Real values (not bools) compared as Python compares them ----
+
+PyObject* torch_attr(const char* module, const char* name) {
+  return py::object(py::module_::import(module).attr(name)).release().ptr();  // (kept for the process)
+}
+
+// A tensor whose type is torch.Tensor exactly (or torch.nn.Parameter, where `parameter` is true).
+bool plain_tensor_arg(PyObject* o, at::Tensor& t, bool parameter = true) {
+  static PyObject* const tensor_type = torch_attr("torch", "Tensor");
+  static PyObject* const parameter_type = torch_attr("torch.nn", "Parameter");
+  const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(o));
+  if (type != tensor_type && !(parameter && type == parameter_type)) return false;
+  t = THPVariable_Unpack(o);
+  return true;
+}
+
+bool plain_opt_tensor_arg(PyObject* o, OptTensor& t) {
+  if (o == Py_None) return true;
+  at::Tensor v;
+  if (!plain_tensor_arg(o, v)) return false;
+  t = std::move(v);
+  return true;
+}
+
+// A numbers.Real (not a bool) with `o op 0` (op: Py_GT or Py_GE) and, where up_to_one, o <= 1.
+bool real_arg(PyObject* o, int op, bool up_to_one = false) {
+  if (PyFloat_CheckExact(o)) {
+    const double v = PyFloat_AS_DOUBLE(o);
+    return (op == Py_GT ? v > 0 : v >= 0) && (!up_to_one || v <= 1);
+  }
+  static PyObject* const real = torch_attr("numbers", "Real");
+  if (PyBool_Check(o)) return false;
+  const int is_real = PyObject_IsInstance(o, real);
+  if (is_real < 0) throw py::error_already_set();
+  if (!is_real) return false;
+  auto compare = [&](long bound, int cmp) {
+    const py::int_ b(bound);
+    const int r = PyObject_RichCompareBool(o, b.ptr(), cmp);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  };
+  return compare(0, op) && (!up_to_one || compare(1, Py_LE));
+}
+
+// float(o) of a real_arg (its error, if it has one, raised).
+double real_value(PyObject* o) {
+  if (PyFloat_CheckExact(o)) return PyFloat_AS_DOUBLE(o);
+  const py::object f = py::reinterpret_steal<py::object>(PyNumber_Float(o));
+  if (!f) throw py::error_already_set();
+  return PyFloat_AS_DOUBLE(f.ptr());
+}
+
+// An int of type int (not a bool) that fits int64.
+bool int_arg(PyObject* o, int64_t& v) {
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  return !overflow;
+}
+
+// normalized_shape as layer_norm_act takes it: an int, or a non-empty tuple / list / torch.Size
+// of ints.
+bool shape_arg(PyObject* o, std::vector<int64_t>& shape) {
+  int64_t v = 0;
+  if (PyLong_CheckExact(o)) {
+    if (!int_arg(o, v)) return false;
+    shape.assign(1, v);
+    return true;
+  }
+  if (!PyTuple_Check(o) && !PyList_Check(o)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  if (n == 0) return false;
+  shape.resize(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!int_arg(PySequence_Fast_GET_ITEM(o, i), shape[size_t(i)])) return false;
+  return true;
+}
+
+void bind_norm_act(py::module_& m) {
+  using namespace normlab::norm_act;
+  m.def(
+      "batch_norm_act_fast",
+      [](py::handle x, py::handle rm, py::handle rv, py::handle w, py::handle b, py::handle training,
+         py::handle momentum, py::handle eps, int64_t act, double act_param) -> py::object {
+        at::Tensor xt;
+        OptTensor rmt, rvt, wt, bt;
+        if (!plain_tensor_arg(x.ptr(), xt, /*parameter=*/false) || !plain_opt_tensor_arg(rm.ptr(), rmt) ||
+            !plain_opt_tensor_arg(rv.ptr(), rvt) || !plain_opt_tensor_arg(w.ptr(), wt) ||
+            !plain_opt_tensor_arg(b.ptr(), bt) || !PyBool_Check(training.ptr()) ||
+            !real_arg(momentum.ptr(), Py_GE, true) || !real_arg(eps.ptr(), Py_GT))
+          return py::none();
+        const double mv = real_value(momentum.ptr()), ev = real_value(eps.ptr());
+        return wrap(batch_norm_act_fast(xt, rmt, rvt, wt, bt, training.ptr() == Py_True, mv, ev, act, act_param));
+      },
+      "batch_norm_act by the fused kernels (x, running_mean, running_var, weight, bias, training, momentum, eps, "
+      "act id, act_param) where they take the arguments, else None");
+  m.def(
+      "group_norm_act_fast",
+      [](py::handle x, py::handle g, py::handle w, py::handle b, py::handle eps, int64_t act,
+         double act_param) -> py::object {
+        at::Tensor xt;
+        OptTensor wt, bt;
+        int64_t gv = 0;
+        if (!plain_tensor_arg(x.ptr(), xt) || !int_arg(g.ptr(), gv) || !plain_opt_tensor_arg(w.ptr(), wt) ||
+            !plain_opt_tensor_arg(b.ptr(), bt) || !real_arg(eps.ptr(), Py_GE))
+          return py::none();
+        return wrap(group_norm_act_fast(xt, gv, wt, bt, real_value(eps.ptr()), act, act_param));
+      },
+      "group_norm_act by the fused kernels (x, num_groups, weight, bias, eps, act id, act_param) where they take "
+      "the arguments, else None");
+  m.def(
+      "layer_norm_act_fast",
+      [](py::handle x, py::handle normalized_shape, py::handle w, py::handle b, py::handle eps, int64_t act,
+         double act_param) -> py::object {
+        at::Tensor xt;
+        OptTensor wt, bt;
+        std::vector<int64_t> shape;
+        if (!plain_tensor_arg(x.ptr(), xt) || !shape_arg(normalized_shape.ptr(), shape) ||
+            !plain_opt_tensor_arg(w.ptr(), wt) || !plain_opt_tensor_arg(b.ptr(), bt) || !real_arg(eps.ptr(), Py_GE))
+          return py::none();
+        return wrap(layer_norm_act_fast(xt, shape, wt, bt, real_value(eps.ptr()), act, act_param));
+      },
+      "layer_norm_act by the fused kernels (x, normalized_shape, weight, bias, eps, act id, act_param) where they "
+      "take the arguments, else None");
+  m.def(
+      "layer_norm_act2d_fast",
+      [](py::handle x, py::handle w, py::handle b, py::handle eps, int64_t act, double act_param) -> py::object {
+        at::Tensor xt;
+        OptTensor wt, bt;
+        if (!plain_tensor_arg(x.ptr(), xt) || !plain_opt_tensor_arg(w.ptr(), wt) ||
+            !plain_opt_tensor_arg(b.ptr(), bt) || !real_arg(eps.ptr(), Py_GE))
+          return py::none();
+        return wrap(layer_norm_act2d_fast(xt, wt, bt, real_value(eps.ptr()), act, act_param));
+      },
+      "layer_norm_act2d by the fused kernels (x, weight, bias, eps, act id, act_param) where they take the "
+      "arguments, else None");
+}
+
 }  // namespace
 
 void bind_dyt(py::module_& m) {
@@ -156,6 +298,7 @@ TORCH_LIBRARY_FRAGMENT(normlab, m) {
   normlab::frn::define(m);
   normlab::group_norm::define(m);
   normlab::layer_norm::define(m);
+  normlab::norm_act::define(m);
   normlab::scale_norm::define(m);
 }
 
@@ -185,4 +328,5 @@ PYBIND11_MODULE(_C, m) {
   bind_dyt(m);
   bind_frn(m);
   bind_scale_norm(m);
+  bind_norm_act(m);
 }

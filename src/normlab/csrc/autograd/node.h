@@ -22,6 +22,8 @@
 // and, where the family has a parameter of its own besides the affine (DyT's alpha):
 //   static constexpr bool kParam = true;  one more edge after the bias (Inputs::p), saved
 //                                         (Saved::p), its gradient Grads::dp (cast to its dtype)
+// and, where the backward reads the bias (norm+act: z = norm(x) recomputed before act'(z)):
+//   static constexpr bool kSaveBias = true;  the bias saved too (Saved::b; undefined without one)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,6 +50,11 @@ template <class F> constexpr bool has_param() {
   if constexpr (requires { F::kParam; }) return F::kParam;
   else return false;
 }
+
+template <class F> constexpr bool saves_bias() {
+  if constexpr (requires { F::kSaveBias; }) return F::kSaveBias;
+  else return false;
+}
 }  // namespace detail
 
 // Whether autograd records a call: grad mode on and an input that requires grad.
@@ -72,6 +79,7 @@ struct Saved {
   at::Tensor x, w, s0, s1;
   at::ScalarType w_dtype, b_dtype;
   at::Tensor p = {};  // the family's own parameter (F::kParam)
+  at::Tensor b = {};  // the bias (F::kSaveBias)
 };
 
 // The gradients out (dw, db in any dtype: the node casts them to the parameters').
@@ -82,10 +90,11 @@ struct Grads {
 template <class F>
 struct NormBackward final : public torch::autograd::Node {
   static constexpr bool kParam = detail::has_param<F>();
+  static constexpr bool kSaveBias = detail::saves_bias<F>();
   static constexpr size_t kW = F::kResidual ? 2 : 1, kB = kW + 1, kP = kB + 1, kEdges = kParam ? kP + 1 : kB + 1;
 
   typename F::State state;
-  SavedVariable x_, w_, s0_, s1_, p_;
+  SavedVariable x_, w_, s0_, s1_, p_, b_;
   bool has_res_ = false, has_w_ = false, has_b_ = false, has_p_ = false;
   at::ScalarType w_dtype_ = at::kFloat, b_dtype_ = at::kFloat, p_dtype_ = at::kFloat;
 
@@ -98,6 +107,7 @@ struct NormBackward final : public torch::autograd::Node {
     s0_.reset_data();
     s1_.reset_data();
     p_.reset_data();
+    b_.reset_data();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -115,7 +125,8 @@ struct NormBackward final : public torch::autograd::Node {
     }
     if (!need.any()) return out;
     const Saved saved{x_.unpack(getptr()), has_w_ ? w_.unpack() : at::Tensor(), s0_.unpack(), s1_.unpack(), w_dtype_,
-                      b_dtype_, has_p_ ? p_.unpack() : at::Tensor()};
+                      b_dtype_, has_p_ ? p_.unpack() : at::Tensor(),
+                      kSaveBias && has_b_ ? b_.unpack() : at::Tensor()};
     const Grads r =
         at::GradMode::is_enabled() ? F::reference(state, g, saved, need) : F::backward(state, g, saved, need);
     if (out_x) out[0] = r.dx;
@@ -160,6 +171,8 @@ void attach(typename F::State state, const at::Tensor& y, const at::Tensor& h, c
   if (h.defined()) torch::autograd::set_history(h, node);
   node->x_ = SavedVariable(x_saved, /*is_output=*/h.defined());
   if (node->has_w_) node->w_ = SavedVariable(*in.w, false);
+  if constexpr (NormBackward<F>::kSaveBias)
+    if (node->has_b_) node->b_ = SavedVariable(*in.b, false);
   if constexpr (NormBackward<F>::kParam) {
     node->has_p_ = in.p->defined();
     node->p_dtype_ = in.p->scalar_type();

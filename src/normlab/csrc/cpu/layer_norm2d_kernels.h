@@ -27,7 +27,7 @@ constexpr int64_t kFarBytes = int64_t(8) << 20;
 
 // w, b: (C,) in acc_t<S>, nullptr for ones / zeros. mean, rstd: (N * S,) outputs, nullptr when
 // the caller needs no statistics (inference). dw, db: (C,) outputs, nullptr when not needed.
-// act, act_param (LayerNormAct2d, csrc/norm_act.cpp): the activation (numerics/activation.h ids;
+// act, act_param (LayerNormAct2d, csrc/cpu/norm_act.cpp): the activation (numerics/activation.h ids;
 // 0 = identity, the plain norm) applied in the output pass to z = x_hat * w + b rounded to S, so
 // that the fused output has the bits of the norm followed by the activation on its output.
 template <class S>

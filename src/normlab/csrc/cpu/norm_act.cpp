@@ -1,36 +1,26 @@
-// The norm+act ops (docs/derivations/norm_act.md): their schemas and CPU kernels in one file
-// (no Meta or Autograd kernels: the Python entry, normlab/ops/norm_act/op.py, holds the autograd
-// Function and takes these ops on the eager path only).
+// The norm_act family's CPU kernels (schemas: norm_act.h): tensors in, checks, outputs allocated,
+// the norms' raw-pointer kernels called with the activation in their passes
+// (docs/derivations/norm_act.md).
 //
-//   batch_norm_act_fwd(x, weight, bias, running_mean, running_var, training, momentum, eps, act,
-//                      act_param) -> (y, stats)
-//     the BatchNorm statistics pass (cpu/batch_norm_kernels: statistics only), the running
-//     statistics updated in training, then ONE output pass y = act((x - mean) * rstd * w + b)
-//     (cpu/norm_act_kernels). stats: (3, C) float64 mean, var, rstd (the running ones in eval).
-//   batch_norm_act_bwd(dy, x, weight, bias, stats, training, act, act_param, need_dx, need_dw,
-//                      need_db) -> (dx, dw, db)
-//     dz = dy * act'(z), z recomputed from x and stats (nothing saved but what BatchNorm saves),
-//     into dx's buffer, then BatchNorm's backward kernels read it as their dy and write dx over it.
-//   group_norm_act_fwd(x, weight, bias, num_groups, eps, act, act_param) -> (y, mean, rstd)
-//     GroupNorm's kernels (cpu/group_norm_kernels.h) over the whole batch, the activation applied in
-//     their output pass (to each value as rounded to storage). mean, rstd: (N, G), as GroupNorm's.
-//   group_norm_act_bwd(dy, x, weight, bias, mean, rstd, num_groups, act, act_param, need_dx)
-//     -> (dx, dw, db): dz = dy * act'(z) (z recomputed) into dx's buffer, then GroupNorm's
+//   batch_norm_act_fwd: the BatchNorm statistics pass (cpu/batch_norm_kernels: statistics only),
+//     the running statistics updated in training, then ONE output pass y = act((x - mean) * rstd
+//     * w + b) (cpu/norm_act_kernels).
+//   batch_norm_act_bwd: dz = dy * act'(z), z recomputed from x and stats (nothing saved but what
+//     BatchNorm saves, and the bias), into dx's buffer, then BatchNorm's backward kernels read it
+//     as their dy and write dx over it.
+//   group_norm_act_fwd: GroupNorm's kernels (cpu/group_norm_kernels.h) over the whole batch, the
+//     activation applied in their output pass (to each value as rounded to storage).
+//   group_norm_act_bwd: dz = dy * act'(z) (z recomputed) into dx's buffer, then GroupNorm's
 //     backward kernels read it as their dy and write dx over it.
-//   layer_norm_act_fwd(x, n_cols, weight, bias, eps, act, act_param) -> (y, mean, rstd)
-//     LayerNorm over rows of n_cols values (x contiguous, or channels_last with n_cols = C:
-//     LayerNormAct2d) by LayerNorm's row kernel a block of rows at a time, each block passed
-//     through the activation while in cache. mean, rstd: (rows,) in the accumulation dtype.
-//   layer_norm_act_bwd(dy, x, weight, bias, mean, rstd, n_cols, act, act_param, need_dwb)
-//     -> (dx, dw, db): dz = dy * act'(z) into dx's buffer, then LayerNorm's row backward over it;
-//     dw, db in the accumulation dtype (empty when there is no weight / bias).
-//   layer_norm_act2d_fwd(x, weight, bias, eps, act, act_param) -> (y, mean, rstd)
-//     LayerNormAct2d on a contiguous (NCHW) x (N, C, *): LayerNorm2d's NCHW kernel
-//     (cpu/layer_norm2d_kernels.h) with the activation in its output pass (to each value as
-//     rounded to storage). mean, rstd: (N * S,) per pixel, in the accumulation dtype.
-//   layer_norm_act2d_bwd(dy, x, weight, bias, mean, rstd, act, act_param, need_dwb) -> (dx, dw, db)
-//     LayerNorm2d's NCHW backward with dz = dy * act'(z) written into dx's buffer by its first pass
-//     and read back by its second; dw, db (C,) in the accumulation dtype (empty unless need_dwb).
+//   layer_norm_act_fwd: LayerNorm over rows of n_cols values (x contiguous, or channels_last with
+//     n_cols = C: LayerNormAct2d) by LayerNorm's row kernel a block of rows at a time, each block
+//     passed through the activation while in cache.
+//   layer_norm_act_bwd: dz = dy * act'(z) into dx's buffer, then LayerNorm's row backward over it.
+//   layer_norm_act2d_fwd: LayerNormAct2d on a contiguous (NCHW) x (N, C, *): LayerNorm2d's NCHW
+//     kernel (cpu/layer_norm2d_kernels.h) with the activation in its output pass (to each value as
+//     rounded to storage).
+//   layer_norm_act2d_bwd: LayerNorm2d's NCHW backward with dz = dy * act'(z) written into dx's
+//     buffer by its first pass and read back by its second.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -45,7 +35,6 @@
 #include "cpu/group_norm_kernels.h"
 #include "cpu/layer_norm2d_kernels.h"
 #include "cpu/layer_norm_kernels.h"
-#include "group_norm.h"
 #include "cpu/norm_act_kernels.h"
 
 namespace normlab::norm_act {
@@ -510,35 +499,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_act2d_bwd_cpu(
   return {dx, dw, db};
 }
 
-}  // namespace normlab::norm_act
-
-TORCH_LIBRARY_FRAGMENT(normlab, m) {
-  m.def("layer_norm_act2d_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps, int act, float act_param) "
-        "-> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_act2d_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
-        "int act, float act_param, bool need_dwb) -> (Tensor, Tensor, Tensor)");
-  m.def("batch_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
-        "Tensor(b!)? running_var, bool training, float momentum, float eps, int act, float act_param) "
-        "-> (Tensor, Tensor)");
-  m.def("batch_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor stats, bool training, "
-        "int act, float act_param, bool need_dx, bool need_dw, bool need_db) -> (Tensor, Tensor, Tensor)");
-  m.def("group_norm_act_fwd(Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps, int act, "
-        "float act_param) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_act_fwd(Tensor x, int n_cols, Tensor? weight, Tensor? bias, float eps, int act, "
-        "float act_param) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
-        "int n_cols, int act, float act_param, bool need_dwb) -> (Tensor, Tensor, Tensor)");
-  m.def("group_norm_act_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
-        "int num_groups, int act, float act_param, bool need_dx) -> (Tensor, Tensor, Tensor)");
-}
 
 TORCH_LIBRARY_IMPL(normlab, CPU, m) {
-  m.impl("batch_norm_act_fwd", &normlab::norm_act::batch_norm_act_fwd_cpu);
-  m.impl("batch_norm_act_bwd", &normlab::norm_act::batch_norm_act_bwd_cpu);
-  m.impl("group_norm_act_fwd", &normlab::norm_act::group_norm_act_fwd_cpu);
-  m.impl("group_norm_act_bwd", &normlab::norm_act::group_norm_act_bwd_cpu);
-  m.impl("layer_norm_act_fwd", &normlab::norm_act::layer_norm_act_fwd_cpu);
-  m.impl("layer_norm_act_bwd", &normlab::norm_act::layer_norm_act_bwd_cpu);
-  m.impl("layer_norm_act2d_fwd", &normlab::norm_act::layer_norm_act2d_fwd_cpu);
-  m.impl("layer_norm_act2d_bwd", &normlab::norm_act::layer_norm_act2d_bwd_cpu);
+  m.impl("batch_norm_act_fwd", &batch_norm_act_fwd_cpu);
+  m.impl("batch_norm_act_bwd", &batch_norm_act_bwd_cpu);
+  m.impl("group_norm_act_fwd", &group_norm_act_fwd_cpu);
+  m.impl("group_norm_act_bwd", &group_norm_act_bwd_cpu);
+  m.impl("layer_norm_act_fwd", &layer_norm_act_fwd_cpu);
+  m.impl("layer_norm_act_bwd", &layer_norm_act_bwd_cpu);
+  m.impl("layer_norm_act2d_fwd", &layer_norm_act2d_fwd_cpu);
+  m.impl("layer_norm_act2d_bwd", &layer_norm_act2d_bwd_cpu);
 }
+
+}  // namespace normlab::norm_act
