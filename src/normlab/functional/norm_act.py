@@ -1,6 +1,6 @@
 """Normalization + activation as functions: ``batch_norm_act``, ``group_norm_act``,
 ``layer_norm_act``, ``layer_norm_act2d`` (``normlab.functional``; the activations' math:
-``normlab.ops.activation``; the fused kernels: ``normlab.ops.norm_act``).
+``normlab.ops.activation``; the fused kernels: ``csrc/norm_act.h``).
 
 Each is the norm of the same name followed by an activation, ``y = act(norm(x))``, with
 ``act`` one of ``ops.activation.NAMES`` (``"identity"``, ``"relu"``, ``"leaky_relu"`` with
@@ -12,7 +12,13 @@ each block of rows while it is in cache (``layer_norm_act``, and ``layer_norm_ac
 channels_last input; on an NCHW one inside LayerNorm2d's NCHW output pass), and its derivative in the backward
 (docs/derivations/norm_act.md): the same values within the project's accuracy rule (the same
 bits as the unfused path for the piecewise-linear activations, except BatchNorm's in half
-precision), nothing saved but what the norm saves.
+precision), nothing saved but what the norm saves and the bias.
+
+On the eager path the C++ entry (``normlab._C.<name>_fast``) takes the call where the fused
+kernels take its arguments (plain CPU tensors of the served dtypes, parameters of exactly the
+norm's shape, a momentum in [0, 1], a non-negative eps, ...: ``csrc/norm_act.h``) and records it
+for autograd itself; anything else it declines (None), and the unfused composition runs, whose
+checks word any error.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import torch
 
 from .._backend import EAGER, route
 from ..ops import activation as _act
-from ..ops.norm_act import op as _op
+from ..ops import extension as _extension
 from .batch_norms import batch_norm
 from .group_norms import group_norm
 from .row_norms import layer_norm, layer_norm2d
+
+_C = _extension.load()
 
 
 def act_id(fn: str, act, negative_slope) -> tuple[int, float]:
@@ -75,8 +83,8 @@ def batch_norm_act(
     fn = "batch_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER:
-        y = _op.batch_norm_act_fused(input, running_mean, running_var, weight, bias, training, momentum, eps, a, p)
+    if path == EAGER and _C is not None:
+        y = _C.batch_norm_act_fast(input, running_mean, running_var, weight, bias, training, momentum, eps, a, p)
         if y is not None:
             return y
     y = batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
@@ -104,8 +112,8 @@ def group_norm_act(
     fn = "group_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER:
-        y = _op.group_norm_act_fused(input, num_groups, weight, bias, eps, a, p)
+    if path == EAGER and _C is not None:
+        y = _C.group_norm_act_fast(input, num_groups, weight, bias, eps, a, p)
         if y is not None:
             return y
     return _act.act_forward(group_norm(input, num_groups, weight, bias, eps), a, p)
@@ -132,8 +140,8 @@ def layer_norm_act(
     fn = "layer_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER:
-        y = _op.layer_norm_act_fused(input, normalized_shape, weight, bias, eps, a, p)
+    if path == EAGER and _C is not None:
+        y = _C.layer_norm_act_fast(input, normalized_shape, weight, bias, eps, a, p)
         if y is not None:
             return y
     return _act.act_forward(layer_norm(input, normalized_shape, weight, bias, eps), a, p)
@@ -159,8 +167,8 @@ def layer_norm_act2d(
     fn = "layer_norm_act2d"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER:
-        y = _op.layer_norm_act2d_fused(input, weight, bias, eps, a, p)
+    if path == EAGER and _C is not None:
+        y = _C.layer_norm_act2d_fast(input, weight, bias, eps, a, p)
         if y is not None:
             return y
     return _act.act_forward(layer_norm2d(input, weight, bias, eps), a, p)
