@@ -62,6 +62,9 @@ template <class F> void visit_dtype(at::ScalarType t, const char* op, const F& f
 
 inline bool given(const OptTensor& t) { return t.has_value() && t->defined(); }
 
+// A saved tensor as an op's optional argument (undefined: absent).
+inline OptTensor opt(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
 // The eps a fast entry takes: a non-negative float, +inf included (torch takes it), NaN not.
 inline bool plain_eps(double eps) { return eps >= 0; }
 

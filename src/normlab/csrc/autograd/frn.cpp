@@ -23,8 +23,6 @@ using autograd::Grads;
 using autograd::Needs;
 using autograd::Saved;
 
-OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
 struct FRN {
   static constexpr bool kResidual = false;
   static constexpr bool kParam = true;  // tau

@@ -29,8 +29,6 @@ using autograd::Grads;
 using autograd::Needs;
 using autograd::Saved;
 
-OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
 // act(z) in differentiable ATen ops (normlab.ops.activation.act_forward: torch's functions).
 Tensor act_forward(const Tensor& z, int64_t act, double param) {
   switch (act) {
