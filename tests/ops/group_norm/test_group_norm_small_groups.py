@@ -33,6 +33,7 @@ CASES = [
     ((45, 40), 10),  # Cg = 4
     ((70, 48, 1), 8),  # (N, C, 1), Cg = 6 = 3 * 2
     ((20, 56), 8),  # Cg = 7 (odd)
+    ((3, 21), 7),  # Cg = 3; 21 groups, a count no vector width divides: the last groups take the scalar loop
     ((300, 64), 8),  # Cg = 8; N not a multiple of a block's samples
     ((1100, 64), 8),  # Cg = 8; two tasks of 1024 and 76 samples
     ((33, 60), 5),  # Cg = 12 = 3 * 4
