@@ -325,20 +325,11 @@ bool channel_fits(const OptTensor& t, int64_t c) {
   return !given(t) || (t->device().is_cpu() && t->dim() == 1 && t->size(0) == c && served_dtype(t->scalar_type()));
 }
 
-// A parameter in x's dtype, or float32 beside half precision.
-bool param_dtype_fits(const OptTensor& t, const Tensor& x) {
-  if (!given(t)) return true;
-  const auto st = t->scalar_type();
-  return st == x.scalar_type() || (st == at::kFloat && half_dtype(x.scalar_type()));
-}
-
-// LayerNorm's weight and bias: a weight alone, both, or neither; each a CPU tensor of exactly
-// `shape` whose dtype fits x's; both of one dtype.
+// LayerNorm's weight and bias: a weight alone, both, or neither; each of exactly `shape` in a
+// dtype that fits x's (args.h's param_fits); both of one dtype.
 bool row_params_fit(const Tensor& x, at::IntArrayRef shape, const OptTensor& w, const OptTensor& b) {
   if (!given(w) && given(b)) return false;
-  for (const OptTensor* p : {&w, &b})
-    if (given(*p) && !((*p)->device().is_cpu() && (*p)->sizes().equals(shape) && param_dtype_fits(*p, x)))
-      return false;
+  if (!param_fits(w, shape, x.scalar_type()) || !param_fits(b, shape, x.scalar_type())) return false;
   return !given(w) || !given(b) || w->scalar_type() == b->scalar_type();
 }
 
@@ -364,8 +355,7 @@ std::optional<Tensor> group_norm_act_fast(const Tensor& x, int64_t g, const OptT
   if (!served_cpu(x) || x.dim() < 2) return std::nullopt;
   const int64_t c = x.size(1), numel = x.numel();
   if (g <= 0 || c % g != 0 || numel == 0 || numel / (x.size(0) * g) < 2) return std::nullopt;
-  if (!(channel_fits(w, c) && channel_fits(b, c) && param_dtype_fits(w, x) && param_dtype_fits(b, x)))
-    return std::nullopt;
+  if (!(param_fits(w, {c}, x.scalar_type()) && param_fits(b, {c}, x.scalar_type()))) return std::nullopt;
   if (!(eps >= 0)) return std::nullopt;
   return std::get<0>(group_norm_act_fwd_ad(x, w, b, g, eps, act, param));
 }
