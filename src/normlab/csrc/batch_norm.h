@@ -94,17 +94,6 @@ std::optional<at::Tensor> batch_norm_fast(const at::Tensor& x, const OptTensor& 
                                           const OptTensor& running_var, const OptTensor& weight,
                                           const OptTensor& bias, bool training, double momentum, double eps);
 
-// normlab.nn's BatchNorm forward (nn/batch_norm.py) as one call: the input rank (bit x.dim() of
-// `dims`) and channel checks, which statistics to use and with what momentum
-// (momentum=None: 1 / (num_batches_tracked + 1)), batch_norm_fast, then num_batches_tracked + 1
-// (training with track_running_stats). None where Python must run it (it then raises, or
-// serves the case), nothing changed.
-std::optional<at::Tensor> batch_norm_module(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
-                                            const OptTensor& running_mean, const OptTensor& running_var,
-                                            const OptTensor& num_batches_tracked, bool training,
-                                            bool track_running_stats, std::optional<double> momentum, double eps,
-                                            int64_t num_features, int64_t dims);
-
 // running = (1 - momentum) * running + momentum * stat, stats (2 or 3, C) float64 rows mean,
 // biased var; n values per channel (unbiased var); version counters moved.
 void batch_norm_update_entry(const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& stats,

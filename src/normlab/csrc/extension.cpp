@@ -73,12 +73,6 @@ void bind_batch_norm(py::module_& m) {
         py::arg("input"), py::arg("running_mean").none(true), py::arg("running_var").none(true),
         py::arg("weight").none(true), py::arg("bias").none(true), py::arg("training").noconvert(),
         py::arg("momentum").noconvert(), py::arg("eps").noconvert());
-  m.def("batch_norm_module", &batch_norm_module, "normlab.nn BatchNorm forward, else None", py::arg("input"),
-        py::arg("weight").none(true), py::arg("bias").none(true), py::arg("running_mean").none(true),
-        py::arg("running_var").none(true), py::arg("num_batches_tracked").none(true),
-        py::arg("training").noconvert(), py::arg("track_running_stats").noconvert(),
-        py::arg("momentum").none(true).noconvert(), py::arg("eps").noconvert(), py::arg("num_features").noconvert(),
-        py::arg("dims").noconvert());
   m.def("batch_norm_update", &batch_norm_update_entry, "running statistics blended in place (eager)");
   m.def("batch_norm_constants", &kernel_constants, "the BatchNorm kernels' geometry constants");
   m.def("batch_norm_set_constants", &set_kernel_constants, "set geometry constants (tests); returns the old ones");

@@ -47,8 +47,6 @@ from .checks import (check_channels_input, check_limit, check_momentum, check_pe
 _C = _extension.load()
 # BatchNorm's C++ entry (a module global: one lookup a call)
 _batch_norm_fast = _C.batch_norm_fast if _C is not None else None
-# A BatchNorm module's whole eager forward in one C++ call (normlab.nn.BatchNorm*d's fast path)
-batch_norm_module = _C.batch_norm_module if _C is not None else None
 
 
 def batch_norm(

@@ -1,6 +1,6 @@
 // The batch_norm family's Autograd kernels, the ADInplaceOrView kernel of the running-statistics
-// update (version counters), and the fast eager entries (batch_norm.h: batch_norm_fast,
-// batch_norm_module: the arguments checked in C++, the CPU pieces called directly, the same node).
+// update (version counters), and the fast eager entry (batch_norm.h: batch_norm_fast, the
+// arguments checked in C++, the CPU pieces called directly, the same node).
 //
 // The node (autograd/node.h, family BatchNorm): saved x (in its canonical layout), the weight,
 // and the (3, C) float64 statistics mean, var, rstd; training differentiates through the batch
@@ -257,32 +257,6 @@ std::optional<at::Tensor> batch_norm_fast(const at::Tensor& x, const OptTensor& 
   if (!fits_fast(x, rm, rv, w, b, training, momentum, eps)) return std::nullopt;
   if (training && given(rm) && !(inplace_ok(*rm) && inplace_ok(*rv))) return std::nullopt;
   return fast_forward(x, rm, rv, w, b, training, momentum, eps);
-}
-
-std::optional<at::Tensor> batch_norm_module(const at::Tensor& x, const OptTensor& w, const OptTensor& b,
-                                            const OptTensor& rm, const OptTensor& rv, const OptTensor& nbt,
-                                            bool training, bool track, std::optional<double> momentum, double eps,
-                                            int64_t num_features, int64_t dims) {
-  if (!x.defined() || x.dim() >= 63 || !((dims >> x.dim()) & 1)) return std::nullopt;  // _check_input_dim
-  if ((given(w) || given(rm)) && x.size(1) != num_features) return std::nullopt;  // _check_num_channels
-  // num_batches_tracked counts this batch (training, tracking): a plain CPU int64 scalar
-  const bool count = training && track && given(nbt);
-  if (count && !(plain_cpu(*nbt) && nbt->scalar_type() == at::kLong && nbt->numel() == 1 && inplace_ok(*nbt)))
-    return std::nullopt;
-  const bool use_batch = training || (!given(rm) && !given(rv));
-  const bool pass_running = !training || track;
-  const OptTensor rm_p = pass_running ? rm : OptTensor(), rv_p = pass_running ? rv : OptTensor();
-  int64_t* n = count ? nbt->data_ptr<int64_t>() : nullptr;
-  // _NormBase._momentum_factor: momentum, or the cumulative average's 1 / (count + 1)
-  const double factor = momentum.has_value() ? *momentum : (n ? 1.0 / double(*n + 1) : 0.0);
-  if (!fits_fast(x, rm_p, rv_p, w, b, use_batch, factor, eps)) return std::nullopt;
-  if (use_batch && given(rm_p) && !(inplace_ok(*rm_p) && inplace_ok(*rv_p))) return std::nullopt;
-  at::Tensor y = fast_forward(x, rm_p, rv_p, w, b, use_batch, factor, eps);
-  if (n) {  // counted after the call succeeded, as the Python forward does
-    *n += 1;
-    bump(*nbt);
-  }
-  return y;
 }
 
 TORCH_LIBRARY_IMPL(normlab, Autograd, m) {
