@@ -16,6 +16,7 @@ no grad) and forward+backward. ``speedup`` = timm / normlab; ``vs plain`` = norm
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -39,7 +40,8 @@ def make(kind, side, act, c):
         return cls(c, act_layer=act) if cls else normlab.nn.BatchNorm2d(c)
     if kind == "GroupNormAct":
         cls = {"normlab": normlab.nn.GroupNormAct, "timm": T.GroupNormAct}.get(side)
-        return cls(c, 32, act_layer=act) if cls else normlab.nn.GroupNorm(32, c)
+        g = math.gcd(32, c)  # timm's default 32 groups where C allows it, else the largest divisor of both
+        return cls(c, g, act_layer=act) if cls else normlab.nn.GroupNorm(g, c)
     if kind == "LayerNormAct":  # over the last dim of the (N, C, H, W) tensor
         cls = {"normlab": normlab.nn.LayerNormAct, "timm": T.LayerNormAct}.get(side)
         return cls(c, act_layer=act) if cls else normlab.nn.LayerNorm(c)

@@ -83,7 +83,7 @@ def batch_norm_act(
     fn = "batch_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER and _C is not None:
+    if path == EAGER:
         y = _C.batch_norm_act_fast(input, running_mean, running_var, weight, bias, training, momentum, eps, a, p)
         if y is not None:
             return y
@@ -112,7 +112,7 @@ def group_norm_act(
     fn = "group_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER and _C is not None:
+    if path == EAGER:
         y = _C.group_norm_act_fast(input, num_groups, weight, bias, eps, a, p)
         if y is not None:
             return y
@@ -140,7 +140,7 @@ def layer_norm_act(
     fn = "layer_norm_act"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER and _C is not None:
+    if path == EAGER:
         y = _C.layer_norm_act_fast(input, normalized_shape, weight, bias, eps, a, p)
         if y is not None:
             return y
@@ -167,7 +167,7 @@ def layer_norm_act2d(
     fn = "layer_norm_act2d"
     path = route(input, fn)
     a, p = act_id(fn, act, negative_slope)
-    if path == EAGER and _C is not None:
+    if path == EAGER:
         y = _C.layer_norm_act2d_fast(input, weight, bias, eps, a, p)
         if y is not None:
             return y
