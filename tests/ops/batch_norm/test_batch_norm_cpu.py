@@ -190,6 +190,33 @@ def test_many_chunks_tasks_and_column_blocks(monkeypatch):
         _C.batch_norm_set_constants(old)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_planes_output_in_the_task_or_in_its_own_pass(dtype):
+    """A channel of planes in one part writes its y in the task that took its statistics while x
+    and y fit an eighth of the last-level cache, else in a pass of its own in memory order
+    (plane_local_bytes): the same bits either way, both the reference's values."""
+    x = _randn((4, 3, 16, 20), dtype, 0, 2.0, 3.0)  # planes of 320 values, one part a channel
+    w, b, rm, rv = _params(3, dtype)
+    old = _C.batch_norm_constants()
+    assert 320 >= old["plane_min"] and 4 * 320 <= old["part_values"]
+    assert old["plane_local_bytes"] >= 2 * x.numel() * x.element_size()  # the default: in the task
+    got = {}
+    try:
+        for limit in (old["plane_local_bytes"], 1):
+            _C.batch_norm_set_constants({"plane_local_bytes": limit})
+            got[limit] = _run("cpu", x, w, b, rm, rv, True)
+    finally:
+        _C.batch_norm_set_constants(old)
+    ref = _run("ref", x, w, b, rm, rv, True)
+    a, c = got.values()
+    for u, v, r in zip([a[0], *a[1], a[2], a[3]], [c[0], *c[1], c[2], c[3]], [ref[0], *ref[1], ref[2], ref[3]]):
+        assert torch.equal(u, v)
+        if dtype in TIGHT:
+            assert rel_err(u, r) < TIGHT[dtype]
+        else:
+            assert rel_err(u, r) < 2e-2
+
+
 def test_empty_batch_and_gradient_of_an_expanded_dy():
     x = torch.randn(0, 3, 2, 2, requires_grad=True)
     w, b = torch.ones(3, requires_grad=True), torch.zeros(3, requires_grad=True)

@@ -200,7 +200,7 @@ void batch_norm_update_stats_cpu(const at::Tensor& rm, const at::Tensor& rv, con
 
 #define NORMLAB_BN_CONSTANTS(X) X(fold_below) X(fold_width) X(column_block) \
   X(chunk_elems) X(max_chunk_rows) X(task_elems) X(local_elems) X(min_local_run) X(plane_min) X(mid_plane_min) X(short_plane_min) X(plane_piece) \
-  X(part_values) X(max_partials) X(phase1_values)
+  X(part_values) X(plane_local_bytes) X(max_partials) X(phase1_values)
 
 std::map<std::string, int64_t> kernel_constants() {
   std::map<std::string, int64_t> r;
