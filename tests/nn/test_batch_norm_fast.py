@@ -25,7 +25,7 @@ def test_module_steps_match_torch_buffers_counts_and_versions(momentum, track):
     ours.load_state_dict(theirs.state_dict())
     v0 = {n: (a._version, b._version) for (n, a), (_, b) in zip(ours.named_buffers(), theirs.named_buffers())}
     for step in range(3):
-        x = torch.randn(7, 5, 3, dtype=torch.float64).float()
+        x = torch.randn(7, 5, 3)
         dy = torch.randn(7, 5, 3)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = ours(xa), theirs(xb)

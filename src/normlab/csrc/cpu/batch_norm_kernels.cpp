@@ -619,6 +619,9 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
 //     The backward's dx keeps the local pass: there float32 lost up to 11 % without it.)
 // Scratch: (C, P) float64 partials, freed at the end of the call.
 
+// Whether an output pass of x and y of `bytes` together finds y's lines in cache (forward_planes).
+inline bool cached_output(int64_t bytes) { return bytes <= constants().plane_local_bytes; }
+
 // Which view a contiguous (N, C, S) input takes. A plane run costs a fixed ~100 cycles (its
 // sums' horizontal adds, a division, a merge) besides its values; a column of the rows view costs
 // ~25 cycles of float64 merging per chunk besides its N values: per channel, N runs against S
@@ -631,9 +634,6 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
 // 0.98-1.03x -> 1.25-1.31x torch), float32 gains less and loses up to 15 % at N = 40-64 (its plane
 // runs lie C * S apart: 40x256x14x14 was 8 % slower by planes), so it stays at 8 N; an evaluation
 // forward, with no sums, streams rows in order and keeps the old rule.
-// Whether an output pass of x and y of `bytes` together finds y's lines in cache (forward_planes).
-inline bool cached_output(int64_t bytes) { return bytes <= constants().plane_local_bytes; }
-
 inline bool takes_planes(const View& v, bool half_sums) {
   const Constants& k = constants();
   return v.s_len >= k.plane_min || (v.s_len >= k.short_plane_min && v.s_len >= 8 * v.n_rows) ||

@@ -75,7 +75,8 @@ struct Constants {
   int64_t short_plane_min = 32;    // ... and of at least this many when S >= 8 N (few rows)
   int64_t plane_piece = 4096;      // ... in pieces of at most this many values
   int64_t part_values = 65536;     // ... a channel cut into ceil(N * S / this) parts (at most 64)
-  int64_t plane_local_bytes = 4 << 20;  // ... the forward's one part writes its channel's y up to x + y of this many bytes (LLC / 8)
+  int64_t plane_local_bytes = 4 << 20;  // ... one part writes its y in its task up to x + y of this many
+                                        // bytes (constants() sets the last-level cache's eighth)
   int64_t max_partials = 1 << 19;  // rows: at most this many per-column partials (and 64 row groups)
   int64_t phase1_values = 65536;   // values per task of the elementwise passes
 };
