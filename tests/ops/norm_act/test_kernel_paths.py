@@ -365,3 +365,44 @@ def test_bfloat16_rows_by_pairs_relu_is_the_unfused_bits(case):
     want = _grads(lambda x, w, b: A.act_forward(norm(x, w, b), fn), x, w, b, dy)
     for i, (u, v) in enumerate(zip(got, want)):
         assert torch.equal(u, v), (case, act, i)
+
+
+# Where the statistics are x's own and every constant is finite, z = (x - mean) * a + b cannot be
+# NaN, so a bfloat16 output pass may skip its store's NaN test -- for the activations that keep
+# NaN-free values NaN-free (none, relu, leaky_relu with a slope other than 0). With a weight near
+# bfloat16's largest, z overflows to +-inf; leaky_relu(-inf) with slope 0 and hardswish(-inf) are
+# -inf * 0 = NaN, which must be stored as the unfused path stores it (the quiet NaN 0x7FC0), not as
+# the bits the test-free store would make of it.
+OVERFLOW_CASES = {
+    "batch_norm_act channels_last": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
+                                                                               negative_slope=p),
+                                     lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (2, 64, 5, 7), CL),
+    "batch_norm_act nchw": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
+                                                                      negative_slope=p),
+                            lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (2, 4, 9, 8), None),
+    "group_norm_act channels_last": (lambda x, w, b, act, p: NF.group_norm_act(x, 4, w, b, act=act, negative_slope=p),
+                                     lambda x, w, b: NF.group_norm(x, 4, w, b), (2, 64, 5, 7), CL),
+    "group_norm_act nchw": (lambda x, w, b, act, p: NF.group_norm_act(x, 2, w, b, act=act, negative_slope=p),
+                            lambda x, w, b: NF.group_norm(x, 2, w, b), (2, 4, 9, 8), None),
+}
+
+
+@pytest.mark.parametrize("act, slope", [("relu", 0.01), ("leaky_relu", 0.0), ("leaky_relu", 0.2), ("hardswish", 0.01)])
+@pytest.mark.parametrize("case", list(OVERFLOW_CASES))
+def test_bfloat16_outputs_past_overflow_keep_the_unfused_nans(case, act, slope):
+    fused, norm, shape, fmt = OVERFLOW_CASES[case]
+    x = _x(shape, torch.bfloat16, fmt=fmt)
+    c = shape[1]
+    w = torch.full((c,), 3.0e38).to(torch.bfloat16)
+    b = torch.zeros(c, dtype=torch.bfloat16)
+    y = fused(x, w, b, act, slope)
+    z = norm(x, w, b)
+    assert z.isinf().any() and (z > 0).any() and (z < 0).any()  # (the case reaches overflow both ways)
+    want = A.act_forward(z, A.ID[act], slope)
+    nan = want.isnan()
+    assert torch.equal(y.isnan(), nan), (case, act, slope)
+    assert (y[nan].view(torch.int16) == 0x7FC0).all(), (case, act, slope)
+    assert nan.any() == (act == "hardswish" or slope == 0.0)
+    finite = ~nan
+    if act == "relu" or slope == 0.0:  # (exact: relu of z rounded is relu(z) rounded; slope 0 gives 0)
+        assert torch.equal(y[finite], want[finite]), (case, act, slope)

@@ -438,11 +438,11 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
 }
 
 // Whether no output of the pass y = act((x - ch) * a + bb) over C channels can be NaN, so that a
-// bfloat16 store may leave its NaN test out: no activation and every channel's constants
-// nan_free_affine (vec.h; ch is x's own group mean).
-template <int Act, class A> inline bool outputs_nan_free(const A* ch, const A* a, const A* bb, int64_t c) {
-  if constexpr (Act != act::kIdentity) return false;
-  else return nan_free_affines(ch, a, bb, c);
+// bfloat16 store may leave its NaN test out: an activation that keeps z's NaN-free values NaN-free
+// (act::keeps_nan_free: none, relu, leaky_relu) and every channel's constants nan_free_affine
+// (vec.h; ch is x's own group mean).
+template <int Act, class A> inline bool outputs_nan_free(const A* ch, const A* a, const A* bb, int64_t c, A p) {
+  return act::keeps_nan_free<Act>(p) && nan_free_affines(ch, a, bb, c);
 }
 
 // Stream: y written around the caches (vstream), so that they keep x for this pass. Act: the
@@ -475,7 +475,7 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
   bool no_nan = false;
   if constexpr (kPairs) {
     eo_order(chv, ce2, ech), eo_order(av, ce2, ea), eo_order(bv, ce2, eb);
-    no_nan = outputs_nan_free<Act>(ch, a, bb, c);
+    no_nan = outputs_nan_free<Act>(ch, a, bb, c, p);
   }
   // K (virtual) rows from xr to yr, channel by channel: a channel's ch, a, bb loaded once for the
   // K rows (four loads a vector of output made the pass ~1.3x a plain scaling of x: the loads, not
@@ -544,7 +544,7 @@ template <class S, int Act>
 void affine_flat(const S* x, S* y, int64_t r0, int64_t r1, int64_t c, const acc_t<S>* ch, const acc_t<S>* a,
                  const acc_t<S>* bb, acc_t<S> p) {
   const FlatConstants<S> k(ch, a, bb, c);
-  stream_affine_flat(x + r0 * c, y + r0 * c, (r1 - r0) * c, k, outputs_nan_free<Act>(ch, a, bb, c),
+  stream_affine_flat(x + r0 * c, y + r0 * c, (r1 - r0) * c, k, outputs_nan_free<Act>(ch, a, bb, c, p),
                      [&](vacc<S> z) { return out_act<S, Act>(z, p); }, [&](acc_t<S> z) { return out_act1<S, Act>(z, p); });
 }
 

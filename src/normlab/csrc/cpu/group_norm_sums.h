@@ -123,7 +123,8 @@ template <class S, int Act> inline void act_in_place(S* y, int64_t n, acc_t<S> p
 // lane, the same bits), those after them plainly as the tail of the unstreamed loop.
 // bfloat16 goes two vectors at a time, even and odd values apart (vec.h vload_eo / vstore_eo), and
 // leaves the store's NaN test out where no output can be NaN: stats_of_x (shift + md is the mean
-// of a group holding the run's values), no activation, the constants nan_free_affine (vec.h).
+// of a group holding the run's values), an activation that keeps NaN-free values NaN-free
+// (act::keeps_nan_free: none, relu, leaky_relu), the constants nan_free_affine (vec.h).
 // (Running statistics say nothing of x: a NaN of x would keep its own bits, where torch stores
 // 0x7FC0.)
 template <class S, bool Stream = false, int Act = act::kIdentity>
@@ -136,7 +137,7 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
   auto part = [&](int64_t j, int64_t m) { vstore_n(y + j, f(vload_n(x + j, m)), m); };
   int64_t j = 0;
   if constexpr (std::is_same_v<S, bf16>) {
-    const bool no_nan = stats_of_x && Act == act::kIdentity && nan_free_affine(a, shift, md, bc);
+    const bool no_nan = stats_of_x && act::keeps_nan_free<Act>(p) && nan_free_affine(a, shift, md, bc);
     auto pairs = [&]<bool NoNaN>() {  // (whole lines are whole pairs: 64 bytes is 2, 1 or 4 pairs)
       if constexpr (Stream) {
         const auto [k, e] = whole_lines(y, n);

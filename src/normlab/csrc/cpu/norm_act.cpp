@@ -118,7 +118,7 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_fwd_cpu(const at::Tensor& x_in
   consts(x, w, b, s, hi, a, b2);
   at::Tensor y = empty_out(x, fmt);  // (advised onto huge pages, as the plain norms' outputs)
   nact::forward_out(dt, x.const_data_ptr(), y.data_ptr(), hi.data(), a.data(), b2.data(), c, layout_of(x, fmt),
-                    int(act), act_param);
+                    int(act), act_param, training);
   return {y, stats};
 }
 

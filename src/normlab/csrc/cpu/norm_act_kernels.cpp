@@ -144,7 +144,7 @@ template <class F> void by_dtype(Dtype dt, const F& f) {
 }  // namespace
 
 void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const double* a, const double* b2,
-                 int64_t n_consts, Layout l, int act_id, double param) {
+                 int64_t n_consts, Layout l, int act_id, double param, bool stats_of_x) {
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
     using A = acc_t<S>;
@@ -153,12 +153,23 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
     const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
-      tasks(l, [&](int64_t p0, int64_t p1) {
-        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); },
-                [&](auto ze, auto zo, int64_t t) {
-                  vstore_eo(y + t, act::apply<Act, S>(ze, p), act::apply<Act, S>(zo, p));
-                });
-      });
+      auto run = [&]<bool NoNaN>() {
+        tasks(l, [&](int64_t p0, int64_t p1) {
+          over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); },
+                  [&](auto ze, auto zo, int64_t t) {
+                    vstore_eo<NoNaN>(y + t, act::apply<Act, S>(ze, p), act::apply<Act, S>(zo, p));
+                  });
+        });
+      };
+      // bfloat16: the store's NaN test left out where no output can be NaN -- the statistics x's
+      // own (a mean is finite only where every value it holds is), an activation that keeps
+      // NaN-free values so (act::keeps_nan_free) and every constant nan_free_affine (vec.h)
+      if constexpr (std::is_same_v<S, bf16>) {
+        if (stats_of_x && act::keeps_nan_free<Act>(p) &&
+            nan_free_affines(k.hi.data(), k.a.data(), k.b2.data(), int64_t(k.hi.size())))
+          return run.template operator()<true>();
+      }
+      run.template operator()<false>();
     });
   });
 }

@@ -27,9 +27,10 @@ struct Layout {
 };
 
 // hi, a, b2: float64 constants (rounded to the accumulation type inside).
-// y = act(z) over the layout; x, y in storage dtype dt.
+// y = act(z) over the layout; x, y in storage dtype dt. stats_of_x: hi is x's own mean (training),
+// so that no z can be NaN where the constants are finite (a bfloat16 y then skips its NaN test).
 void forward_out(Dtype dt, const void* x, void* y, const double* hi, const double* a, const double* b2,
-                 int64_t n_consts, Layout l, int act, double param);
+                 int64_t n_consts, Layout l, int act, double param, bool stats_of_x);
 // dz = dy * act'(z), rounded once to dt (dz may alias dy).
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
             int64_t n_consts, Layout l, int act, double param);

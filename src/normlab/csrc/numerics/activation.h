@@ -130,6 +130,16 @@ template <int Act, class S, class A = acc_t<S>> inline vec<A> apply(vec<A> z, A 
   }
 }
 
+// Whether act(z) is never NaN where z is not (z of either sign, infinities included): the identity,
+// relu, and leaky_relu with a finite slope other than 0 (-inf * 0 is NaN); not hardswish (-inf * 0)
+// nor the transcendental ones. A pass whose z cannot be NaN (vec.h, nan_free_affine) may then
+// leave the bfloat16 store's NaN test out for these activations too.
+template <int Act, class A> inline bool keeps_nan_free(A p) {
+  if constexpr (Act == kIdentity || Act == kRelu) return true;
+  else if constexpr (Act == kLeakyRelu) return std::isfinite(p) && p != A(0);
+  else return false;
+}
+
 // A fused norm's output act(z) stored as S: whether z is first rounded to S, as the plain norm's
 // output is, so that the fused output has the bits of the norm followed by the activation on its
 // output -- not for the identity, nor for relu (relu of the rounded z is the rounding of relu(z):
