@@ -91,6 +91,12 @@ template <class S> inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64
 // to the storage type S first where act::kRoundsZ says, so that the fused output has the bits of
 // GroupNorm followed by the activation on its output. Act = kIdentity: z.
 template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) { return act::apply_stored<Act, S>(z, p); }
+// out_act where z cannot be NaN (the bfloat16 passes that skip the store's NaN test; relu and the
+// identity are not rounded first: act::kRoundsZ)
+template <class S, int Act> inline vacc<S> out_act_nan_free(vacc<S> z, acc_t<S> p) {
+  if constexpr (act::kRoundsZ<Act, S>) return act::apply_stored<Act, S>(z, p);
+  else return act::apply_nan_free<Act, S>(z, p);
+}
 template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
   if constexpr (Act == act::kIdentity) return from_acc<S>(z);
   else if constexpr (act::kRoundsZ<Act, S>) return from_acc<S>(act::apply<Act, S>(vset1<acc_t<S>>(to_acc(from_acc<S>(z))), p)[0]);
@@ -139,16 +145,20 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
   if constexpr (std::is_same_v<S, bf16>) {
     const bool no_nan = stats_of_x && act::keeps_nan_free<Act>(p) && nan_free_affine(a, shift, md, bc);
     auto pairs = [&]<bool NoNaN>() {  // (whole lines are whole pairs: 64 bytes is 2, 1 or 4 pairs)
+      auto fp = [&](vec<A> v) {
+        if constexpr (NoNaN) return out_act_nan_free<S, Act>(((v - vs) - vm) * va + vb, p);
+        else return f(v);
+      };
       if constexpr (Stream) {
         const auto [k, e] = whole_lines(y, n);
         for (; j < k; j += L) part(j, std::min(L, k - j));
         for (j = k; j < e; j += 2 * L) {
           vec<A> ve, vo;
           vload_eo(x + j, ve, vo);
-          vstream_eo<NoNaN>(y + j, f(ve), f(vo));
+          vstream_eo<NoNaN>(y + j, fp(ve), fp(vo));
         }
       }
-      j += eo_map<NoNaN>(x + j, y + j, n - j, f);
+      j += eo_map<NoNaN>(x + j, y + j, n - j, fp);
     };
     if (no_nan) pairs.template operator()<true>();
     else pairs.template operator()<false>();
