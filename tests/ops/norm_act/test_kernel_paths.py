@@ -406,3 +406,37 @@ def test_bfloat16_outputs_past_overflow_keep_the_unfused_nans(case, act, slope):
     finite = ~nan
     if act == "relu" or slope == 0.0:  # (exact: relu of z rounded is relu(z) rounded; slope 0 gives 0)
         assert torch.equal(y[finite], want[finite]), (case, act, slope)
+
+
+# relu's dz is dy where z > 0 and +0 where z <= 0, as torch's relu backward (threshold_backward)
+# makes it -- not dy * 0, which is NaN for an infinite dy: an infinite dy where the unit is off
+# leaves every gradient finite and the unfused path's bits.
+RELU_DZ_CASES = {
+    "batch_norm_act nchw": (lambda x, w, b: NF.batch_norm_act(x, None, None, w, b, True, act="relu"),
+                            lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 4, 6, 5), None),
+    "batch_norm_act channels_last": (lambda x, w, b: NF.batch_norm_act(x, None, None, w, b, True, act="relu"),
+                                     lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 40, 5, 7), CL),
+    "group_norm_act nchw": (lambda x, w, b: NF.group_norm_act(x, 2, w, b, act="relu"),
+                            lambda x, w, b: NF.group_norm(x, 2, w, b), (3, 4, 6, 5), None),
+    "group_norm_act channels_last": (lambda x, w, b: NF.group_norm_act(x, 8, w, b, act="relu"),
+                                     lambda x, w, b: NF.group_norm(x, 8, w, b), (3, 40, 5, 7), CL),
+    "layer_norm_act": (lambda x, w, b: NF.layer_norm_act(x, (40,), w, b, act="relu"),
+                       lambda x, w, b: NF.layer_norm(x, (40,), w, b), (6, 7, 40), None),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(RELU_DZ_CASES))
+def test_relu_backward_passes_dy_where_on_and_zero_where_off(case, dtype):
+    fused, norm, shape, fmt = RELU_DZ_CASES[case]
+    x, dy = _x(shape, dtype, fmt=fmt), _x(shape, dtype, seed=3, fmt=fmt)
+    w, b = _params(shape[1] if fmt is not None or len(shape) == 4 else shape[-1], dtype)
+    z = norm(x, w, b)
+    off = z <= 0
+    assert off.any() and (~off).any()
+    dy = torch.where(off, torch.where(dy > 0, torch.inf, -torch.inf).to(dtype), dy)  # infinite where off
+    got = _grads(fused, x, w, b, dy)
+    want = _grads(lambda x, w, b: torch.relu(norm(x, w, b)), x, w, b, dy)
+    for i, (u, v) in enumerate(zip(got, want)):
+        assert torch.isfinite(u).all(), (case, i)
+        assert torch.equal(u, v), (case, i)

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -30,6 +31,20 @@ template <class A> inline vec<A> loadc_n(const A* p, int64_t n) {
   vec<A> v = vzero<A>();
   for (int64_t i = 0; i < n; ++i) v[i] = p[i];
   return v;
+}
+
+// relu's dz where z is known: dy where z > 0 or z is NaN, +0 where z <= 0 (torch's threshold_backward,
+// z <= 0 ? 0 : dy) -- dy passed through, not multiplied by act'(z) (dy * 0 would be -0 for a
+// negative dy and NaN for an infinite one, where the unfused path stores +0).
+template <class A> inline vec<A> relu_dz(vec<A> z, vec<A> dy) { return z <= A(0) ? vzero<A>() : dy; }
+// The same for a bfloat16 pair (even and odd values apart, as vload_eo reads them): a mask on dy's
+// stored words, its bits kept -- no widening, product or rounding.
+inline void relu_dz_eo(const bf16* dy, bf16* dz, vec<float> ze, vec<float> zo) {
+  detail::u32v w;
+  std::memcpy(&w, dy, sizeof w);
+  const detail::i32v ne = ze <= 0.0f, no = zo <= 0.0f;  // -1 where dz is +0
+  w &= ((detail::u32v)~ne & 0xFFFFu) | ((detail::u32v)~no & 0xFFFF0000u);
+  std::memcpy(dz, &w, sizeof w);
 }
 
 // The constants in the accumulation type (hi = mean rounded, a = rstd * w rounded, b2 = b minus
@@ -190,11 +205,16 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
-          store_n(dz + t, load_n(dy + t, n) * act::grad<Act, S>(z, p), n);
+          if constexpr (Act == act::kRelu) store_n(dz + t, relu_dz<A>(z, load_n(dy + t, n)), n);
+          else store_n(dz + t, load_n(dy + t, n) * act::grad<Act, S>(z, p), n);
         }, [&](auto ze, auto zo, int64_t t) {
-          decltype(ze) de, dq;  // (dependent: the body is compiled only for bfloat16, where over calls it)
-          vload_eo(dy + t, de, dq);
-          vstore_eo(dz + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+          if constexpr (Act == act::kRelu) {
+            relu_dz_eo(dy + t, dz + t, ze, zo);
+          } else {
+            decltype(ze) de, dq;  // (dependent: the body is compiled only for bfloat16, where over calls it)
+            vload_eo(dy + t, de, dq);
+            vstore_eo(dz + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+          }
         });
       });
     });
@@ -232,16 +252,21 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
             for (int64_t t = 0; t < n2; t += 2 * L) {
               vec<A> e, o, de, dq;
               vload_eo(x + base + t, e, o);
-              vload_eo(dy + base + t, de, dq);
               const vec<A> ze = ((e - m) * rs) * vload(&wa[t]) + vload(&ba[t]);
               const vec<A> zo = ((o - m) * rs) * vload(&wa[t + L]) + vload(&ba[t + L]);
-              vstore_eo(dz + base + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+              if constexpr (Act == act::kRelu) {
+                relu_dz_eo(dy + base + t, dz + base + t, ze, zo);
+              } else {
+                vload_eo(dy + base + t, de, dq);
+                vstore_eo(dz + base + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
+              }
             }
           }
           for (int64_t t = n2; t < n_cols; t += L) {
             const int64_t n = std::min(L, n_cols - t);
             const vec<A> z = ((load_n(x + base + t, n) - m) * rs) * loadc_n(&wa[t], n) + loadc_n(&ba[t], n);
-            store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, S>(z, p), n);
+            if constexpr (Act == act::kRelu) store_n(dz + base + t, relu_dz<A>(z, load_n(dy + base + t, n)), n);
+            else store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, S>(z, p), n);
           }
         }
       });

@@ -31,12 +31,14 @@ struct Layout {
 // so that no z can be NaN where the constants are finite (a bfloat16 y then skips its NaN test).
 void forward_out(Dtype dt, const void* x, void* y, const double* hi, const double* a, const double* b2,
                  int64_t n_consts, Layout l, int act, double param, bool stats_of_x);
-// dz = dy * act'(z), rounded once to dt (dz may alias dy).
+// dz = dy * act'(z), rounded once to dt (dz may alias dy); relu: dy itself where z > 0 or z is NaN,
+// +0 where z <= 0 (torch's threshold_backward; not dy * 0, which is -0 or NaN for some dy).
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
             int64_t n_consts, Layout l, int act, double param);
 
 // LayerNorm's rows (LayerNormAct): dz = dy * act'(z), z = (x - mean[r]) * rstd[r] * w[c] + b[c] over
-// n_rows rows of n_cols values (w, b null: ones, zeros), rounded once to dt (dz may alias dy).
+// n_rows rows of n_cols values (w, b null: ones, zeros), rounded once to dt (dz may alias dy; relu as
+// grad_z's).
 void grad_z_rows(Dtype dt, const void* dy, const void* x, void* dz, const double* mean, const double* rstd,
                  const double* w, const double* b, int64_t n_rows, int64_t n_cols, int act, double param);
 
