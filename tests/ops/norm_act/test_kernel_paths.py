@@ -422,6 +422,8 @@ RELU_DZ_CASES = {
                                      lambda x, w, b: NF.group_norm(x, 8, w, b), (3, 40, 5, 7), CL),
     "layer_norm_act": (lambda x, w, b: NF.layer_norm_act(x, (40,), w, b, act="relu"),
                        lambda x, w, b: NF.layer_norm(x, (40,), w, b), (6, 7, 40), None),
+    "layer_norm_act2d nchw": (lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"),
+                              lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (2, 8, 5, 6), None),
 }
 
 

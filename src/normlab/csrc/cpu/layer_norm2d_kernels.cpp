@@ -285,13 +285,13 @@ void bwd_nchw_act(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* b,
             s1[v] += g;
             s2[v] += g * xh;
           }
-        } else {  // dz = dy * act'(z) into dx's buffer (rounded to S: read back as stored)
+        } else {  // dz = dy * act'(z) into dx's buffer (act::dz_of; rounded to S: read back as stored)
           S* dzr = dx + off + c * ns;
           const V bc = vset1<A>(b != nullptr ? b[c] : A(0));
           for (int64_t v = 0; v < nv; ++v) {
             const int64_t k = v == last ? tail : L;
             V xh = (load_k(xr + v * L, k) - mu[v]) * rs[v];
-            V dz = load_k(dyr + v * L, k) * act::grad<Act, S>(xh * wc + bc, ap);
+            V dz = act::dz_of<Act, S>(load_k(dyr + v * L, k), xh * wc + bc, ap);
             store_k(dzr + v * L, dz, k);
             if constexpr (sizeof(S) < sizeof(A)) dz = load_k(dzr + v * L, k);
             V g = dz * wc;

@@ -33,12 +33,9 @@ template <class A> inline vec<A> loadc_n(const A* p, int64_t n) {
   return v;
 }
 
-// relu's dz where z is known: dy where z > 0 or z is NaN, +0 where z <= 0 (torch's threshold_backward,
-// z <= 0 ? 0 : dy) -- dy passed through, not multiplied by act'(z) (dy * 0 would be -0 for a
-// negative dy and NaN for an infinite one, where the unfused path stores +0).
-template <class A> inline vec<A> relu_dz(vec<A> z, vec<A> dy) { return z <= A(0) ? vzero<A>() : dy; }
-// The same for a bfloat16 pair (even and odd values apart, as vload_eo reads them): a mask on dy's
-// stored words, its bits kept -- no widening, product or rounding.
+// relu's dz (act::dz_of: dy where z > 0 or z is NaN, +0 where z <= 0) for a bfloat16 pair (even
+// and odd values apart, as vload_eo reads them): a mask on dy's stored words, its bits kept -- no
+// widening, product or rounding.
 inline void relu_dz_eo(const bf16* dy, bf16* dz, vec<float> ze, vec<float> zo) {
   detail::u32v w;
   std::memcpy(&w, dy, sizeof w);
@@ -205,8 +202,7 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     act::visit(act_id, [&]<int Act>() {
       tasks(l, [&](int64_t p0, int64_t p1) {
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
-          if constexpr (Act == act::kRelu) store_n(dz + t, relu_dz<A>(z, load_n(dy + t, n)), n);
-          else store_n(dz + t, load_n(dy + t, n) * act::grad<Act, S>(z, p), n);
+          store_n(dz + t, act::dz_of<Act, S>(load_n(dy + t, n), z, p), n);
         }, [&](auto ze, auto zo, int64_t t) {
           if constexpr (Act == act::kRelu) {
             relu_dz_eo(dy + t, dz + t, ze, zo);
@@ -265,8 +261,7 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
           for (int64_t t = n2; t < n_cols; t += L) {
             const int64_t n = std::min(L, n_cols - t);
             const vec<A> z = ((load_n(x + base + t, n) - m) * rs) * loadc_n(&wa[t], n) + loadc_n(&ba[t], n);
-            if constexpr (Act == act::kRelu) store_n(dz + base + t, relu_dz<A>(z, load_n(dy + base + t, n)), n);
-            else store_n(dz + base + t, load_n(dy + base + t, n) * act::grad<Act, S>(z, p), n);
+            store_n(dz + base + t, act::dz_of<Act, S>(load_n(dy + base + t, n), z, p), n);
           }
         }
       });

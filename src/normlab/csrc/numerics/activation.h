@@ -229,6 +229,14 @@ template <int Act, class S, class A = acc_t<S>> inline vec<A> grad(vec<A> z, A p
   }
 }
 
+// dz = dy * act'(z), the backward's input to the norm's own backward. relu: dy itself where z > 0
+// or z is NaN, +0 where z <= 0 (torch's threshold_backward) -- not dy * 0, which is -0 for a
+// negative dy and NaN for an infinite one, where the unfused path gives +0.
+template <int Act, class S, class A = acc_t<S>> inline vec<A> dz_of(vec<A> dy, vec<A> z, A p) {
+  if constexpr (Act == kRelu) return z <= A(0) ? vzero<A>() : dy;
+  else return dy * grad<Act, S>(z, p);
+}
+
 // f.template operator()<Act>() for the runtime id `id` (each activation its own instantiation)
 template <class F> inline void visit(int id, const F& f) {
   switch (id) {
