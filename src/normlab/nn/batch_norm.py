@@ -120,7 +120,6 @@ class BatchNorm1d(_BatchNorm):
     (tensor([0.2000, 2.0000]), tensor([ 1.1000, 20.9000]))
     """
 
-
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 2 and input.dim() != 3:
             raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
@@ -152,7 +151,6 @@ class BatchNorm2d(_BatchNorm):
     True
     """
 
-
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 4:
             raise ValueError(f"expected 4D input (got {input.dim()}D input)")
@@ -183,7 +181,6 @@ class BatchNorm3d(_BatchNorm):
     >>> bool(y.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-5), int(bn.num_batches_tracked)
     (True, 1)
     """
-
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != 5:

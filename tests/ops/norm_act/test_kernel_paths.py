@@ -367,30 +367,38 @@ def test_bfloat16_rows_by_pairs_relu_is_the_unfused_bits(case):
         assert torch.equal(u, v), (case, act, i)
 
 
+# The fused layers with an activation given by name (and leaky_relu's slope), beside their norm:
+# BatchNormAct2d and GroupNormAct in both layouts (40 channels: bfloat16 rows go 32 values by pairs,
+# 8 after them), LayerNormAct's rows and LayerNormAct2d's NCHW kernel.
+ACT_CASES = {
+    "batch_norm_act nchw": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
+                                                                      negative_slope=p),
+                            lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 4, 6, 5), None),
+    "batch_norm_act channels_last": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
+                                                                               negative_slope=p),
+                                     lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 40, 5, 7), CL),
+    "group_norm_act nchw": (lambda x, w, b, act, p: NF.group_norm_act(x, 2, w, b, act=act, negative_slope=p),
+                            lambda x, w, b: NF.group_norm(x, 2, w, b), (3, 4, 6, 5), None),
+    "group_norm_act channels_last": (lambda x, w, b, act, p: NF.group_norm_act(x, 8, w, b, act=act, negative_slope=p),
+                                     lambda x, w, b: NF.group_norm(x, 8, w, b), (3, 40, 5, 7), CL),
+    "layer_norm_act": (lambda x, w, b, act, p: NF.layer_norm_act(x, (40,), w, b, act=act, negative_slope=p),
+                       lambda x, w, b: NF.layer_norm(x, (40,), w, b), (6, 7, 40), None),
+    "layer_norm_act2d nchw": (lambda x, w, b, act, p: NF.layer_norm_act2d(x, w, b, 1e-6, act, p),
+                              lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (2, 8, 5, 6), None),
+}
+_BN_GN = [k for k in ACT_CASES if k.startswith(("batch_norm", "group_norm"))]
+
+
 # Where the statistics are x's own and every constant is finite, z = (x - mean) * a + b cannot be
 # NaN, so a bfloat16 output pass may skip its store's NaN test -- for the activations that keep
 # NaN-free values NaN-free (none, relu, leaky_relu with a slope other than 0). With a weight near
 # bfloat16's largest, z overflows to +-inf; leaky_relu(-inf) with slope 0 and hardswish(-inf) are
 # -inf * 0 = NaN, which must be stored as the unfused path stores it (the quiet NaN 0x7FC0), not as
 # the bits the test-free store would make of it.
-OVERFLOW_CASES = {
-    "batch_norm_act channels_last": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
-                                                                               negative_slope=p),
-                                     lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (2, 64, 5, 7), CL),
-    "batch_norm_act nchw": (lambda x, w, b, act, p: NF.batch_norm_act(x, None, None, w, b, True, act=act,
-                                                                      negative_slope=p),
-                            lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (2, 4, 9, 8), None),
-    "group_norm_act channels_last": (lambda x, w, b, act, p: NF.group_norm_act(x, 4, w, b, act=act, negative_slope=p),
-                                     lambda x, w, b: NF.group_norm(x, 4, w, b), (2, 64, 5, 7), CL),
-    "group_norm_act nchw": (lambda x, w, b, act, p: NF.group_norm_act(x, 2, w, b, act=act, negative_slope=p),
-                            lambda x, w, b: NF.group_norm(x, 2, w, b), (2, 4, 9, 8), None),
-}
-
-
 @pytest.mark.parametrize("act, slope", [("relu", 0.01), ("leaky_relu", 0.0), ("leaky_relu", 0.2), ("hardswish", 0.01)])
-@pytest.mark.parametrize("case", list(OVERFLOW_CASES))
+@pytest.mark.parametrize("case", _BN_GN)
 def test_bfloat16_outputs_past_overflow_keep_the_unfused_nans(case, act, slope):
-    fused, norm, shape, fmt = OVERFLOW_CASES[case]
+    fused, norm, shape, fmt = ACT_CASES[case]
     x = _x(shape, torch.bfloat16, fmt=fmt)
     c = shape[1]
     w = torch.full((c,), 3.0e38).to(torch.bfloat16)
@@ -411,33 +419,17 @@ def test_bfloat16_outputs_past_overflow_keep_the_unfused_nans(case, act, slope):
 # relu's dz is dy where z > 0 and +0 where z <= 0, as torch's relu backward (threshold_backward)
 # makes it -- not dy * 0, which is NaN for an infinite dy: an infinite dy where the unit is off
 # leaves every gradient finite and the unfused path's bits.
-RELU_DZ_CASES = {
-    "batch_norm_act nchw": (lambda x, w, b: NF.batch_norm_act(x, None, None, w, b, True, act="relu"),
-                            lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 4, 6, 5), None),
-    "batch_norm_act channels_last": (lambda x, w, b: NF.batch_norm_act(x, None, None, w, b, True, act="relu"),
-                                     lambda x, w, b: NF.batch_norm(x, None, None, w, b, True), (3, 40, 5, 7), CL),
-    "group_norm_act nchw": (lambda x, w, b: NF.group_norm_act(x, 2, w, b, act="relu"),
-                            lambda x, w, b: NF.group_norm(x, 2, w, b), (3, 4, 6, 5), None),
-    "group_norm_act channels_last": (lambda x, w, b: NF.group_norm_act(x, 8, w, b, act="relu"),
-                                     lambda x, w, b: NF.group_norm(x, 8, w, b), (3, 40, 5, 7), CL),
-    "layer_norm_act": (lambda x, w, b: NF.layer_norm_act(x, (40,), w, b, act="relu"),
-                       lambda x, w, b: NF.layer_norm(x, (40,), w, b), (6, 7, 40), None),
-    "layer_norm_act2d nchw": (lambda x, w, b: NF.layer_norm_act2d(x, w, b, 1e-6, "relu"),
-                              lambda x, w, b: NF.layer_norm2d(x, w, b, 1e-6), (2, 8, 5, 6), None),
-}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", list(RELU_DZ_CASES))
+@pytest.mark.parametrize("case", list(ACT_CASES))
 def test_relu_backward_passes_dy_where_on_and_zero_where_off(case, dtype):
-    fused, norm, shape, fmt = RELU_DZ_CASES[case]
+    fused, norm, shape, fmt = ACT_CASES[case]
     x, dy = _x(shape, dtype, fmt=fmt), _x(shape, dtype, seed=3, fmt=fmt)
     w, b = _params(shape[1] if fmt is not None or len(shape) == 4 else shape[-1], dtype)
     z = norm(x, w, b)
     off = z <= 0
     assert off.any() and (~off).any()
     dy = torch.where(off, torch.where(dy > 0, torch.inf, -torch.inf).to(dtype), dy)  # infinite where off
-    got = _grads(fused, x, w, b, dy)
+    got = _grads(lambda x, w, b: fused(x, w, b, "relu", 0.01), x, w, b, dy)
     want = _grads(lambda x, w, b: torch.relu(norm(x, w, b)), x, w, b, dy)
     for i, (u, v) in enumerate(zip(got, want)):
         assert torch.isfinite(u).all(), (case, i)

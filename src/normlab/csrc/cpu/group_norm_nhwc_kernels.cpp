@@ -492,10 +492,7 @@ void affine_rows(const S* x, S* y, int64_t r0, int64_t r1, int64_t tile, int64_t
         for (int64_t k = 0; k < K; ++k) {
           vec<A> e, o;
           vload_eo(xr + k * ce + j, e, o);
-          if constexpr (NoNaN)
-            e = out_act_nan_free<S, Act>((e - m0) * a0 + b0, p), o = out_act_nan_free<S, Act>((o - m1) * a1 + b1, p);
-          else
-            e = out_act<S, Act>((e - m0) * a0 + b0, p), o = out_act<S, Act>((o - m1) * a1 + b1, p);
+          e = out_act<S, Act, NoNaN>((e - m0) * a0 + b0, p), o = out_act<S, Act, NoNaN>((o - m1) * a1 + b1, p);
           if constexpr (Stream) vstream_eo<NoNaN>(yr + k * ce + j, e, o);
           else vstore_eo<NoNaN>(yr + k * ce + j, e, o);
         }

@@ -90,12 +90,11 @@ template <class S> inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64
 // The output's activation (GroupNormAct: cpu/norm_act_kernels.h): act::apply_stored -- z rounded
 // to the storage type S first where act::kRoundsZ says, so that the fused output has the bits of
 // GroupNorm followed by the activation on its output. Act = kIdentity: z.
-template <class S, int Act> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) { return act::apply_stored<Act, S>(z, p); }
-// out_act where z cannot be NaN (the bfloat16 passes that skip the store's NaN test; relu and the
-// identity are not rounded first: act::kRoundsZ)
-template <class S, int Act> inline vacc<S> out_act_nan_free(vacc<S> z, acc_t<S> p) {
+// NoNaN: z cannot be NaN (the bfloat16 passes that skip the store's NaN test), so relu may take
+// act::apply_nan_free's one max (relu and the identity are not rounded first: act::kRoundsZ).
+template <class S, int Act, bool NoNaN = false> inline vacc<S> out_act(vacc<S> z, acc_t<S> p) {
   if constexpr (act::kRoundsZ<Act, S>) return act::apply_stored<Act, S>(z, p);
-  else return act::apply_nan_free<Act, S>(z, p);
+  else return act::apply_nan_free<Act, S, NoNaN>(z, p);
 }
 template <class S, int Act> inline S out_act1(acc_t<S> z, acc_t<S> p) {
   if constexpr (Act == act::kIdentity) return from_acc<S>(z);
@@ -145,10 +144,7 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
   if constexpr (std::is_same_v<S, bf16>) {
     const bool no_nan = stats_of_x && act::keeps_nan_free<Act>(p) && nan_free_affine(a, shift, md, bc);
     auto pairs = [&]<bool NoNaN>() {  // (whole lines are whole pairs: 64 bytes is 2, 1 or 4 pairs)
-      auto fp = [&](vec<A> v) {
-        if constexpr (NoNaN) return out_act_nan_free<S, Act>(((v - vs) - vm) * va + vb, p);
-        else return f(v);
-      };
+      auto fp = [&](vec<A> v) { return out_act<S, Act, NoNaN>(((v - vs) - vm) * va + vb, p); };
       if constexpr (Stream) {
         const auto [k, e] = whole_lines(y, n);
         for (; j < k; j += L) part(j, std::min(L, k - j));

@@ -169,10 +169,8 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
         tasks(l, [&](int64_t p0, int64_t p1) {
           over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); },
                   [&](auto ze, auto zo, int64_t t) {
-                    if constexpr (NoNaN)
-                      vstore_eo<true>(y + t, act::apply_nan_free<Act, S>(ze, p), act::apply_nan_free<Act, S>(zo, p));
-                    else
-                      vstore_eo(y + t, act::apply<Act, S>(ze, p), act::apply<Act, S>(zo, p));
+                    vstore_eo<NoNaN>(y + t, act::apply_nan_free<Act, S, NoNaN>(ze, p),
+                                     act::apply_nan_free<Act, S, NoNaN>(zo, p));
                   });
         });
       };

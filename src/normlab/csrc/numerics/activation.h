@@ -140,12 +140,11 @@ template <int Act, class A> inline bool keeps_nan_free(A p) {
   else return false;
 }
 
-// apply<Act, S>(z, p) where z is known not to be NaN (a pass that skips its store's NaN test,
-// keeps_nan_free): relu as one max, z > 0 ? z : +0 (vmax_nan: the bits of apply's z <= 0 ? 0 : z for
-// every z but NaN, -0 included), where apply's form compiles to a compare and a blend; the rest as
-// apply.
-template <int Act, class S> inline vec<acc_t<S>> apply_nan_free(vec<acc_t<S>> z, acc_t<S> p) {
-  if constexpr (Act == kRelu && std::is_same_v<acc_t<S>, float>) return vmath::vmax_nan(z, vzero<float>());
+// apply<Act, S>(z, p); with NoNaN (z known not to be NaN: a pass that skips its store's NaN test,
+// keeps_nan_free) relu as one max, z > 0 ? z : +0 (vmax_nan: the bits of apply's z <= 0 ? 0 : z for
+// every z but NaN, -0 included), where apply's form compiles to a compare and a blend.
+template <int Act, class S, bool NoNaN> inline vec<acc_t<S>> apply_nan_free(vec<acc_t<S>> z, acc_t<S> p) {
+  if constexpr (NoNaN && Act == kRelu && std::is_same_v<acc_t<S>, float>) return vmath::vmax_nan(z, vzero<float>());
   else return apply<Act, S>(z, p);
 }
 
