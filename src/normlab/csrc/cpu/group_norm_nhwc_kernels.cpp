@@ -13,28 +13,33 @@
 //          unit of work a thread takes; tiles merge into their chunk and chunks into their sample
 //          in order (Chan in float64; backward: float64 sums).
 // Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
-// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 1 of a tile asks
-// for the next tile's cache lines, a few at each row, so that the next pass 1 finds them in cache
-// (memory read beside the arithmetic, not before it); the output passes (y, and the backward's dx)
-// run kOutRows = 4 rows at a time, channel vector by channel vector, the per-channel vectors loaded
-// once for the 4 rows (x read and y written over 4 adjacent rows: one region, in order; a streamed
-// y row by row, so that each streamed line is written whole in one run; the backward's dx row by
-// row where rows of at least 512 bytes come from past L2 -- the sums before it read more than
-// 1 MiB of x and dy, a sample's or a run's by chunks; x, dy and dx of 4 rows were 12 streams at
-// once: channels-last float32 GroupNorm(1, 256) 10x256x12x363 forward+backward 0.83x torch ->
-// 0.99x; in cache the 4 rows stay faster). A chunk's
-// first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at most
-// 32 rows), the next tiles by the chunk's running mean.
-// Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
-// apply) go as one partial vector (vload_n / vstore_n: a masked load or store with AVX-512), and a
-// tile's per-channel sums are added per group as vectors (channel_sum), not one scalar chain.
-// Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
-// (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
-// (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
-// threads, their partials in scratch of (samples) x (chunks a sample, <= 32) x 2G + 1 (forward: the
-// samples are then fewer than 7 a thread) or (samples of one run) x (chunks) x 3C (backward), then
-// merged, and the output pass runs by chunks. The forward's y streams past the caches when x and y
-// take more than half the last-level cache (numerics/stream.h).
+// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Where the call's
+// tensors take more than half the last-level cache (so x comes from memory), pass 1 of a tile asks
+// for the next tile's cache lines, a few at each row -- across chunks and samples, up to the end of
+// the thread's task -- so that the next pass 1 finds them in cache (memory read beside the
+// arithmetic, not before it); in cache it asks for nothing: the hints only cost there
+// (channels-last float32 GroupNorm(32, 256) N x 256 x 14 x 14 backward, one thread: N = 8-16 5-15 %
+// faster without them, N = 32-64 10-20 % faster with them across chunks than within one). The
+// output passes (y, and the backward's dx) run kOutRows = 4 rows at a time, channel vector by
+// channel vector, the per-channel vectors loaded once for the 4 rows (x read and y written over 4
+// adjacent rows: one region, in order; a streamed y row by row, so that each streamed line is
+// written whole in one run; the backward's dx row by row where rows of at least 512 bytes come from
+// past L2 -- the sums before it read more than 1 MiB of x and dy, a sample's or a run's by chunks;
+// x, dy and dx of 4 rows were 12 streams at once: channels-last float32 GroupNorm(1, 256)
+// 10x256x12x363 forward+backward 0.83x torch -> 0.99x; in cache the 4 rows stay faster). A chunk's
+// first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at
+// most 32 rows), the next tiles by the chunk's running mean. Channels past the last whole vector (C
+// off a multiple of the lanes, where the view below does not apply) go as one partial vector
+// (vload_n / vstore_n: a masked load or store with AVX-512), and a tile's per-channel sums are
+// added per group as vectors (channel_sum), not one scalar chain. Threads (which never changes a
+// bit): whole samples (forward) or whole runs of kRun samples (backward) go to threads when that
+// leaves at most an eighth of the thread-time idle; otherwise (N = 1, 2 samples on 3 threads, a
+// single run, ...) the chunks of the samples are spread over the threads, their partials in scratch
+// of (samples) x (chunks a sample, <= 32) x 2G + 1 (forward: the samples are then fewer than 7 a
+// thread) or (samples of one run) x (chunks) x 3C (backward), then merged, and the output pass runs
+// by chunks. The forward's y streams past the caches when x and y take more than half the
+// last-level cache (numerics/stream.h), the backward's dx when x, dy and dx do and its rows are
+// whole cache lines (no read for ownership: N = 64 above 0.85 -> 0.63 ns a value).
 
 #include <algorithm>
 #include <cmath>
@@ -635,8 +640,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         spread(gsh, g, cg, sh);
         mo.reset();
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), ns, bk.tile, c, g, sh, acc, ch, grs, dbuf.data() + 4 * g,
-                        part);
+          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : 0, bk.tile, c, g, sh, acc, ch, grs,
+                        dbuf.data() + 4 * g, part);
           mo.merge(part);
         }
         finish(i, gsh, mo, gch, glo, grs, grsd);
@@ -648,6 +653,10 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   }
   // chunks of a batch of samples a task (fewer than 7 samples a thread: balanced() failed)
   const int64_t q = bk.n_chunks;
+  // where units [.., u1) of (sample, chunk) end, in rows from the first unit's sample: the rows a
+  // task's passes may ask for ahead of use (the next tile, across chunks and samples: NHWC rows are
+  // contiguous)
+  auto task_end = [&](int64_t u1) { return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * bk.chunk); };
   std::vector<double> part(n * q * (2 * g + 1));  // per chunk: the count, the means, the M2s
   std::vector<A> st(4 * n * g);  // per (sample, group): shift, ch, lo, rstd
   std::vector<double> rsd_all(n * g);  // rstd in float64
@@ -662,7 +671,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       double* pu = part.data() + u * (2 * g + 1);
       Moments mu{g, pu + 1, pu + 1 + g};
       spread(gsh_all + i * g, g, cg, sh);
-      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), ns, bk.tile, c, g, sh, acc, tct, gs, tm.data(), mu);
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), big ? task_end(u1) - i * ns : 0, bk.tile, c, g, sh,
+                    acc, tct, gs, tm.data(), mu);
       pu[0] = mu.n;
     }
   });
@@ -778,12 +788,22 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   const View vw = view_of<vlanes<S>>(c);
   const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   const int64_t q = bk.n_chunks;
+  // where units [.., u1) of (sample, chunk) end, in rows from the first unit's sample: the rows a
+  // task's passes may ask for ahead of use (the next tile, across chunks and samples: NHWC rows are
+  // contiguous)
+  auto task_end = [&](int64_t u1) { return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * bk.chunk); };
+  // big: x, dy and dx together take more than half the last level (numerics/stream.h), so x and dy
+  // come from memory: the sums ask for the next tile's lines ahead, across chunks and samples (in
+  // cache those hints only cost: 5-15 % of the backward), and dx streams past the caches where its
+  // (virtual) rows are whole cache lines
+  const bool big = streams_output(3 * n * ns * c * int64_t(sizeof(S)));
+  const bool dxs = big && (vw.ce * int64_t(sizeof(S))) % 64 == 0;
   // sdy, sdx, sxm (C,) = sums of dy, dy * (x - m), x - m over rows [r0, r1) of sample i (a tile), mc (C,)
   // its means m per channel
   // (mv: mc tiled to the view's ce values, or mc; wv: 3 ce scratch for the view's sums)
   const int64_t ce = vw.ce;
   // (next_rows: the rows of the next tile, whose lines of x and dy are asked for during these
-  // sums, a few at each row of each block, as the forward's pass 1 does)
+  // sums, a few at each row of each block, as the forward's pass 1 does; 0 unless big)
   auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, int64_t next_rows, const A* mc, const A* mv, A* wv,
                        A* sdy, A* sdx, A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
@@ -848,14 +868,14 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     }
   };
   // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
-  // acc (3C,) scratch
-  auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, const A* mc, A* acc, double* out) {
+  // acc (3C,) scratch; the lines of rows up to r_end (from sample i's first) asked for ahead
+  auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, int64_t r_end, const A* mc, A* acc, double* out) {
     std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
     const A* mv = mc;
     if (ce != c) tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
-      tile_sums(i, t0, std::min(r1, t0 + bk.tile), std::max<int64_t>(0, std::min(bk.tile, r1 - t0 - bk.tile)), mc, mv,
-                vbuf.data() + ce, acc, acc + c, acc + 2 * c);
+      tile_sums(i, t0, std::min(r1, t0 + bk.tile), std::max<int64_t>(0, std::min(bk.tile, r_end - t0 - bk.tile)), mc,
+                mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c);
       for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
     }
   };
@@ -906,9 +926,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       const S *xs = x + off, *gs = dy + off;
       S* ds = dx + off;
       int64_t r = 0;
-      // (rows of at least kWideRowBytes from past L2: one row at a time, three streams in order,
-      // not twelve)
-      const bool wide = far && ce * int64_t(sizeof(S)) >= kWideRowBytes;
+      // (rows of at least kWideRowBytes from past L2, or a streamed dx: one row at a time, three
+      // streams in order, not twelve; each streamed line written whole in one run)
+      const bool wide = dxs || (far && ce * int64_t(sizeof(S)) >= kWideRowBytes);
       for (; !wide && r + kOutRows <= vr; r += kOutRows) {
         const S *xr = xs + r * ce, *gr = gs + r * ce;
         S* dr = ds + r * ce;
@@ -936,7 +956,10 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         over_channels<L>(
             ce,
             [&](int64_t j) {
-              vstore(dr + j, (vload(gr + j) * vload(av + j) - (vload(xr + j) - vload(mv + j)) * vload(v3p + j)) - vload(v2p + j));
+              const vec<A> v =
+                  (vload(gr + j) * vload(av + j) - (vload(xr + j) - vload(mv + j)) * vload(v3p + j)) - vload(v2p + j);
+              if (dxs) vstream(dr + j, v);
+              else vstore(dr + j, v);
             },
             [&](int64_t j, int64_t nl) {
               vstore_n(dr + j,
@@ -949,6 +972,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         const int64_t j = o % c;
         ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);
       }
+      if (dxs) fence_streams();
     }
   };
   // per-channel vectors of sample i: mc (means), ac = rstd * w, and t2c, t3c from t2g, t3g (G,)
@@ -968,7 +992,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       for (int64_t i = i0; i < i1; ++i) {
         spread(mean + i * g, g, cg, mc);
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc, acc, part.data());
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : 0, mc, acc, part.data());
           for (int64_t j = 0; j < 3 * c; ++j) sd[j] = r0 == 0 ? part[j] : sd[j] + part[j];
         }
         sample_terms(i, sd.data(), sd.data() + c, sd.data() + 2 * c, t2g, t3g);
@@ -988,7 +1012,8 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t i = b0 + u / q, r0 = (u % q) * bk.chunk;
           if (i != cur) spread(mean + i * g, g, cg, mc.data()), cur = i;
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), mc.data(), acc.data(), part.data() + u * 3 * c);
+          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), big ? b0 * ns + task_end(u1) - i * ns : 0, mc.data(),
+                     acc.data(), part.data() + u * 3 * c);
         }
       });
       for (int64_t k = 0; k < nb; ++k) {
