@@ -177,6 +177,44 @@ def test_half_within_2x_rounding_error_at_16x64x16x16(dtype, layout):
         assert_within_rounding(a, r64, 2.0, name)
 
 
+@needs_cxx
+@pytest.mark.parametrize("act", [None, "relu", "silu"], ids=str)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
+    """Half-precision NCHW rows of 3 x 4489 values (GroupNorm(32, 96), 67x67 planes: a channel's
+    run is not whole cache lines, nor is a row, and vectors cross the channels' ends). x and y of
+    20 samples (34 MB) pass half a last-level cache of up to 64 MB, so each row's y is written
+    around the caches as one run of whole lines, a vector across a channel's end taking each lane's
+    constants by a select -- on 1 thread and on 2; one sample alone (1.7 MB) is written plainly,
+    channel run by channel run. Each sample's statistics are its own, so its y is the same bits
+    either way -- with GroupNormAct's relu inside the streamed pass too (silu, which half
+    precision applies over the row after its output pass, stores plainly); and within 2x the
+    rounding of float64. (An off-by-one in the select, built and run, fails 4 of the 6.)"""
+    shape, groups = (20, 96, 67, 67), 32
+    x, w, b, _ = _inputs(shape, dtype, seed=11)
+    if act is None:
+        fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
+    else:
+        fn = lambda t: NF.group_norm_act(t, groups, w, b, act=act)  # noqa: E731
+    before = torch.get_num_threads()
+    try:
+        with normlab.use_backend("cpu"), torch.no_grad():
+            alone = [fn(x[i:i + 1].contiguous()) for i in range(shape[0])]
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                y = fn(x)
+                for i in range(shape[0]):
+                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
+    finally:
+        torch.set_num_threads(before)
+    if act is None:
+        from normlab.ops.group_norm import group_norm_ref
+
+        x4 = x.double().reshape(shape[0], groups, 3, 67 * 67)
+        y64 = group_norm_ref(x4, w.double().reshape(groups, 3, 1), b.double().reshape(groups, 3, 1), 1e-5)[0]
+        assert_within_rounding(y, y64.reshape(shape), 2.0, f"y {dtype}")
+
+
 # ----------------------------------------------------------------------------
 # S == 1: (N, C) and (N, C, 1) inputs, which take the NHWC kernels
 # ----------------------------------------------------------------------------

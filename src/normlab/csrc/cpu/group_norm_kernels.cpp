@@ -78,11 +78,14 @@ template <class S> inline acc_t<S> small_shifted_sqdev(const S* x, int64_t n, ac
 // d = x - shift, pass 2 (center_in_place) reads d and stores e = d - m in its place. The same
 // differences added in the same order (two vector chains, hsum, the scalar tail), so the same sums; the output pass then reads e and
 // converts nothing (a bfloat16 / float16 row is widened once, not three times).
-template <class A> inline A center_in_place(A* d, int64_t n, A m) {
+// ahead: a cache line at ahead + k * ahead_step asked for at each step k (two vectors).
+template <class A>
+inline A center_in_place(A* d, int64_t n, A m, const char* ahead = nullptr, int64_t ahead_step = 0) {
   constexpr int64_t L = lanes<A>;
   vec<A> s0 = vzero<A>(), s1 = vzero<A>(), vm = vset1<A>(m);
   int64_t j = 0;
   for (; j + 2 * L <= n; j += 2 * L) {
+    if (ahead != nullptr) __builtin_prefetch(ahead + (j / (2 * L)) * ahead_step, 0, 3);
     const vec<A> e = vload(d + j) - vm, f = vload(d + j + L) - vm;
     vstore(d + j, e);
     vstore(d + j + L, f);
@@ -119,6 +122,41 @@ inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_
   }
   for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * a + bc, p);
 }
+// y[i] = act(e[i] * a[i / ns] + b[i / ns]) over a row of n values from its differences e (scratch;
+// half precision, ns >= the lanes: a vector spans at most two channels), y's whole cache lines
+// streamed past the caches (numerics/stream.h), the values before the first and after the last
+// whole line stored plainly as partial vectors -- the row as one run, so that only its two end
+// lines are plain (streaming each channel's run, each run's end lines plain: the slower in half
+// precision, see fwd_long_rows). A vector across a channel's end takes each lane's constants by a
+// select. Each value's arithmetic is scale_shift_run's vector form: the same bits.
+template <class S, int Act>
+void stream_scale_shift_row(const acc_t<S>* e, S* y, int64_t n, int64_t ns, const acc_t<S>* a, const acc_t<S>* b,
+                            acc_t<S> p) {
+  using A = acc_t<S>;
+  using I = detail::i32v;
+  constexpr int64_t L = vlanes<S>;
+  static_assert(sizeof(S) == 2 && sizeof(vec<A>) == sizeof(I), "stream_scale_shift_row: half precision");
+  I lane;
+  for (int64_t k = 0; k < L; ++k) lane[k] = int32_t(k);
+  const Span sp = whole_lines(y, n);
+  int64_t ch = 0, edge = ns;  // the channel of value i; where the next one starts
+  auto f = [&](int64_t i, int64_t m) {  // lanes [i, i + m), i in channel ch
+    const vec<A> z = m == L ? vload(e + i) : vload_n(e + i, m);
+    if (i + m <= edge) return out_act<S, Act>(z * vset1<A>(a[ch]) + vset1<A>(b[ch]), p);
+    const I next = lane >= int32_t(edge - i);
+    const vec<A> va = next ? vset1<A>(a[ch + 1]) : vset1<A>(a[ch]), vb = next ? vset1<A>(b[ch + 1]) : vset1<A>(b[ch]);
+    return out_act<S, Act>(z * va + vb, p);
+  };
+  auto step = [&](int64_t i) {  // past value i - 1
+    if (i >= edge) ++ch, edge += ns;
+  };
+  auto plain = [&](int64_t i, int64_t m) { vstore_n(y + i, f(i, m), m), step(i + m); };
+  int64_t i = 0;
+  for (; i < sp.k; i += L) plain(i, std::min(L, sp.k - i));
+  for (i = sp.k; i < sp.e; i += L) vstream(y + i, f(i, L)), step(i + L);
+  for (; i < n; i += L) plain(i, std::min(L, n - i));
+}
+
 template <class S, int Act>
 inline void scale_shift_channels(const acc_t<S>* e, S* y, int64_t n, acc_t<S> rs, const acc_t<S>* w, const acc_t<S>* b,
                                  acc_t<S> p) {
@@ -159,7 +197,8 @@ constexpr int64_t kAheadBytes = 4096;
 //     passes over each piece in cache; the pieces' (count, mean, M2) merged in float64 (Chan) in
 //     order, the parts of a row merged in part order. Then one elementwise pass over (row, part)
 //     tasks writes y; a row of one part (<= 64K values, in L2) is written by its task at once. y
-//     streams past the caches when x and y exceed half the last level: the row's third read then
+//     streams past the caches when x and y exceed half the last level (half precision: where a
+//     channel's run is whole cache lines): the row's third read then
 //     finds x still in L3, and y's lines are not read for ownership (GroupNorm(1, 154) on
 //     11x154x41x9x9 float32: 0.90-1.02x -> 1.05-1.19x torch; GroupNorm(32, 256) on 4x256x64x64
 //     0.87-0.99x -> 1.14-1.25x; pieces of 4096 values instead, for a second pass from L1: no gain). (A row summed in float32 lanes stops growing once a lane passes 2^24 times
@@ -207,7 +246,13 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   };
   // y = act(((x - hi) - lo) * (rstd * w[c]) + b[c]) over values [v0, v1) of row r, channel run by
   // run; y streams past the caches when x and y together exceed half the last level (numerics/stream.h)
-  const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S)));
+  // -- half precision only where a channel's run is whole cache lines: a run off whole lines streams
+  // its middle and stores its first and last lines plainly, and in half precision that was the
+  // slower, from 5 % at runs of 90000 values to 45 % at runs of 729 (bfloat16 GroupNorm(4, 512)
+  // 29x512x27x27 forward: 4.8 ms streamed, 3.3 plain, torch.nn 3.6; float32 streams: 2.0 ms
+  // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
+  const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S))) &&
+                      (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0);
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
     const int64_t gi = r % g;
     const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);
@@ -352,16 +397,24 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
     // arithmetic, so the same bits): the scratch's two extra stores a value cost more than the
     // reads they replace (GroupNorm(25, 25) on 12x25x14x393 float32 forward: 0.83x torch).
     const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
+    // While pass 2 runs, the task's next row is asked for a line a step, and y streams past the
+    // caches when x and y together exceed half the last level, each row as one run of whole lines
+    // (stream_scale_shift_row; ns >= the lanes). bfloat16 GroupNorm(32, 96) 18x96x68x68 forward,
+    // one thread: 3.3 ms (0.80x torch.nn) with 4 KiB of the next row asked for after pass 1 and y
+    // stored plainly -> 2.3 ms (1.16x); GroupNorm(32, 512) 29x512x27x27 0.88x -> 1.17x.
+    const bool stream = sizeof(S) == 2 && ns >= vlanes<S> && streams_output(2 * x_bytes);
     for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
-      std::vector<A> scratch(ncols);
+      std::vector<A> scratch(ncols + (stream ? cg : 0));
       A* d = scratch.data();
+      A* as = d + ncols;  // (stream) rs * w[c] of the row's channels
       for (int64_t r = r0; r < r1; ++r) {
         const S* xr = x + r * ncols;
         const A shift = to_acc(xr[0]);
         const A md = over_count(shifted_sum_into(xr, d, ncols, shift), ncols);
-        const int64_t ahead = r * row_bytes + kAheadBytes;
-        if (ahead < x_bytes) prefetch_read(reinterpret_cast<const char*>(x) + ahead, std::min(row_bytes, x_bytes - ahead));
-        const A v = over_count(center_in_place(d, ncols, md), ncols);
+        // pass 2 asks for the task's next row, a cache line each step (the row from memory while
+        // this one's passes run in cache)
+        const char* next = r + 1 < r1 ? reinterpret_cast<const char*>(xr + ncols) : nullptr;
+        const A v = over_count(center_in_place(d, ncols, md, next, 2 * vlanes<S> * int64_t(sizeof(S))), ncols);
         const A rs = A(1) / std::sqrt(v + aeps);
         if (mean != nullptr) {
           A m = shift + md;
@@ -381,11 +434,17 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
             for (int64_t j = 0; j < cg; ++j)
               scale_shift_run<S, act::kIdentity>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
             act_row<S, Act>(yr, ncols, p);
+          } else if (stream) {
+            if constexpr (sizeof(S) == 2) {  // (stream: half precision only)
+              for (int64_t j = 0; j < cg; ++j) as[j] = rs * wg[j];
+              stream_scale_shift_row<S, Act>(d, yr, ncols, ns, as, bg, p);
+            }
           } else {
             for (int64_t j = 0; j < cg; ++j) scale_shift_run<S, Act>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
           }
         });
       }
+      if (stream) fence_streams();
     });
     return;
   }
