@@ -13,13 +13,16 @@
 //          unit of work a thread takes; tiles merge into their chunk and chunks into their sample
 //          in order (Chan in float64; backward: float64 sums).
 // Column sums keep NV <= 4 vectors of channels in registers, in blocks of 32 rows with 2 (NV > 2)
-// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Where the call's
-// tensors take more than half the last-level cache (so x comes from memory), pass 1 of a tile asks
-// for the next tile's cache lines, a few at each row -- across chunks and samples, up to the end of
-// the thread's task -- so that the next pass 1 finds them in cache (memory read beside the
-// arithmetic, not before it); in cache it asks for nothing: the hints only cost there
-// (channels-last float32 GroupNorm(32, 256) N x 256 x 14 x 14 backward, one thread: N = 8-16 5-15 %
-// faster without them, N = 32-64 10-20 % faster with them across chunks than within one). The
+// or 4 row chains a block (col_sums_m): float32 chains of at most ~40 terms. Pass 1 of a tile asks
+// for the next tile's cache lines, a few at each row, so that the next pass 1 finds them in cache
+// (memory read beside the arithmetic, not before it): within the chunk (the forward: the sample),
+// and where the call's tensors take more than half the last-level cache, across chunks and samples
+// to the end of the thread's task (channels-last float32 GroupNorm(32, 256) N x 256 x 14 x 14
+// backward, one thread: N = 32-64 10-20 % faster than within the chunk; N = 8-16, whose tensors
+// stay in cache in a loop of backwards, 5-15 % faster with no hints at all, but in a
+// forward+backward the forward's x comes from past the caches and the hints within the chunk gain:
+// N = 16 and 32 forward+backward 0.64-0.86 and 1.67-1.79 ms with them, 0.74-0.82 and 2.02-2.25
+// without). The
 // output passes (y, and the backward's dx) run kOutRows = 4 rows at a time, channel vector by
 // channel vector, the per-channel vectors loaded once for the 4 rows (x read and y written over 4
 // adjacent rows: one region, in order; a streamed y row by row, so that each streamed line is
@@ -640,7 +643,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         spread(gsh, g, cg, sh);
         mo.reset();
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : 0, bk.tile, c, g, sh, acc, ch, grs,
+          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : ns, bk.tile, c, g, sh, acc, ch, grs,
                         dbuf.data() + 4 * g, part);
           mo.merge(part);
         }
@@ -671,8 +674,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       double* pu = part.data() + u * (2 * g + 1);
       Moments mu{g, pu + 1, pu + 1 + g};
       spread(gsh_all + i * g, g, cg, sh);
-      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), big ? task_end(u1) - i * ns : 0, bk.tile, c, g, sh,
-                    acc, tct, gs, tm.data(), mu);
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), big ? task_end(u1) - i * ns : ns, bk.tile, c, g,
+                    sh, acc, tct, gs, tm.data(), mu);
       pu[0] = mu.n;
     }
   });
@@ -793,9 +796,8 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // contiguous)
   auto task_end = [&](int64_t u1) { return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * bk.chunk); };
   // big: x, dy and dx together take more than half the last level (numerics/stream.h), so x and dy
-  // come from memory: the sums ask for the next tile's lines ahead, across chunks and samples (in
-  // cache those hints only cost: 5-15 % of the backward), and dx streams past the caches where its
-  // (virtual) rows are whole cache lines
+  // come from memory: the sums ask for the next tile's lines ahead across chunks and samples (else
+  // within the chunk), and dx streams past the caches where its (virtual) rows are whole cache lines
   const bool big = streams_output(3 * n * ns * c * int64_t(sizeof(S)));
   const bool dxs = big && (vw.ce * int64_t(sizeof(S))) % 64 == 0;
   // sdy, sdx, sxm (C,) = sums of dy, dy * (x - m), x - m over rows [r0, r1) of sample i (a tile), mc (C,)
@@ -803,7 +805,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // (mv: mc tiled to the view's ce values, or mc; wv: 3 ce scratch for the view's sums)
   const int64_t ce = vw.ce;
   // (next_rows: the rows of the next tile, whose lines of x and dy are asked for during these
-  // sums, a few at each row of each block, as the forward's pass 1 does; 0 unless big)
+  // sums, a few at each row of each block, as the forward's pass 1 does)
   auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, int64_t next_rows, const A* mc, const A* mv, A* wv,
                        A* sdy, A* sdx, A* sxm) {
     const S* xs = x + (i * ns + r0) * c;
@@ -992,7 +994,8 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       for (int64_t i = i0; i < i1; ++i) {
         spread(mean + i * g, g, cg, mc);
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : 0, mc, acc, part.data());
+          const int64_t r1 = std::min(ns, r0 + bk.chunk);
+          chunk_sums(i, r0, r1, big ? (i1 - i) * ns : r1, mc, acc, part.data());
           for (int64_t j = 0; j < 3 * c; ++j) sd[j] = r0 == 0 ? part[j] : sd[j] + part[j];
         }
         sample_terms(i, sd.data(), sd.data() + c, sd.data() + 2 * c, t2g, t3g);
@@ -1012,8 +1015,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t i = b0 + u / q, r0 = (u % q) * bk.chunk;
           if (i != cur) spread(mean + i * g, g, cg, mc.data()), cur = i;
-          chunk_sums(i, r0, std::min(ns, r0 + bk.chunk), big ? b0 * ns + task_end(u1) - i * ns : 0, mc.data(),
-                     acc.data(), part.data() + u * 3 * c);
+          const int64_t r1 = std::min(ns, r0 + bk.chunk);
+          chunk_sums(i, r0, r1, big ? b0 * ns + task_end(u1) - i * ns : r1, mc.data(), acc.data(),
+                     part.data() + u * 3 * c);
         }
       });
       for (int64_t k = 0; k < nb; ++k) {
