@@ -767,13 +767,19 @@ template <class S, class W, bool Stream> void fwd_task(const FwdArgs& a, int64_t
 // Half rows of at least 4 KiB stream from half the last level on, as float32 does: 1840 x 3456
 // float16 (25 MB in + out) forward 0.83x -> 1.1-1.3x torch, 3000 x 2048 0.82-0.88x -> 0.96-1.46x,
 // 1073 x 5376 bfloat16 1.1x -> 1.4x; rows of 768-1024 values at the same sizes ran slower streamed
-// (10000 x 768 bfloat16 1.58x -> 1.0-1.4x), so they keep the whole-cache rule.
+// (10000 x 768 bfloat16 1.58x -> 1.0-1.4x), so they keep the whole-cache rule. Half rows under 4 KiB
+// that are not whole cache lines do not stream at all: each row's end lines are then stored plainly
+// beside streamed ones, and that ran 1.25-1.6x the time of plain stores (one thread, forward:
+// 12000 x 1100 float16 6.0 -> 4.3 ms, 20000 x 900 bfloat16 7.1 -> 5.7, 30000 x 600 7.1 -> 5.5; at
+// 1500 and 1781 values the same time either way; whole-line rows of 1024 bfloat16 keep streaming,
+// 6.3 -> 5.7 ms). The same held for GroupNorm's half-precision runs (group_norm_kernels.cpp).
 constexpr int64_t kStreamRowBytes = 1024, kStreamHalfRowBytes = 4096;
 template <class S, class W> void fwd(const FwdArgs& a) {
   const int64_t bytes = a.n_rows * a.n_cols * int64_t(sizeof(S)) * (a.res != nullptr ? 4 : 2);
   const int64_t row_bytes = a.n_cols * int64_t(sizeof(S));
   const bool half_rule = sizeof(S) == 2 && row_bytes < kStreamHalfRowBytes;  // short half rows: the whole last level
-  if (row_bytes >= kStreamRowBytes && streams_output(half_rule ? bytes / 2 : bytes))
+  const bool half_off_lines = half_rule && row_bytes % kCacheLineBytes != 0;  // (plain: see above)
+  if (!half_off_lines && row_bytes >= kStreamRowBytes && streams_output(half_rule ? bytes / 2 : bytes))
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, true>(a, lo, hi); });
   else
     over_rows(a.n_rows, a.n_cols, [&](int64_t lo, int64_t hi) { fwd_task<S, W, false>(a, lo, hi); });
