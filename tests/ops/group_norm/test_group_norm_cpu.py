@@ -177,6 +177,23 @@ def test_half_within_2x_rounding_error_at_16x64x16x16(dtype, layout):
         assert_within_rounding(a, r64, 2.0, name)
 
 
+def samples_same_bits_as_alone(fn, x, fmt):
+    """fn(x) on the cpu backend, on 1 thread and on 2, each sample's output the same bits as fn of
+    that sample alone (x[i:i + 1] in memory format fmt); returns the last fn(x)."""
+    before = torch.get_num_threads()
+    try:
+        with normlab.use_backend("cpu"), torch.no_grad():
+            alone = [fn(x[i:i + 1].contiguous(memory_format=fmt)) for i in range(x.shape[0])]
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                y = fn(x)
+                for i in range(x.shape[0]):
+                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
+    finally:
+        torch.set_num_threads(before)
+    return y
+
+
 @needs_cxx
 @pytest.mark.parametrize("act", [None, "relu", "silu"], ids=str)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -196,17 +213,7 @@ def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
         fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
     else:
         fn = lambda t: NF.group_norm_act(t, groups, w, b, act=act)  # noqa: E731
-    before = torch.get_num_threads()
-    try:
-        with normlab.use_backend("cpu"), torch.no_grad():
-            alone = [fn(x[i:i + 1].contiguous()) for i in range(shape[0])]
-            for n_threads in (1, 2):
-                torch.set_num_threads(n_threads)
-                y = fn(x)
-                for i in range(shape[0]):
-                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
-    finally:
-        torch.set_num_threads(before)
+    y = samples_same_bits_as_alone(fn, x, torch.contiguous_format)
     if act is None:
         from normlab.ops.group_norm import group_norm_ref
 

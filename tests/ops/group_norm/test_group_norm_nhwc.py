@@ -20,7 +20,7 @@ import torch
 import normlab.functional as NF
 from normlab.ops.group_norm import group_norm_backward_ref, group_norm_ref
 from tests.oracle import HALF, assert_within_rounding, rel_err, rounding_err
-from tests.ops.group_norm.test_group_norm_cpu import _run
+from tests.ops.group_norm.test_group_norm_cpu import _run, samples_same_bits_as_alone
 
 # (shape, groups): what each case covers in the kernels' rule
 CASES = [
@@ -143,26 +143,14 @@ def test_streamed_rows_off_whole_lines_same_bits_as_a_sample_alone(dtype, act):
     the same bits either way (bfloat16: pairs of vectors at every channel offset, even and odd); and
     within 2x the rounding of float64 (float32: 8x). With the activation of GroupNormAct too (silu
     inside the output pass)."""
-    import normlab
-
     shape, groups = (4, 161, 128, 128) if dtype in HALF else (4, 161, 96, 96), 7
     x, w, b, _ = _inputs(shape, dtype, 0.5, seed=5)
     if act is None:
         fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
     else:
         fn = lambda t: NF.group_norm_act(t, groups, w, b, act=act)  # noqa: E731
-    before = torch.get_num_threads()
-    try:
-        with normlab.use_backend("cpu"), torch.no_grad():
-            alone = [fn(x[i:i + 1].contiguous(memory_format=torch.channels_last)) for i in range(shape[0])]
-            for n_threads in (1, 2):
-                torch.set_num_threads(n_threads)
-                y = fn(x)
-                assert y.is_contiguous(memory_format=torch.channels_last)
-                for i in range(shape[0]):
-                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
-    finally:
-        torch.set_num_threads(before)
+    y = samples_same_bits_as_alone(fn, x, torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last)
     if act is None:
         ref = _float64(x, w, b, torch.zeros_like(x), groups)[0]
         if dtype in HALF:
