@@ -22,27 +22,28 @@
 // stay in cache in a loop of backwards, 5-15 % faster with no hints at all, but in a
 // forward+backward the forward's x comes from past the caches and the hints within the chunk gain:
 // N = 16 and 32 forward+backward 0.64-0.86 and 1.67-1.79 ms with them, 0.74-0.82 and 2.02-2.25
-// without). The
-// output passes (y, and the backward's dx) run kOutRows = 4 rows at a time, channel vector by
+// without).
+// The output passes (y, and the backward's dx) run kOutRows = 4 rows at a time, channel vector by
 // channel vector, the per-channel vectors loaded once for the 4 rows (x read and y written over 4
 // adjacent rows: one region, in order; a streamed y row by row, so that each streamed line is
 // written whole in one run; the backward's dx row by row where rows of at least 512 bytes come from
 // past L2 -- the sums before it read more than 1 MiB of x and dy, a sample's or a run's by chunks;
 // x, dy and dx of 4 rows were 12 streams at once: channels-last float32 GroupNorm(1, 256)
-// 10x256x12x363 forward+backward 0.83x torch -> 0.99x; in cache the 4 rows stay faster). A chunk's
-// first tile is shifted by its groups' means over the chunk's first rows (64 values a group, at
-// most 32 rows), the next tiles by the chunk's running mean. Channels past the last whole vector (C
-// off a multiple of the lanes, where the view below does not apply) go as one partial vector
-// (vload_n / vstore_n: a masked load or store with AVX-512), and a tile's per-channel sums are
-// added per group as vectors (channel_sum), not one scalar chain. Threads (which never changes a
-// bit): whole samples (forward) or whole runs of kRun samples (backward) go to threads when that
-// leaves at most an eighth of the thread-time idle; otherwise (N = 1, 2 samples on 3 threads, a
-// single run, ...) the chunks of the samples are spread over the threads, their partials in scratch
-// of (samples) x (chunks a sample, <= 32) x 2G + 1 (forward: the samples are then fewer than 7 a
-// thread) or (samples of one run) x (chunks) x 3C (backward), then merged, and the output pass runs
-// by chunks. The forward's y streams past the caches when x and y take more than half the
-// last-level cache (numerics/stream.h), the backward's dx when x, dy and dx do and its rows are
-// whole cache lines (no read for ownership: N = 64 above 0.85 -> 0.63 ns a value).
+// 10x256x12x363 forward+backward 0.83x torch -> 0.99x; in cache the 4 rows stay faster).
+// A chunk's first tile is shifted by its groups' means over the chunk's first rows (64 values a
+// group, at most 32 rows), the next tiles by the chunk's running mean.
+// Channels past the last whole vector (C off a multiple of the lanes, where the view below does not
+// apply) go as one partial vector (vload_n / vstore_n: a masked load or store with AVX-512), and a
+// tile's per-channel sums are added per group as vectors (channel_sum), not one scalar chain.
+// Threads (which never changes a bit): whole samples (forward) or whole runs of kRun samples
+// (backward) go to threads when that leaves at most an eighth of the thread-time idle; otherwise
+// (N = 1, 2 samples on 3 threads, a single run, ...) the chunks of the samples are spread over the
+// threads, their partials in scratch of (samples) x (chunks a sample, <= 32) x 2G + 1 (forward: the
+// samples are then fewer than 7 a thread) or (samples of one run) x (chunks) x 3C (backward), then
+// merged, and the output pass runs by chunks. The forward's y streams past the caches when x and y
+// take more than half the last-level cache (numerics/stream.h), the backward's dx when x, dy and dx
+// do and its rows are whole cache lines (no read for ownership: N = 64 above 0.85 -> 0.63 ns a
+// value).
 
 #include <algorithm>
 #include <cmath>
@@ -161,6 +162,13 @@ Blocking blocking(int64_t ns, int64_t c, int64_t elem_bytes, int64_t rep) {
 // most an eighth of the thread-time idle: a thread takes at most ceil(tasks / threads) whole tasks.
 // (Counting tasks alone, 17 samples in runs of 16 read as 2 tasks for 2 threads, and one thread
 // took 16 samples: channels-last bfloat16 GroupNorm(1, 192) 17x192x6x24x24 fwd+bwd 0.65x torch.)
+// Where task units [.., u1) of (sample, chunk) -- q chunks of `chunk` rows a sample of ns rows --
+// end, in rows from the first unit's sample: the rows a task's passes may ask for ahead of use
+// (the next tile, across chunks and samples: NHWC rows are contiguous).
+inline int64_t task_end(int64_t u1, int64_t q, int64_t ns, int64_t chunk) {
+  return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * chunk);
+}
+
 bool balanced(int64_t items, int64_t per = 1) {
   const int64_t t = std::max<int64_t>(1, at::get_num_threads());
   const int64_t tasks = (items + per - 1) / per, most = std::min(items, (tasks + t - 1) / t * per);
@@ -656,10 +664,6 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   }
   // chunks of a batch of samples a task (fewer than 7 samples a thread: balanced() failed)
   const int64_t q = bk.n_chunks;
-  // where units [.., u1) of (sample, chunk) end, in rows from the first unit's sample: the rows a
-  // task's passes may ask for ahead of use (the next tile, across chunks and samples: NHWC rows are
-  // contiguous)
-  auto task_end = [&](int64_t u1) { return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * bk.chunk); };
   std::vector<double> part(n * q * (2 * g + 1));  // per chunk: the count, the means, the M2s
   std::vector<A> st(4 * n * g);  // per (sample, group): shift, ch, lo, rstd
   std::vector<double> rsd_all(n * g);  // rstd in float64
@@ -674,8 +678,9 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       double* pu = part.data() + u * (2 * g + 1);
       Moments mu{g, pu + 1, pu + 1 + g};
       spread(gsh_all + i * g, g, cg, sh);
-      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), big ? task_end(u1) - i * ns : ns, bk.tile, c, g,
-                    sh, acc, tct, gs, tm.data(), mu);
+      const int64_t r_end = big ? task_end(u1, q, ns, bk.chunk) - i * ns : ns;
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), r_end, bk.tile, c, g, sh, acc, tct, gs, tm.data(),
+                    mu);
       pu[0] = mu.n;
     }
   });
@@ -791,10 +796,6 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   const View vw = view_of<vlanes<S>>(c);
   const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   const int64_t q = bk.n_chunks;
-  // where units [.., u1) of (sample, chunk) end, in rows from the first unit's sample: the rows a
-  // task's passes may ask for ahead of use (the next tile, across chunks and samples: NHWC rows are
-  // contiguous)
-  auto task_end = [&](int64_t u1) { return (u1 - 1) / q * ns + std::min(ns, ((u1 - 1) % q + 1) * bk.chunk); };
   // big: x, dy and dx together take more than half the last level (numerics/stream.h), so x and dy
   // come from memory: the sums ask for the next tile's lines ahead across chunks and samples (else
   // within the chunk), and dx streams past the caches where its (virtual) rows are whole cache lines
@@ -1016,7 +1017,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
           const int64_t i = b0 + u / q, r0 = (u % q) * bk.chunk;
           if (i != cur) spread(mean + i * g, g, cg, mc.data()), cur = i;
           const int64_t r1 = std::min(ns, r0 + bk.chunk);
-          chunk_sums(i, r0, r1, big ? b0 * ns + task_end(u1) - i * ns : r1, mc.data(), acc.data(),
+          chunk_sums(i, r0, r1, big ? b0 * ns + task_end(u1, q, ns, bk.chunk) - i * ns : r1, mc.data(), acc.data(),
                      part.data() + u * 3 * c);
         }
       });
