@@ -33,15 +33,21 @@ template <class A> inline vec<A> loadc_n(const A* p, int64_t n) {
   return v;
 }
 
-// relu's dz (act::dz_of: dy where z > 0 or z is NaN, +0 where z <= 0) for a bfloat16 pair (even
-// and odd values apart, as vload_eo reads them): a mask on dy's stored words, its bits kept -- no
-// widening, product or rounding.
-inline void relu_dz_eo(const bf16* dy, bf16* dz, vec<float> ze, vec<float> zo) {
-  detail::u32v w;
-  std::memcpy(&w, dy, sizeof w);
-  const detail::i32v ne = ze <= 0.0f, no = zo <= 0.0f;  // -1 where dz is +0
-  w &= ((detail::u32v)~ne & 0xFFFFu) | ((detail::u32v)~no & 0xFFFF0000u);
-  std::memcpy(dz, &w, sizeof w);
+// act::dz_of for a bfloat16 pair (even and odd values apart, as vload_eo reads them), into dz (which
+// may alias dy). relu (dy where z > 0 or z is NaN, +0 where z <= 0): a mask on dy's stored words,
+// its bits kept -- no widening, product or rounding; the others dy * act'(z), rounded once.
+template <int Act> inline void dz_of_eo(const bf16* dy, bf16* dz, vec<float> ze, vec<float> zo, float p) {
+  if constexpr (Act == act::kRelu) {
+    detail::u32v w;
+    std::memcpy(&w, dy, sizeof w);
+    const detail::i32v ne = ze <= 0.0f, no = zo <= 0.0f;  // -1 where dz is +0
+    w &= ((detail::u32v)~ne & 0xFFFFu) | ((detail::u32v)~no & 0xFFFF0000u);
+    std::memcpy(dz, &w, sizeof w);
+  } else {
+    vec<float> de, dq;
+    vload_eo(dy, de, dq);
+    vstore_eo(dz, de * act::grad<Act, bf16>(ze, p), dq * act::grad<Act, bf16>(zo, p));
+  }
 }
 
 // The constants in the accumulation type (hi = mean rounded, a = rstd * w rounded, b2 = b minus
@@ -202,13 +208,7 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
           store_n(dz + t, act::dz_of<Act, S>(load_n(dy + t, n), z, p), n);
         }, [&](auto ze, auto zo, int64_t t) {
-          if constexpr (Act == act::kRelu) {
-            relu_dz_eo(dy + t, dz + t, ze, zo);
-          } else {
-            decltype(ze) de, dq;  // (dependent: the body is compiled only for bfloat16, where over calls it)
-            vload_eo(dy + t, de, dq);
-            vstore_eo(dz + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
-          }
+          dz_of_eo<Act>(dy + t, dz + t, ze, zo, p);  // (dependent: compiled only for bfloat16, where over calls it)
         });
       });
     });
@@ -244,16 +244,11 @@ void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const dou
           const int64_t base = r * n_cols;
           if constexpr (std::is_same_v<S, bf16>) {
             for (int64_t t = 0; t < n2; t += 2 * L) {
-              vec<A> e, o, de, dq;
+              vec<A> e, o;
               vload_eo(x + base + t, e, o);
               const vec<A> ze = ((e - m) * rs) * vload(&wa[t]) + vload(&ba[t]);
               const vec<A> zo = ((o - m) * rs) * vload(&wa[t + L]) + vload(&ba[t + L]);
-              if constexpr (Act == act::kRelu) {
-                relu_dz_eo(dy + base + t, dz + base + t, ze, zo);
-              } else {
-                vload_eo(dy + base + t, de, dq);
-                vstore_eo(dz + base + t, de * act::grad<Act, S>(ze, p), dq * act::grad<Act, S>(zo, p));
-              }
+              dz_of_eo<Act>(dy + base + t, dz + base + t, ze, zo, p);
             }
           }
           for (int64_t t = n2; t < n_cols; t += L) {
