@@ -496,6 +496,46 @@ def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_streamed_planes_same_bits_as_a_sample_alone(dtype):
+    """Planes of 501x503 values (float32; bfloat16 701x703): no plane starts or ends on a cache
+    line. Eight samples of x and y pass half a last-level cache of up to 64 MB, so the output
+    passes of planes (y; dx, with and without the weight's gradients) write each run's whole
+    lines around the caches, its end lines plainly -- one sample alone (6 / 6.9 MB of x and y)
+    stays in the caches. In eval mode y and dx are elementwise given the running statistics:
+    each sample's the same bits either way, on 1 thread and on 2. In training y and dx within
+    2x the rounding of float64 (float32: 8x)."""
+    shape = (8, 3, 501, 503) if dtype == torch.float32 else (8, 3, 701, 703)
+    x = _randn(shape, dtype, seed=82, scale=2.0, shift=0.5)
+    dy = _randn(shape, dtype, seed=83)
+    w, b, rm, rv = _params(3, dtype)
+
+    def eval_call(xs, gs, wb_grads):
+        wr, br = (w.clone().requires_grad_(), b.clone().requires_grad_()) if wb_grads else (w, b)
+        xr = xs.clone().requires_grad_()
+        y = NF.batch_norm(xr, rm, rv, wr, br, False)
+        (dx,) = torch.autograd.grad(y, [xr], gs)
+        return y.detach(), dx
+
+    before = torch.get_num_threads()
+    try:
+        with normlab.use_backend("cpu"):
+            for wb_grads in (False, True):
+                alone = [eval_call(x[i:i + 1], dy[i:i + 1], wb_grads) for i in range(shape[0])]
+                for n_threads in (1, 2):
+                    torch.set_num_threads(n_threads)
+                    y, dx = eval_call(x, dy, wb_grads)
+                    for i in range(shape[0]):
+                        assert torch.equal(y[i:i + 1], alone[i][0]), ("y", wb_grads, n_threads, i)
+                        assert torch.equal(dx[i:i + 1], alone[i][1]), ("dx", wb_grads, n_threads, i)
+            got = _run("cpu", x, w, b, rm, rv, True, dy=dy)
+    finally:
+        torch.set_num_threads(before)
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
+    for name, a, r64 in zip(["y", "dx"], [got[0], got[1][0]], [exact[0], exact[1][0]]):
+        assert_within_rounding(a, r64, 2.0 if dtype in HALF else 8.0, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_gradient_sums_over_long_planes(dtype, training):
     """Planes of 4608 values (more than one PLANE_PIECE of the per-plane gradient sums):
