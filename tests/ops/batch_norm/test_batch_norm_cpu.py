@@ -496,18 +496,24 @@ def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_streamed_planes_same_bits_as_a_sample_alone(dtype):
-    """Planes of 501x503 values (float32; bfloat16 701x703): no plane starts or ends on a cache
-    line. Eight samples of x and y pass half a last-level cache of up to 64 MB, so the output
-    passes of planes (y; dx, with and without the weight's gradients) write each run's whole
-    lines around the caches, its end lines plainly -- one sample alone (6 / 6.9 MB of x and y)
-    stays in the caches. In eval mode y and dx are elementwise given the running statistics:
-    each sample's the same bits either way, on 1 thread and on 2. In training y and dx within
-    2x the rounding of float64 (float32: 8x)."""
-    shape = (8, 3, 501, 503) if dtype == torch.float32 else (8, 3, 701, 703)
-    x = _randn(shape, dtype, seed=82, scale=2.0, shift=0.5)
-    dy = _randn(shape, dtype, seed=83)
-    w, b, rm, rv = _params(3, dtype)
+@pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last"])
+def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
+    """NCHW: planes of 501x503 values (float32; bfloat16 701x703), so no plane starts or ends on
+    a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB, so the
+    output passes of planes (y; dx, with and without the weight's gradients) write each run's
+    whole lines around the caches, its end lines plainly. Channels-last: rows of 64 channels
+    (whole lines) whose dy and dx pass that half, so the dx pass streams its rows. One sample
+    alone stays in the caches (at most 8.4 MB). In eval mode y and dx are elementwise given the
+    running statistics: each sample's the same bits either way, on 1 thread and on 2. In training
+    y and dx within 2x the rounding of float64 (float32: 8x)."""
+    if layout == "NCHW":
+        shape = (8, 3, 501, 503) if dtype == torch.float32 else (8, 3, 701, 703)
+    else:
+        shape = (4, 64, 128, 128) if dtype == torch.float32 else (8, 64, 128, 128)
+    fmt = torch.channels_last if layout == "NCHW_channels_last" else torch.contiguous_format
+    x = _randn(shape, dtype, seed=82, scale=2.0, shift=0.5).contiguous(memory_format=fmt)
+    dy = _randn(shape, dtype, seed=83).contiguous(memory_format=fmt)
+    w, b, rm, rv = _params(shape[1], dtype)
 
     def eval_call(xs, gs, wb_grads):
         wr, br = (w.clone().requires_grad_(), b.clone().requires_grad_()) if wb_grads else (w, b)
@@ -520,7 +526,8 @@ def test_streamed_planes_same_bits_as_a_sample_alone(dtype):
     try:
         with normlab.use_backend("cpu"):
             for wb_grads in (False, True):
-                alone = [eval_call(x[i:i + 1], dy[i:i + 1], wb_grads) for i in range(shape[0])]
+                alone = [eval_call(x[i:i + 1].contiguous(memory_format=fmt), dy[i:i + 1].contiguous(memory_format=fmt),
+                                   wb_grads) for i in range(shape[0])]
                 for n_threads in (1, 2):
                     torch.set_num_threads(n_threads)
                     y, dx = eval_call(x, dy, wb_grads)
