@@ -802,7 +802,12 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  const bool stream = streams_output(2 * n * period * int64_t(sizeof(S)));  // y by whole lines streamed
+  // y's whole lines streamed where x and y pass half the LLC; half precision only where they pass
+  // all of it (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16 ms,
+  // 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31 -- float32 of the same bytes 20-50 %
+  // faster streamed; above the LLC half precision went either way between runs)
+  const int64_t xy_bytes = 2 * n * period * int64_t(sizeof(S));
+  const bool stream = sizeof(S) >= 4 ? streams_output(xy_bytes) : xy_bytes > llc_bytes();
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
     normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train, stream);
   });
