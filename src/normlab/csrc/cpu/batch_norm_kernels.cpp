@@ -13,9 +13,10 @@
 // of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass half the last-level
 // cache: 2-4 % faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485)
 // float16 (an earlier row-by-row streaming, which left rows off whole lines plain, was slower).
-// The output passes of planes (y; dx, also where a channel's dx follows its sums in cache) stream
-// each run's whole lines by the same rule (streamed_run), its end lines plain: a store that
-// misses the caches otherwise reads its line from memory first. One process, the knob switched
+// The output passes of planes (y in float32 and float64 -- half precision's y ran slower streamed,
+// see forward_planes; dx, also where a channel's dx follows its sums in cache) stream each run's
+// whole lines by the same rule (streamed_run), its end lines plain: a store that misses the
+// caches otherwise reads its line from memory first. One process, the knob switched
 // between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
 // thread; torch.nn 5.44), BatchNorm3d(16) 2x16x10x170x170 bfloat16 training forward+backward
 // 6.50 -> 5.49 ms (two threads; torch.nn 6.05), BatchNorm2d(256) 16x256x56x56 float32 19.2 ->
@@ -565,30 +566,20 @@ inline void streamed_run(S* y, int64_t len, const Plain& plain, const Streamed& 
   fence_streams();
 }
 
-// y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel); stream: y's
-// whole lines streamed (streamed_run).
+// y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel); stream (float32
+// and float64): y's whole lines streamed (streamed_run).
 template <class S>
 inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc, bool no_nan = false,
                           bool stream = false) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
   auto fn = [&](vec<A> v) { return (v - vh) * vf + vb; };
-  if (stream) {
-    auto plain = [&](int64_t o, int64_t k) { normalise_run(x + o, y + o, k, h, f, bc, no_nan); };
-    if constexpr (std::is_same_v<S, bf16>) {
-      auto pairs = [&]<bool NoNaN>() {
-        streamed_run(y, len, plain, [&](int64_t t) {
-          vec<A> e, o;
-          vload_eo(x + t, e, o);
-          vstream_eo<NoNaN>(y + t, fn(e), fn(o));
-        });
-      };
-      if (no_nan && nan_free_affine(f, h, bc)) pairs.template operator()<true>();
-      else pairs.template operator()<false>();
-    } else {
-      streamed_run(y, len, plain, [&](int64_t t) { vstream(y + t, fn(vload(x + t))); });
+  if constexpr (sizeof(S) >= 4) {
+    if (stream) {
+      streamed_run(y, len, [&](int64_t o, int64_t k) { normalise_run(x + o, y + o, k, h, f, bc, no_nan); },
+                   [&](int64_t t) { vstream(y + t, fn(vload(x + t))); });
+      return;
     }
-    return;
   }
   int64_t t0 = 0;
   if constexpr (std::is_same_v<S, bf16>)
@@ -802,12 +793,11 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  // y's whole lines streamed where x and y pass half the LLC; half precision only where they pass
-  // all of it (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16 ms,
-  // 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31 -- float32 of the same bytes 20-50 %
-  // faster streamed; above the LLC half precision went either way between runs)
-  const int64_t xy_bytes = 2 * n * period * int64_t(sizeof(S));
-  const bool stream = sizeof(S) >= 4 ? streams_output(xy_bytes) : xy_bytes > llc_bytes();
+  // y's whole lines streamed where x and y pass half the LLC -- float32 and float64: half precision
+  // keeps y plain (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16
+  // ms, 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31, where float32 of the same bytes ran
+  // 20-50 % faster streamed; past the whole LLC the two went either way between runs, within 5 %)
+  const bool stream = sizeof(S) >= 4 && streams_output(2 * n * period * int64_t(sizeof(S)));
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
     normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train, stream);
   });
