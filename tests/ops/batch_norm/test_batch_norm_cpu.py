@@ -501,8 +501,9 @@ def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
     """NCHW: planes of 501x503 values (float32; bfloat16 701x703), so no plane starts or ends on
     a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB, so the
     output passes of planes (y in float32 -- half precision keeps y plain; dx, with and without the
-    weight's gradients) write each run's whole lines around the caches, its end lines plainly. Channels-last: rows of 64 channels
-    (whole lines) whose dy and dx pass that half, so the dx pass streams its rows. One sample
+    weight's gradients) write each run's whole lines around the caches, its end lines plainly.
+    Channels-last: rows of 64 channels (whole lines) whose dy and dx pass that half, so the dx
+    pass streams its rows. One sample
     alone stays in the caches (at most 8.4 MB). In eval mode y and dx are elementwise given the
     running statistics: each sample's the same bits either way, on 1 thread and on 2. In training
     y and dx within 2x the rounding of float64 (float32: 8x)."""
@@ -539,6 +540,34 @@ def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
         torch.set_num_threads(before)
     exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
     for name, a, r64 in zip(["y", "dx"], [got[0], got[1][0]], [exact[0], exact[1][0]]):
+        assert_within_rounding(a, r64, 2.0 if dtype in HALF else 8.0, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_channel_tasks_same_bits_as_part_tasks(dtype):
+    """Channels of 4 x 36000 values (three parts of at most part_values): with 6 channels a call
+    on 1 thread takes a task a channel (channel_tasks: at least 4 channels a thread; the
+    forward too, its planes being long runs), on 2 threads a task a part and whole-tensor output
+    passes. Every output the same bits either way, and y, dx, dw, db within 2x the rounding of
+    float64 (float32: 8x)."""
+    assert 4 * 180 * 200 > 2 * _C.batch_norm_constants()["part_values"]  # (two would add in any order)
+    x = _randn((4, 6, 180, 200), dtype, seed=84, scale=2.0, shift=0.5)
+    dy = _randn(x.shape, dtype, seed=85)
+    w, b, rm, rv = _params(6, dtype)
+    before = torch.get_num_threads()
+    try:
+        got = {}
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            got[n_threads] = _run("cpu", x, w, b, rm, rv, True, dy=dy)
+    finally:
+        torch.set_num_threads(before)
+    (y1, g1, rm1, rv1), (y2, g2, rm2, rv2) = got[1], got[2]
+    for name, a, c in zip(["y", "dx", "dw", "db", "running_mean", "running_var"], [y1, *g1, rm1, rv1],
+                          [y2, *g2, rm2, rv2]):
+        assert torch.equal(a, c), name
+    exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
+    for name, a, r64 in zip(["y", "dx", "dw", "db"], [y1, *g1], [exact[0], *exact[1]]):
         assert_within_rounding(a, r64, 2.0 if dtype in HALF else 8.0, name)
 
 

@@ -651,6 +651,9 @@ void normalise(const S* x, S* y, int64_t width, int64_t r0, int64_t r1, int64_t 
 //     follows. Zen 4, one thread, training forward: BatchNorm2d(256) 8x256x56x56 bfloat16 2.50 ->
 //     1.88 ms, (16, 64, 56, 56) float32 1.36 -> 1.18 ms; at 2 MB and less the same time either way.
 //     The backward's dx keeps the local pass: there float32 lost up to 11 % without it.)
+//   - P > 1 with at least 4 channels a thread: a task is a channel instead, its parts in order,
+//     then its output while it is in the caches (channel_tasks: the same bits) -- the forward only
+//     where y streams or the runs are long (kChannelOrderRun).
 // Scratch: (C, P) float64 partials, freed at the end of the call.
 
 // Whether an output pass of x and y of `bytes` together finds y's lines in cache (forward_planes).
@@ -690,6 +693,23 @@ inline Parts parts_of(int64_t n, int64_t s_len) {
   const int64_t len = cdiv(cdiv(total, p), 64) * 64;
   return {total, cdiv(total, len), len};
 }
+
+// Whether a call whose channels hold more than one part (P > 1) takes a task per channel -- its
+// parts in order, then its output pass while the channel is in the caches -- in place of a task
+// per part and an output pass over the whole tensor from memory: where there are channels
+// enough for every thread (at least 4 a thread; the same bits either way, the parts merged in the
+// same order). One process, the two switched between calls: BatchNorm2d(64) 8x64x180x180 float16
+// training forward+backward, two threads, 11.3 -> 9.4 ms (torch.nn 10.4); float32 14.4 -> 12.0;
+// BatchNorm3d(16) 2x16x10x170x170 bfloat16 4.13 -> 3.97; forward alone 8x64x180x180 float16 4.03
+// -> 3.46 ms, float32 5.68 -> 4.89.
+inline bool channel_tasks(const Parts& pt, int64_t n_ch) {
+  return pt.n_parts > 1 && n_ch >= 4 * int64_t(at::get_num_threads());
+}
+// The forward's channel task writes y run by run in channel order (N runs C * S apart): plain
+// half-precision stores wait on each run's first lines, so runs shorter than this stay in the
+// whole-tensor pass (bfloat16 training forward, one thread: 24x64x60x60 2.28 -> 3.06 ms, 96x64x28x28
+// 1.66 -> 2.39 by channel tasks); streamed float32 stores do not wait.
+constexpr int64_t kChannelOrderRun = 16384;
 
 // f(offset, len) for the runs of channel c's values [v0, v1) in plane order: x + offset.
 template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, const F& f) {
@@ -758,9 +778,31 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows, period = n_ch * s_len;
   double *mean = stats, *var = stats + n_ch, *rstd = stats + 2 * n_ch;
   Affine<A> k(n_ch);
+  // y's whole lines streamed where x and y pass half the LLC -- float32 and float64: half precision
+  // keeps y plain (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16
+  // ms, 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31, where float32 of the same bytes ran
+  // 20-50 % faster streamed; past the whole LLC the two went either way between runs, within 5 %)
+  const bool stream = sizeof(S) >= 4 && streams_output(2 * n * period * int64_t(sizeof(S)));
   if (train) {
     const Parts pt = parts_of(n, s_len);
     const bool local = pt.n_parts == 1 && (!y || cached_output(2 * n * period * int64_t(sizeof(S))));
+    if (y && channel_tasks(pt, n_ch) && (stream || s_len >= kChannelOrderRun)) {
+      run_tasks(n_ch, pt.total + kPlaneTaskValues, [&](int64_t c) {
+        Scratch<A, 1> d(std::min(constants().plane_piece, pt.len));
+        Moments mo;
+        for (int64_t p = 0; p < pt.n_parts; ++p) {  // the parts in order, as the merge below
+          const Moments q = part_moments(x, c, p * pt.len, std::min(pt.total, (p + 1) * pt.len), s_len, n_ch, d.get());
+          mo.merge(q.n, q.mean, q.m2);
+        }
+        mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
+        var[c] = mo.m2 / mo.n;
+        k.set(c, c + 1, mean, var, eps, w, b, rstd);
+        plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) {
+          normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], true, stream);
+        });
+      });
+      return;
+    }
     Scratch<double> part(local ? 0 : 3 * n_ch * pt.n_parts);  // (C, P) of (count, mean, M2)
     run_tasks(n_ch * pt.n_parts, pt.len + kPlaneTaskValues, [&](int64_t t) {
       const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
@@ -793,11 +835,6 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  // y's whole lines streamed where x and y pass half the LLC -- float32 and float64: half precision
-  // keeps y plain (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16
-  // ms, 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31, where float32 of the same bytes ran
-  // 20-50 % faster streamed; past the whole LLC the two went either way between runs, within 5 %)
-  const bool stream = sizeof(S) >= 4 && streams_output(2 * n * period * int64_t(sizeof(S)));
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
     normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train, stream);
   });
@@ -1130,8 +1167,8 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
     const bool local = pt.n_parts == 1;
     Scratch<double> part(local ? 0 : 2 * n_ch * pt.n_parts);  // (C, P) of (sum dy, sum dy * (x - hi))
     const int64_t piece = kSumRun * 4 * vlanes<S>;
-    run_tasks(n_ch * pt.n_parts, 2 * pt.len + kPlaneTaskValues, [&](int64_t t) {
-      const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
+    // (sum dy, sum dy * (x - hi)) over channel c's values [v0, v1), from 0 (fused: dx too)
+    auto part_sums = [&](int64_t c, int64_t v0, int64_t v1, double* py, double* px) {
       const A h = k.hi[c], f = k.a[c];
       double sy = 0.0, sx = 0.0;
       plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
@@ -1143,6 +1180,27 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
         }
         if (fused) grad_x_run(dy + off, x + off, dx + off, len, f, h, A(0), A(0), false, stream);
       });
+      *py = sy, *px = sx;
+    };
+    if (channel_tasks(pt, n_ch)) {
+      run_tasks(n_ch, 2 * pt.total + kPlaneTaskValues, [&](int64_t c) {
+        double sy = 0.0, sx = 0.0;
+        for (int64_t p = 0; p < pt.n_parts; ++p) {  // the parts in order, as the merge below
+          double py, px;
+          part_sums(c, p * pt.len, std::min(pt.total, (p + 1) * pt.len), &py, &px);
+          sy += py;
+          sx += px;
+        }
+        finish(c, sy, sx);
+        if (need_dx && !fused)
+          plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) { dx_channel(c, off, len); });
+      });
+      return;
+    }
+    run_tasks(n_ch * pt.n_parts, 2 * pt.len + kPlaneTaskValues, [&](int64_t t) {
+      const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
+      double sy, sx;
+      part_sums(c, v0, v1, &sy, &sx);
       if (!local) { part[2 * t] = sy; part[2 * t + 1] = sx; return; }
       finish(c, sy, sx);
       if (need_dx && !fused) plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) { dx_channel(c, off, len); });
