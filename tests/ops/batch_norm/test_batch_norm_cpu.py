@@ -495,18 +495,18 @@ def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
     assert_within_rounding(y, exact, 2.0 if dtype in HALF else 8.0, "y")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last"])
 def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
-    """NCHW: planes of 501x503 values (float32; bfloat16 701x703), so no plane starts or ends on
-    a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB, so the
-    output passes of planes (y in float32 -- half precision keeps y plain; dx, with and without the
-    weight's gradients) write each run's whole lines around the caches, its end lines plainly.
-    Channels-last: rows of 64 channels (whole lines) whose dy and dx pass that half, so the dx
-    pass streams its rows. One sample
-    alone stays in the caches (at most 8.4 MB). In eval mode y and dx are elementwise given the
-    running statistics: each sample's the same bits either way, on 1 thread and on 2. In training
-    y and dx within 2x the rounding of float64 (float32: 8x)."""
+    """NCHW: planes of 501x503 values (float32; half precision 701x703), so no plane starts or
+    ends on a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB,
+    so the output passes of planes (y but in bfloat16, which keeps y plain; dx, with and without
+    the weight's gradients) write each run's whole lines around the caches, its end lines
+    plainly. Channels-last: rows of 64 channels (whole lines) whose dy and dx pass that half, so
+    the dx pass streams its rows. One sample alone stays in the caches (at most 8.4 MB). In eval
+    mode y and dx are elementwise given the running statistics: each sample's the same bits
+    either way, on 1 thread and on 2. In training y and dx within 2x the rounding of float64
+    (float32: 8x)."""
     if layout == "NCHW":
         shape = (8, 3, 501, 503) if dtype == torch.float32 else (8, 3, 701, 703)
     else:

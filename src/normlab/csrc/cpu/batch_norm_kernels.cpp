@@ -12,12 +12,12 @@
 // The output pass of rows of channels back to back (channels-last, (M, C)) streams y as one run
 // of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass half the last-level
 // cache: 2-4 % faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485)
-// float16 (an earlier row-by-row streaming, which left rows off whole lines plain, was slower).
-// The output passes of planes (y in float32 and float64 -- half precision's y ran slower streamed,
-// see forward_planes; dx, also where a channel's dx follows its sums in cache) stream each run's
-// whole lines by the same rule (streamed_run), its end lines plain: a store that misses the
-// caches otherwise reads its line from memory first. One process, the knob switched
-// between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
+// float16 when measured (an earlier row-by-row streaming, which left rows off whole lines plain,
+// was slower) -- bfloat16 no longer streams y (streams_y: later timings found it slower).
+// The output passes of planes (y but in bfloat16, streams_y; dx, also where a channel's dx
+// follows its sums in cache) stream each run's whole lines by the same rule (streamed_run), its
+// end lines plain: a store that misses the caches otherwise reads its line from memory first.
+// One process, the knob switched between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
 // thread; torch.nn 5.44), BatchNorm3d(16) 2x16x10x170x170 bfloat16 training forward+backward
 // 6.50 -> 5.49 ms (two threads; torch.nn 6.05), BatchNorm2d(256) 16x256x56x56 float32 19.2 ->
 // 16.8 ms (one thread), eval forward+backward 8x64x112x112 float32 5.93 -> 4.81 ms. The rows'
@@ -566,15 +566,23 @@ inline void streamed_run(S* y, int64_t len, const Plain& plain, const Streamed& 
   fence_streams();
 }
 
-// y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel); stream (float32
-// and float64): y's whole lines streamed (streamed_run).
+// Whether y may stream: not bfloat16, whose streamed pairs ran slower than plain stores in both
+// views (one thread, eval forward, plain -> streamed: planes 7x209x402x9 0.94 -> 1.16 ms,
+// 8x64x125x125 1.21 -> 1.31; channels-last 4x128x166x152 2.27 -> 2.72 ms, training 8x64x112x112
+// 2.45 -> 2.93), where float16 and float32 gain (float16 planes 8x64x180x180 4.31 -> 3.15 ms,
+// channels-last 8x64x112x112 1.33 -> 0.86; float32 planes 8x64x90x90 1.48 -> 1.05, channels-last
+// 4x128x166x152 4.88 -> 3.37). dx streams in every dtype.
+template <class S> constexpr bool streams_y() { return !std::is_same_v<S, bf16>; }
+
+// y = (x - h) * f + bc over len values (no_nan: as EoOut's, for this channel); stream (not
+// bfloat16: streams_y): y's whole lines streamed (streamed_run).
 template <class S>
 inline void normalise_run(const S* x, S* y, int64_t len, acc_t<S> h, acc_t<S> f, acc_t<S> bc, bool no_nan = false,
                           bool stream = false) {
   using A = acc_t<S>;
   vec<A> vh = vset1<A>(h), vf = vset1<A>(f), vb = vset1<A>(bc);
   auto fn = [&](vec<A> v) { return (v - vh) * vf + vb; };
-  if constexpr (sizeof(S) >= 4) {
+  if constexpr (streams_y<S>()) {
     if (stream) {
       streamed_run(y, len, [&](int64_t o, int64_t k) { normalise_run(x + o, y + o, k, h, f, bc, no_nan); },
                    [&](int64_t t) { vstream(y + t, fn(vload(x + t))); });
@@ -778,11 +786,8 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows, period = n_ch * s_len;
   double *mean = stats, *var = stats + n_ch, *rstd = stats + 2 * n_ch;
   Affine<A> k(n_ch);
-  // y's whole lines streamed where x and y pass half the LLC -- float32 and float64: half precision
-  // keeps y plain (bfloat16 eval forward, one thread, plain -> streamed: 7x209x402x9 0.94 -> 1.16
-  // ms, 8x64x100x100 0.75 -> 0.78, 8x64x125x125 1.21 -> 1.31, where float32 of the same bytes ran
-  // 20-50 % faster streamed; past the whole LLC the two went either way between runs, within 5 %)
-  const bool stream = sizeof(S) >= 4 && streams_output(2 * n * period * int64_t(sizeof(S)));
+  // y's whole lines streamed where x and y pass half the LLC (not bfloat16: streams_y)
+  const bool stream = streams_y<S>() && streams_output(2 * n * period * int64_t(sizeof(S)));
   if (train) {
     const Parts pt = parts_of(n, s_len);
     const bool local = pt.n_parts == 1 && (!y || cached_output(2 * n * period * int64_t(sizeof(S))));
@@ -903,7 +908,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  if (s_len == 1 && streams_output(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
+  if (s_len == 1 && streams_y<S>() && streams_output(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
     // rows of channels back to back: y streamed as one run of values a task (stream.h)
     const bool no_nan = train && nan_free_affines(k.hi, k.a, k.b2, n_ch);  // (as EoOut's)
     const FlatConstants<S> fk(k.hi, k.a, k.b2, n_ch);
