@@ -550,7 +550,7 @@ def test_channel_tasks_same_bits_as_part_tasks(dtype):
     forward too, its planes being long runs), on 2 threads a task a part and whole-tensor output
     passes. Every output the same bits either way, and y, dx, dw, db within 2x the rounding of
     float64 (float32: 8x)."""
-    assert 4 * 180 * 200 > 2 * _C.batch_norm_constants()["part_values"]  # (two would add in any order)
+    assert 4 * 180 * 200 > 2 * _C.batch_norm_constants()["part_values"]  # three parts a channel
     x = _randn((4, 6, 180, 200), dtype, seed=84, scale=2.0, shift=0.5)
     dy = _randn(x.shape, dtype, seed=85)
     w, b, rm, rv = _params(6, dtype)
