@@ -792,6 +792,10 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   const bool stream = streams_y<S>() && (sizeof(S) >= 4 || s_len >= kChannelOrderRun) &&
                       streams_output(2 * n * period * int64_t(sizeof(S)));
   if (train) {
+    auto set_stats = [&](int64_t c, const Moments& mo) {  // channel c's mean and biased variance
+      mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
+      var[c] = mo.m2 / mo.n;
+    };
     const Parts pt = parts_of(n, s_len);
     const bool local = pt.n_parts == 1 && (!y || cached_output(2 * n * period * int64_t(sizeof(S))));
     if (y && channel_tasks(pt, n_ch) && (stream || s_len >= kChannelOrderRun)) {
@@ -802,8 +806,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
           const Moments q = part_moments(x, c, p * pt.len, std::min(pt.total, (p + 1) * pt.len), s_len, n_ch, d.get());
           mo.merge(q.n, q.mean, q.m2);
         }
-        mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
-        var[c] = mo.m2 / mo.n;
+        set_stats(c, mo);
         k.set(c, c + 1, mean, var, eps, w, b, rstd);
         plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) {
           normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], true, stream);
@@ -820,8 +823,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
         part[3 * t] = mo.n; part[3 * t + 1] = mo.mean; part[3 * t + 2] = mo.m2;
         return;
       }
-      mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
-      var[c] = mo.m2 / mo.n;
+      set_stats(c, mo);
       k.set(c, c + 1, mean, var, eps, w, b, rstd);
       if (y)
         plane_runs(c, 0, pt.total, s_len, n_ch,
@@ -834,8 +836,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
         const double* q = part.get() + 3 * (c * pt.n_parts + p);
         mo.merge(q[0], q[1], q[2]);
       }
-      mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
-      var[c] = mo.m2 / mo.n;
+      set_stats(c, mo);
     }
   } else {
     load_chan<double>(rm, mean, 0, n_ch, 0.0);
@@ -1069,10 +1070,10 @@ inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, 
                        bool train, bool stream = false) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  vec<A> vf = vset1<A>(f);
+  const vec<A> vf = vset1<A>(f), vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
+  auto dx_train = [&](vec<A> g, vec<A> xv) { return (vf * g - v2 * (xv - vh)) - v0; };
   if (stream) {
-    vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
-    auto fn = [&](vec<A> g, vec<A> xv) { return train ? (vf * g - v2 * (xv - vh)) - v0 : g * vf; };
+    auto fn = [&](vec<A> g, vec<A> xv) { return train ? dx_train(g, xv) : g * vf; };
     auto plain = [&](int64_t o, int64_t k) { grad_x_run(dy + o, x + o, dx + o, k, f, h, q2, q0, train); };
     if constexpr (std::is_same_v<S, bf16>) {
       streamed_run(dx, len, plain, [&](int64_t t) {
@@ -1089,19 +1090,17 @@ inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, 
   }
   int64_t t0 = 0;
   if (train) {
-    vec<A> vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
     if constexpr (std::is_same_v<S, bf16>) {
       for (; t0 + 2 * L <= len; t0 += 2 * L) {
         vec<A> ge, go, xe, xo;
         vload_eo(dy + t0, ge, go);
         vload_eo(x + t0, xe, xo);
-        vstore_eo(dx + t0, (vf * ge - v2 * (xe - vh)) - v0, (vf * go - v2 * (xo - vh)) - v0);
+        vstore_eo(dx + t0, dx_train(ge, xe), dx_train(go, xo));
       }
     }
-    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, (vf * vload(dy + t) - v2 * (vload(x + t) - vh)) - v0); },
-                    [&](int64_t t, int64_t k) {
-                      vstore_n(dx + t, (vf * vload_n(dy + t, k) - v2 * (vload_n(x + t, k) - vh)) - v0, k);
-                    }, t0);
+    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, dx_train(vload(dy + t), vload(x + t))); },
+                    [&](int64_t t, int64_t k) { vstore_n(dx + t, dx_train(vload_n(dy + t, k), vload_n(x + t, k)), k); },
+                    t0);
   } else {
     if constexpr (std::is_same_v<S, bf16>) t0 = eo_map(dy, dx, len, [&](vec<A> g) { return g * vf; });
     columns_part<S>(len, [&](int64_t t) { vstore(dx + t, vload(dy + t) * vf); },
@@ -1119,24 +1118,26 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
   for (int64_t i = r0; i < r1; ++i) {
     const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
     S* o = dx + i * width + c0;
+    // dx of the vector at column u (s_len == 1)
+    auto full_train = [&](int64_t u) {
+      return (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u);
+    };
+    auto full_eval = [&](int64_t u) { return vload(gr + u) * vload(a + u); };
     if (stream) {  // (s_len == 1, rows of whole lines: n a multiple of the lanes)
       if (train)
-        for (int64_t u = 0; u < n; u += vlanes<S>)
-          vstream(o + u, (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u));
+        for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, full_train(u));
       else
-        for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, vload(gr + u) * vload(a + u));
+        for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, full_eval(u));
       if (i + 1 == r1) fence_streams();
     } else if (s_len == 1) {
       if (train)
-        columns_part<S>(n, [&](int64_t u) {
-          vstore(o + u, (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u));
-        }, [&](int64_t u, int64_t k) {
+        columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_train(u)); }, [&](int64_t u, int64_t k) {
           const vec<A> v = (vload_n(a + u, k) * vload_n(gr + u, k) - vload_n(k2 + u, k) * (vload_n(xr + u, k) - vload_n(hi + u, k))) -
                            vload_n(k0 + u, k);
           vstore_n(o + u, v, k);
         });
       else
-        columns_part<S>(n, [&](int64_t u) { vstore(o + u, vload(gr + u) * vload(a + u)); },
+        columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_eval(u)); },
                         [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(gr + u, k) * vload_n(a + u, k), k); });
     } else {
       int64_t c = ch0;
