@@ -16,7 +16,9 @@
 // was slower) -- bfloat16 no longer streams y (streams_y: later timings found it slower).
 // The output passes of planes (y but in bfloat16, streams_y; dx, also where a channel's dx
 // follows its sums in cache) stream each run's whole lines by the same rule (streamed_run), its
-// end lines plain: a store that misses the caches otherwise reads its line from memory first.
+// end lines plain: a store that misses the caches otherwise reads its line from memory first --
+// where the runs are long enough (stream.h, streams_runs: short planes ran slower streamed), and
+// fenced once a chunk of tasks (run_tasks), not once a run.
 // One process, the knob switched between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
 // thread; torch.nn 5.44), BatchNorm3d(16) 2x16x10x170x170 bfloat16 training forward+backward
 // 6.50 -> 5.49 ms (two threads; torch.nn 6.05), BatchNorm2d(256) 16x256x56x56 float32 19.2 ->
@@ -178,9 +180,12 @@ inline Span span(int64_t task, int phase, int64_t n_rows, int64_t width, int64_t
   return {0, r0, std::min(r0 + per, n_rows), 0, width};
 }
 
+// f(t) for the tasks t < n in parallel; each thread's streamed stores (stream.h) fenced once at
+// the end of its chunk of tasks, before another thread may read them.
 template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, const F& f) {
   for_rows(n, values_per_task, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) f(t);
+    fence_streams();
   });
 }
 
@@ -556,6 +561,8 @@ template <class A> struct EoOut {
 // The whole cache lines of a run of y written by non-temporal stores (stream.h), the values
 // before and after them by plain(offset, len): no line written part streamed, part plain.
 // streamed(t) stores the vector -- or, bfloat16, the pair of vectors -- at offset t of the run.
+// Not fenced here: run_tasks fences once a chunk of tasks (a fence a run, planes of 400 float32
+// values, put BatchNorm2d(512) 11x512x20x20 eval forward at 0.58x torch.nn; 1.22x without).
 template <class S, class Plain, class Streamed>
 inline void streamed_run(S* y, int64_t len, const Plain& plain, const Streamed& streamed) {
   constexpr int64_t step = std::is_same_v<S, bf16> ? 2 * vlanes<S> : vlanes<S>;  // a line is whole steps
@@ -563,7 +570,6 @@ inline void streamed_run(S* y, int64_t len, const Plain& plain, const Streamed& 
   plain(int64_t(0), sp.k);
   for (int64_t t = sp.k; t < sp.e; t += step) streamed(t);
   plain(sp.e, len - sp.e);
-  fence_streams();
 }
 
 // Whether y may stream: not bfloat16, whose streamed pairs ran slower than plain stores in both
@@ -719,6 +725,7 @@ inline bool channel_tasks(const Parts& pt, int64_t n_ch) {
 // 1.66 -> 2.39 by channel tasks); streamed float32 stores do not wait.
 constexpr int64_t kChannelOrderRun = 16384;
 
+
 // f(offset, len) for the runs of channel c's values [v0, v1) in plane order: x + offset.
 template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, const F& f) {
   while (v0 < v1) {
@@ -790,7 +797,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   // only from planes of kChannelOrderRun values (runs of 729-784 values, their end lines plain,
   // ran 1.2-1.3x slower streamed: 96x64x27x27 training forward 0.80x torch.nn; 8x64x180x180 gained)
   const bool stream = streams_y<S>() && (sizeof(S) >= 4 || s_len >= kChannelOrderRun) &&
-                      streams_output(2 * n * period * int64_t(sizeof(S)));
+                      streams_runs(s_len * int64_t(sizeof(S))) && streams_output(2 * n * period * int64_t(sizeof(S)));
   if (train) {
     auto set_stats = [&](int64_t c, const Moments& mo) {  // channel c's mean and biased variance
       mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
@@ -1128,7 +1135,6 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
         for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, full_train(u));
       else
         for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, full_eval(u));
-      if (i + 1 == r1) fence_streams();
     } else if (s_len == 1) {
       if (train)
         columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_train(u)); }, [&](int64_t u, int64_t k) {
@@ -1161,8 +1167,10 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   const double *mean = stats, *rstd = stats + 2 * n_ch;
   const bool need_sums = train || need_wb;
   const bool fused = need_dx && need_wb && !train;
-  // dx streamed (whole lines) where what its pass reads and writes passes half the LLC
-  const bool stream = streams_output((train || fused ? 3 : 2) * n * n_ch * s_len * int64_t(sizeof(S)));
+  // dx streamed (whole lines) where what its pass reads and writes passes half the LLC, in runs
+  // long enough (streams_runs)
+  const bool stream = streams_runs(s_len * int64_t(sizeof(S))) &&
+                      streams_output((train || fused ? 3 : 2) * n * n_ch * s_len * int64_t(sizeof(S)));
   GradConst<A> k(n_ch);
   k.init(n_ch, w, mean, rstd);
   auto finish = [&](int64_t c, double sy, double sx) {

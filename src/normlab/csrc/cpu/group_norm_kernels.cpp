@@ -252,7 +252,8 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   // 29x512x27x27 forward: 4.8 ms streamed, 3.3 plain, torch.nn 3.6; float32 streams: 2.0 ms
   // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
   const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S))) &&
-                      (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0);
+                      (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0) &&
+                      streams_runs(ns * int64_t(sizeof(S)));  // (and runs long enough: stream.h)
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
     const int64_t gi = r % g;
     const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);
@@ -266,7 +267,6 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
         lo_v = hi_v;
       }
     });
-    if (stream) fence_streams();
   };
   const bool local = rp.n_parts == 1;  // a row of one part (<= 64K values, in L2): written at once
   for_rows(n_items, rp.len, [&](int64_t t0, int64_t t1) {
@@ -283,6 +283,7 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
       if (local) { finish_row(r, mo.mean, mo.m2); write_part(r, 0, ncols); continue; }
       part[3 * t] = mo.n; part[3 * t + 1] = mo.mean; part[3 * t + 2] = mo.m2;
     }
+    if (stream) fence_streams();
   });
   if (local) return;
   for (int64_t r = 0; r < nrows; ++r) {
@@ -298,6 +299,7 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
       const int64_t r = t / rp.n_parts, v0 = (t - r * rp.n_parts) * rp.len;
       write_part(r, v0, std::min(ncols, v0 + rp.len));
     }
+    if (stream) fence_streams();
   });
 }
 
@@ -456,7 +458,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // forward 0.77x -> see docs/performance.md).
   constexpr int64_t kBlock = 8;
   const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
-  const bool stream = ncols > 256 && ns > 1 && streams_output(2 * x_bytes);
+  const bool stream = ncols > 256 && ns > 1 && streams_runs(ns * int64_t(sizeof(S))) && streams_output(2 * x_bytes);
   for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
     A shift[kBlock], md[kBlock], rs[kBlock];
     const int64_t block = ncols <= 256 ? kBlock : 1;  // long rows: one at a time, each pass from L1
