@@ -17,7 +17,7 @@
 // The output passes of planes (y but in bfloat16, streams_y; dx, also where a channel's dx
 // follows its sums in cache) stream each run's whole lines by the same rule (streamed_run), its
 // end lines plain: a store that misses the caches otherwise reads its line from memory first --
-// where the runs are long enough (stream.h, streams_runs: short planes ran slower streamed), and
+// where the runs gain by it (stream.h, streams_runs: short runs off whole lines lost), and
 // fenced once a chunk of tasks (run_tasks), not once a run.
 // One process, the knob switched between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
 // thread; torch.nn 5.44), BatchNorm3d(16) 2x16x10x170x170 bfloat16 training forward+backward
@@ -1168,7 +1168,7 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   const bool need_sums = train || need_wb;
   const bool fused = need_dx && need_wb && !train;
   // dx streamed (whole lines) where what its pass reads and writes passes half the LLC, in runs
-  // long enough (streams_runs)
+  // that gain by it (streams_runs)
   const bool stream = streams_runs(s_len * int64_t(sizeof(S))) &&
                       streams_output((train || fused ? 3 : 2) * n * n_ch * s_len * int64_t(sizeof(S)));
   GradConst<A> k(n_ch);

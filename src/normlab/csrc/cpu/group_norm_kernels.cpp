@@ -253,7 +253,7 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
   const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S))) &&
                       (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0) &&
-                      streams_runs(ns * int64_t(sizeof(S)));  // (and runs long enough: stream.h)
+                      streams_runs(ns * int64_t(sizeof(S)));  // (runs that gain by it: stream.h)
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
     const int64_t gi = r % g;
     const A hi = A(hi_lo_rs[3 * r]), lo = A(hi_lo_rs[3 * r + 1]), rs = A(hi_lo_rs[3 * r + 2]);

@@ -48,13 +48,14 @@ inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
 
 // Whether an output written in runs of `run_bytes` (the planes of a channel, the channels of a
 // group: one run after another, each run's whole lines streamed and its end lines plain) may
-// stream: a run of whole cache lines from 1536 bytes, any other from 8192 bytes. Shorter runs
-// ran slower streamed than plain (one thread, float32, x torch.nn plain -> streamed; BatchNorm2d
-// eval forward, runs of 192 values, whole lines: 1.26 -> 0.84, 320: 0.95 -> 0.79, 196 (off whole
-// lines): 1.27 -> 0.40, 729: 1.17 -> 0.90; training forward+backward, 196: 1.47 -> 1.17;
-// GroupNorm(2, 512) forward, 196: 0.98 -> 0.74), where longer ones gained (400 values: 1.10 ->
-// 1.29, 784: 1.03 -> 1.19, 3249: 0.91 -> 1.13).
-inline bool streams_runs(int64_t run_bytes) { return run_bytes % 64 == 0 ? run_bytes >= 1536 : run_bytes >= 8192; }
+// stream: runs of whole cache lines at any length, others from 2048 bytes. Measured with the
+// order of the contenders rotated between rounds (one thread, float32, x torch.nn, plain ->
+// streamed): BatchNorm2d evaluation forward, runs of whole lines: 192 values 0.72 -> 1.36, 256
+// 0.66 -> 1.38, 320 0.66 -> 1.37; GroupNorm(32, 256), 256 values: 0.73 -> 0.92 (two threads 1.07
+// -> 1.84). Runs off whole lines: 196 values 0.98 -> 0.53 (GroupNorm(32, 256) 0.79 -> 0.53,
+// BatchNorm training forward+backward 1.69 -> 1.55), 729 0.95 -> 0.92, 1000 0.77 -> 1.07, 1521
+// 0.86 -> 1.10, 2025 1.03 -> 1.22.
+inline bool streams_runs(int64_t run_bytes) { return run_bytes % 64 == 0 || run_bytes >= 2048; }
 
 // Bytes of one vstore of storage S.
 template <class S> constexpr int64_t vstore_bytes = vlanes<S> * int64_t(sizeof(S));
