@@ -48,6 +48,10 @@ CASES = {
     "channels_last_one_group": ((2, 64, 12, 12), 1, torch.channels_last),
     "channels_last_instance": ((2, 16, 20, 20), 16, torch.channels_last),
     "channels_last_3d": ((2, 8, 4, 5, 6), 2, torch.channels_last_3d),
+    # C off a multiple of the lanes: the rows read as virtual rows of lcm(C, lanes) values where a
+    # sample holds at least that many rows (C = 3), each row's last channels a partial vector where not
+    "channels_last_view": ((2, 3, 8, 8), 1, torch.channels_last),
+    "channels_last_no_view": ((3, 45, 7, 7), 1, torch.channels_last),
 }
 
 

@@ -52,9 +52,8 @@ inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
 // order of the contenders rotated between rounds (one thread, float32, x torch.nn, plain ->
 // streamed): BatchNorm2d evaluation forward, runs of whole lines: 192 values 0.72 -> 1.36, 256
 // 0.66 -> 1.38, 320 0.66 -> 1.37; GroupNorm(32, 256), 256 values: 0.73 -> 0.92 (two threads 1.07
-// -> 1.84). Runs off whole lines: 196 values 0.98 -> 0.53 (GroupNorm(32, 256) 0.79 -> 0.53,
-// BatchNorm training forward+backward 1.69 -> 1.55), 729 0.95 -> 0.92, 1000 0.77 -> 1.07, 1521
-// 0.86 -> 1.10, 2025 1.03 -> 1.22.
+// -> 1.84). Runs off whole lines: 196 values 0.98 -> 0.53 (BatchNorm training forward+backward
+// 1.69 -> 1.55), 729 0.95 -> 0.92, 1000 0.77 -> 1.07, 1521 0.86 -> 1.10, 2025 1.03 -> 1.22.
 inline bool streams_runs(int64_t run_bytes) { return run_bytes % 64 == 0 || run_bytes >= 2048; }
 
 // Bytes of one vstore of storage S.
