@@ -725,7 +725,6 @@ inline bool channel_tasks(const Parts& pt, int64_t n_ch) {
 // 1.66 -> 2.39 by channel tasks); streamed float32 stores do not wait.
 constexpr int64_t kChannelOrderRun = 16384;
 
-
 // f(offset, len) for the runs of channel c's values [v0, v1) in plane order: x + offset.
 template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, const F& f) {
   while (v0 < v1) {

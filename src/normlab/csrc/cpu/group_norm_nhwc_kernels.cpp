@@ -317,8 +317,9 @@ struct Moments {
 // (one value is a poor shift); the next ones, shifted by the running mean, pass 1 only. tm: (2G,),
 // acc, ctc: (C,), gs: (G,) scratch.
 template <class S>
-void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t tile, int64_t c, int64_t g, const View& vw,
-                   const acc_t<S>* sh, acc_t<S>* acc, acc_t<S>* ctc, acc_t<S>* gs, double* tm, Moments& out) {
+void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t tile, int64_t c, int64_t g,
+                   const View& vw, const acc_t<S>* sh, acc_t<S>* acc, acc_t<S>* ctc, acc_t<S>* gs, double* tm,
+                   Moments& out) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const int64_t cg = c / g;
@@ -663,8 +664,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         spread(gsh, g, cg, sh);
         mo.reset();
         for (int64_t r0 = 0; r0 < ns; r0 += bk.chunk) {
-          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : ns, bk.tile, c, g, vw, sh, acc, ch, grs,
-                        dbuf.data() + 4 * g, part);
+          chunk_moments(xi, r0, std::min(ns, r0 + bk.chunk), big ? (i1 - i) * ns : ns, bk.tile, c, g, vw, sh, acc,
+                        ch, grs, dbuf.data() + 4 * g, part);
           mo.merge(part);
         }
         finish(i, gsh, mo, gch, glo, grs, grsd);
@@ -691,8 +692,8 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       Moments mu{g, pu + 1, pu + 1 + g};
       spread(gsh_all + i * g, g, cg, sh);
       const int64_t r_end = big ? task_end(u1, q, ns, bk.chunk) - i * ns : ns;
-      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), r_end, bk.tile, c, g, vw, sh, acc, tct, gs, tm.data(),
-                    mu);
+      chunk_moments(x + i * ns * c, r0, std::min(ns, r0 + bk.chunk), r_end, bk.tile, c, g, vw, sh, acc, tct, gs,
+                    tm.data(), mu);
       pu[0] = mu.n;
     }
   });
