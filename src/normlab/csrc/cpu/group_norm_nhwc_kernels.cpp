@@ -143,19 +143,14 @@ template <class A> inline void tiled(const A* v, int64_t c, int64_t ce, A* out) 
   for (int64_t k0 = 0; k0 < ce; k0 += c)
     for (int64_t j = 0; j < c; ++j) out[k0 + j] = v[j];
 }
-// acc[j] = the sum of av[k] over k % c == j, k in order (ce values of av, ce a multiple of c).
-template <class A> inline void fold(const A* av, int64_t c, int64_t ce, A* acc) {
-  for (int64_t j = 0; j < c; ++j) acc[j] = av[j];
-  for (int64_t k0 = c; k0 < ce; k0 += c)
-    for (int64_t j = 0; j < c; ++j) acc[j] += av[k0 + j];
-}
-// The same, each channel's virtual sums added in float64 and rounded once (the backward's sums:
-// rep - 1 float32 additions put channels-last GroupNorm(1, 3) 2x3x8x8 dweight at 36x its
-// rounding error at a mean of 1e4, over the accuracy rule's 32x: test_group_norm_large_mean.py).
-template <class A> inline void fold64(const A* av, int64_t c, int64_t ce, A* acc) {
+// acc[j] = the sum of av[k] over k % c == j, k in order (ce values of av, ce a multiple of c), added
+// in T and rounded to A once. The backward folds its sums in T = double: rep - 1 float32 additions
+// put channels-last GroupNorm(1, 3) 2x3x8x8 dweight at 36x its rounding error at a mean of 1e4,
+// over the accuracy rule's 32x (test_group_norm_large_mean.py); the forward's moments in T = A.
+template <class T, class A> inline void fold(const A* av, int64_t c, int64_t ce, A* acc) {
   for (int64_t j = 0; j < c; ++j) {
-    double t = double(av[j]);
-    for (int64_t k0 = c; k0 < ce; k0 += c) t += double(av[k0 + j]);
+    T t = T(av[j]);
+    for (int64_t k0 = c; k0 < ce; k0 += c) t += T(av[k0 + j]);
     acc[j] = A(t);
   }
 }
@@ -392,7 +387,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
           vstore_n(s2v + j, o[1][0], nl);
         });
     ahead.rest();
-    if (ce != c) fold(accv, c, ce, acc), fold(s2v, c, ce, s2c);
+    if (ce != c) fold<A>(accv, c, ce, acc), fold<A>(s2v, c, ce, s2c);
     for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
       A t[2];
       tail_sums<A, 2>(rows - rr,
@@ -441,7 +436,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
                            o);
             vstore_n(accv + j, o[0], nl);
           });
-      if (ce != c) fold(accv, c, ce, acc);
+      if (ce != c) fold<A>(accv, c, ce, acc);
       for (int64_t j = 0; rr < rows && j < c; ++j) {
         A t;
         tail_sums<A, 1>(rows - rr,
@@ -865,9 +860,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         });
     ax.rest(), ag.rest();
     if (ce != c) {
-      fold64(vy, c, ce, sdy);
-      fold64(vx, c, ce, sdx);
-      fold64(vm, c, ce, sxm);
+      fold<double>(vy, c, ce, sdy);
+      fold<double>(vx, c, ce, sdx);
+      fold<double>(vm, c, ce, sxm);
     }
     for (int64_t j = 0; rr < rows && j < c; ++j) {  // rows past the last whole run of the view
       A t3[3];
