@@ -467,9 +467,9 @@ def test_eval_output_same_bits_as_a_slice(dtype, layout):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
     """161 channels: a position's values are not whole cache lines. x and y of 4 samples (42 MB in
-    half precision, 47 in float32) pass half a last-level cache of up to 64 MB, so y is written
-    around the caches as one run of whole lines (stream.h, stream_affine_flat) -- on 1 thread and
-    on 2 -- where one sample alone (10.5 / 11.9 MB) is written row by row from the caches on a
+    half precision, 47 in float32) pass half a last-level cache of up to 64 MB (one thread) and a
+    whole one of up to 32 MB (two: stream.h, streams_forward), so y is written around the caches
+    as one run of whole lines (stream.h, stream_affine_flat) -- on 1 thread and on 2 -- where one sample alone (10.5 / 11.9 MB) is written row by row from the caches on a
     32 MB one. In eval mode y is elementwise given the running statistics: each sample's y the same
     bits either way (bfloat16: pairs of vectors at every channel offset, even and odd). In training
     the batch's statistics (their chunks asked for ahead of pass 1) and the streamed y within 2x the
@@ -499,8 +499,9 @@ def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
 @pytest.mark.parametrize("layout", ["NCHW", "NCHW_channels_last"])
 def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
     """NCHW: planes of 501x503 values (float32; half precision 701x703), so no plane starts or
-    ends on a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB,
-    so the output passes of planes (y but in bfloat16, which keeps y plain; dx, with and without
+    ends on a cache line; eight samples of x and y pass half a last-level cache of up to 64 MB
+    (and a whole one of up to 32 MB, as y's stream asks of two threads: stream.h,
+    streams_forward), so the output passes of planes (y but in bfloat16, which keeps y plain; dx, with and without
     the weight's gradients) write each run's whole lines around the caches, its end lines
     plainly. Channels-last: rows of 64 channels (whole lines) whose dy and dx pass that half, so
     the dx pass streams its rows. One sample alone stays in the caches (at most 8.4 MB). In eval
@@ -541,6 +542,34 @@ def test_streamed_outputs_same_bits_as_a_sample_alone(dtype, layout):
     exact = _run(None, *(_f64(t) for t in (x, w, b, rm, rv)), True, dy=dy.double(), fn=TF.batch_norm)
     for name, a, r64 in zip(["y", "dx"], [got[0], got[1][0]], [exact[0], exact[1][0]]):
         assert_within_rounding(a, r64, 2.0 if dtype in HALF else 8.0, name)
+
+
+def test_planes_off_lines_streamed_as_runs_of_planes_same_bits_as_a_sample_alone():
+    """float32 planes of 27x27 values (2916 bytes: no plane starts or ends on a cache line, and
+    vectors cross the planes' ends); x and y of 24 samples of 512 channels (72 MB) pass a
+    last-level cache of up to 64 MB, so the evaluation forward writes y around the caches in
+    runs of consecutive planes (batch_norm_kernels.cpp, stream_planes; stream.h, streamed_runs),
+    each vector across a plane's end taking each lane's channel's constants; one sample alone
+    (1.5 MB) is written plainly, plane by plane. Each sample's y the same bits either way, on 1
+    thread and on 2 (an off-by-one in streamed_runs' select, built and run, fails it), and in
+    training (the statistics first, then the same pass) y within 8x the rounding of float64."""
+    shape = (24, 512, 27, 27)
+    x = _randn(shape, torch.float32, seed=86, scale=2.0, shift=0.5)
+    w, b, rm, rv = _params(512, torch.float32)
+    before = torch.get_num_threads()
+    try:
+        with torch.no_grad(), normlab.use_backend("cpu"):
+            alone = [NF.batch_norm(x[i:i + 1], rm, rv, w, b, False) for i in range(shape[0])]
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                y = NF.batch_norm(x, rm, rv, w, b, False)
+                for i in range(shape[0]):
+                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
+            y = NF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
+    finally:
+        torch.set_num_threads(before)
+    exact = TF.batch_norm(x.double(), None, None, w.double(), b.double(), True)
+    assert_within_rounding(y, exact, 8.0, "y")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -200,7 +200,8 @@ def samples_same_bits_as_alone(fn, x, fmt):
 def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
     """Half-precision NCHW rows of 3 x 4489 values (GroupNorm(32, 96), 67x67 planes: a channel's
     run is not whole cache lines, nor is a row, and vectors cross the channels' ends). x and y of
-    20 samples (34 MB) pass half a last-level cache of up to 64 MB, so each row's y is written
+    20 samples (34 MB) pass a last-level cache of up to 32 MB (up to 64 MB on one thread: half of
+    it, stream.h streams_forward), so each row's y is written
     around the caches as one run of whole lines, a vector across a channel's end taking each lane's
     constants by a select -- on 1 thread and on 2; one sample alone (1.7 MB) is written plainly,
     channel run by channel run. Each sample's statistics are its own, so its y is the same bits
@@ -220,6 +221,33 @@ def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
         x4 = x.double().reshape(shape[0], groups, 3, 67 * 67)
         y64 = group_norm_ref(x4, w.double().reshape(groups, 3, 1), b.double().reshape(groups, 3, 1), 1e-5)[0]
         assert_within_rounding(y, y64.reshape(shape), 2.0, f"y {dtype}")
+
+
+@needs_cxx
+@pytest.mark.parametrize("act", [None, "relu"], ids=str)
+def test_float32_rows_streamed_as_one_run_same_bits_as_a_sample_alone(act):
+    """float32 NCHW rows of 8 x 196 values (GroupNorm(32, 256), 14x14 planes: a channel's run of
+    784 bytes is off whole cache lines, the row of 6272 bytes is whole lines, and vectors cross
+    the channels' ends). x and y of 168 samples (67 MB) pass a last-level cache of up to 64 MB,
+    so each row's y is written around the caches as one run (group_norm_sums.h,
+    affine_row_streamed), on 1 thread and on 2; one sample alone (0.4 MB) is written plainly,
+    channel run by channel run. Each sample's y the same bits either way (GroupNormAct's relu
+    inside the run too), and within 6x the rounding of float64 (float32's y bound of
+    test_group_norm_large_mean.py; an off-by-one in stream.h's streamed_runs select, built and
+    run, fails both)."""
+    shape, groups = (168, 256, 14, 14), 32
+    x, w, b, _ = _inputs(shape, torch.float32, seed=12)
+    if act is None:
+        fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
+    else:
+        fn = lambda t: NF.group_norm_act(t, groups, w, b, act=act)  # noqa: E731
+    y = samples_same_bits_as_alone(fn, x, torch.contiguous_format)
+    if act is None:
+        from normlab.ops.group_norm import group_norm_ref
+
+        x4 = x.double().reshape(shape[0], groups, 8, 196)
+        y64 = group_norm_ref(x4, w.double().reshape(groups, 8, 1), b.double().reshape(groups, 8, 1), 1e-5)[0]
+        assert_within_rounding(y, y64.reshape(shape), 6.0, "y float32")
 
 
 # ----------------------------------------------------------------------------

@@ -136,7 +136,8 @@ def test_large_output_streamed_within_2x_rounding_of_float64(shape, dtype, mean)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_streamed_rows_off_whole_lines_same_bits_as_a_sample_alone(dtype, act):
     """161 channels (7 groups): a position's values are not whole cache lines. x and y of 4 samples
-    (42 MB in half precision, 47 in float32) pass half a last-level cache of up to 64 MB, so y is written
+    (42 MB in half precision, 47 in float32) pass half a last-level cache of up to 64 MB (one
+    thread; two: a whole one of up to 32 MB, stream.h streams_forward), so y is written
     around the caches as one run of whole lines (affine_flat) -- on 1 thread and on 2 (chunks of
     the samples on each) -- where one sample alone (10.5 / 11.9 MB) is written row by row from the
     caches on a 32 MB one. Each sample's statistics depend on that sample alone, so its y is

@@ -10,14 +10,17 @@
 // channels-last training forward: 0.85-0.93x torch without, 1.18-1.24x with; bfloat16
 // 0.83-0.98x -> 1.20-1.31x; one thread). In cache it is left out (it cost up to 10 % there).
 // The output pass of rows of channels back to back (channels-last, (M, C)) streams y as one run
-// of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass half the last-level
-// cache: 2-4 % faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485)
-// float16 when measured (an earlier row-by-row streaming, which left rows off whole lines plain,
-// was slower) -- bfloat16 no longer streams y (streams_y: later timings found it slower).
+// of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass the forward's share of
+// the last-level cache (streams_forward: half of it on one thread, all of it on more): 2-4 %
+// faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485) float16 when
+// measured (an earlier row-by-row streaming, which left rows off whole lines plain, was slower)
+// -- bfloat16 no longer streams y (streams_y: later timings found it slower).
 // The output passes of planes (y but in bfloat16, streams_y; dx, also where a channel's dx
-// follows its sums in cache) stream each run's whole lines by the same rule (streamed_run), its
-// end lines plain: a store that misses the caches otherwise reads its line from memory first --
-// where the runs gain by it (stream.h, streams_runs: short runs off whole lines lost), and
+// follows its sums in cache) stream each run's whole lines by the same rule (streamed_run; dx by
+// streams_output: half the last level at any thread count), its end lines plain -- a store that
+// misses the caches otherwise reads its line from memory first -- where the runs gain by it
+// (stream.h, streams_runs: short runs off whole lines lost; float32 planes off whole lines stream
+// as runs of consecutive planes instead, forward_planes' stream_planes), and
 // fenced once a chunk of tasks (run_tasks), not once a run.
 // One process, the knob switched between calls: BatchNorm3d(1) 37x1x22x139x139 float32 eval forward 6.06 -> 4.31 ms (one
 // thread; torch.nn 5.44), BatchNorm3d(16) 2x16x10x170x170 bfloat16 training forward+backward
@@ -792,11 +795,19 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows, period = n_ch * s_len;
   double *mean = stats, *var = stats + n_ch, *rstd = stats + 2 * n_ch;
   Affine<A> k(n_ch);
-  // y's whole lines streamed where x and y pass half the LLC (not bfloat16: streams_y); float16
-  // only from planes of kChannelOrderRun values (runs of 729-784 values, their end lines plain,
-  // ran 1.2-1.3x slower streamed: 96x64x27x27 training forward 0.80x torch.nn; 8x64x180x180 gained)
+  // y's whole lines streamed where x and y pass the forward's share of the LLC (stream.h,
+  // streams_forward; not bfloat16: streams_y); float16 only from planes of kChannelOrderRun values
+  // (runs of 729-784 values, their end lines plain, ran 1.2-1.3x slower streamed: 96x64x27x27
+  // training forward 0.80x torch.nn; 8x64x180x180 gained). The output pass over all planes (eval,
+  // and training where the statistics come first): float32 / float64 planes off whole lines and
+  // shorter than a task stream as runs of consecutive planes (stream_planes; a plane's end lines
+  // plain, plane by plane, cost 7x512x27x27 float32 eval forward 0.81x torch.nn -- 1.35x so, one
+  // thread; float16 so ran 0.75x, its plane by plane 1.11x).
+  const bool big = streams_forward(2 * n * period * int64_t(sizeof(S)));
   const bool stream = streams_y<S>() && (sizeof(S) >= 4 || s_len >= kChannelOrderRun) &&
-                      streams_runs(s_len * int64_t(sizeof(S))) && streams_output(2 * n * period * int64_t(sizeof(S)));
+                      streams_runs(s_len * int64_t(sizeof(S))) && big;
+  const bool stream_planes = sizeof(S) >= 4 && big && s_len >= vlanes<S> && s_len < constants().phase1_values &&
+                             (s_len * int64_t(sizeof(S))) % kCacheLineBytes != 0;
   if (train) {
     auto set_stats = [&](int64_t c, const Moments& mo) {  // channel c's mean and biased variance
       mean[c] = inf_mean(x, n, period, mo.mean, c, s_len, period);
@@ -850,6 +861,23 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
+  if constexpr (sizeof(S) >= 4) {
+    if (stream_planes) {  // tasks of `per` consecutive planes, each a run (stream.h, streamed_runs)
+      const int64_t per = std::max<int64_t>(1, constants().phase1_values / s_len), n_pl = n * n_ch;
+      Scratch<A> ext(3 * (n_ch + per));  // hi, a, b2 of plane p0 + j at [p0 % C + j] (extended past C)
+      A *eh = ext.get(), *ea = eh + n_ch + per, *eb = ea + n_ch + per;
+      for (int64_t i = 0; i < n_ch + per; ++i) eh[i] = k.hi[i % n_ch], ea[i] = k.a[i % n_ch], eb[i] = k.b2[i % n_ch];
+      run_tasks(cdiv(n_pl, per), per * s_len, [&](int64_t t) {
+        const int64_t p0 = t * per, c0 = p0 % n_ch;
+        const S* xt = x + p0 * s_len;
+        streamed_runs(y + p0 * s_len, std::min(per, n_pl - p0) * s_len, s_len, [&](int64_t j, int64_t i, int64_t m) {
+          const vec<A> v = m == vlanes<S> ? vload(xt + i) : vload_n(xt + i, m);  // (normalise_run's arithmetic)
+          return (v - vset1<A>(eh[c0 + j])) * vset1<A>(ea[c0 + j]) + vset1<A>(eb[c0 + j]);
+        });
+      });
+      return;
+    }
+  }
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
     normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train, stream);
   });
@@ -918,7 +946,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  if (s_len == 1 && streams_y<S>() && streams_output(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
+  if (s_len == 1 && streams_y<S>() && streams_forward(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
     // rows of channels back to back: y streamed as one run of values a task (stream.h)
     const bool no_nan = train && nan_free_affines(k.hi, k.a, k.b2, n_ch);  // (as EoOut's)
     const FlatConstants<S> fk(k.hi, k.a, k.b2, n_ch);

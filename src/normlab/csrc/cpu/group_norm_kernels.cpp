@@ -251,7 +251,7 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   // slower, from 5 % at runs of 90000 values to 45 % at runs of 729 (bfloat16 GroupNorm(4, 512)
   // 29x512x27x27 forward: 4.8 ms streamed, 3.3 plain, torch.nn 3.6; float32 streams: 2.0 ms
   // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
-  const bool stream = streams_output(2 * nrows * ncols * int64_t(sizeof(S))) &&
+  const bool stream = streams_forward(2 * nrows * ncols * int64_t(sizeof(S))) &&
                       (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0) &&
                       streams_runs(ns * int64_t(sizeof(S)));  // (runs that gain by it: stream.h)
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
@@ -404,7 +404,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
     // (stream_scale_shift_row; ns >= the lanes). bfloat16 GroupNorm(32, 96) 18x96x68x68 forward,
     // one thread: 3.3 ms (0.80x torch.nn) with 4 KiB of the next row asked for after pass 1 and y
     // stored plainly -> 2.3 ms (1.16x); GroupNorm(32, 512) 29x512x27x27 0.88x -> 1.17x.
-    const bool stream = sizeof(S) == 2 && ns >= vlanes<S> && streams_output(2 * x_bytes);
+    const bool stream = sizeof(S) == 2 && ns >= vlanes<S> && streams_forward(2 * x_bytes);
     for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
       std::vector<A> scratch(ncols + (stream ? cg : 0));
       A* d = scratch.data();
@@ -453,14 +453,23 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // Short rows a block of kBlock at a time, each step over the block's rows: the rows' chains (sum,
   // division, squared deviations, square root) are independent, so they overlap in the CPU.
   // Long rows (> 256 values) one at a time, each pass from L1 / L2, the next row's first bytes
-  // asked for ahead; y streams past the caches when x and y exceed half the last level (the rows'
-  // second and third reads then find x in cache: GroupNorm(32, 128) on 8x128x56x56 float32
-  // forward 0.77x -> see docs/performance.md).
+  // asked for ahead; y streams past the caches when x and y pass the forward's share of the last
+  // level (stream.h, streams_forward; the rows' second and third reads then find x in cache:
+  // GroupNorm(32, 128) on 8x128x56x56 float32 forward 0.77x -> see docs/performance.md).
+  // float32 / float64 rows of channels of at least the lanes stream as one run of the row's values
+  // (affine_row_streamed: its whole lines); other rows channel run by channel run where the runs
+  // gain by it (streams_runs). A run off whole lines leaves its end lines plain: channel by channel,
+  // GroupNorm(32, 256) 96x256x14x14 float32 forward stored 2 of every 12 lines plainly (0.87x
+  // torch.nn, one thread; 1.10x as one run) and GroupNorm(32, 128) 64x128x27x27's streamed runs of
+  // 729 values ran 0.86x (1.12x).
   constexpr int64_t kBlock = 8;
   const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
-  const bool stream = ncols > 256 && ns > 1 && streams_runs(ns * int64_t(sizeof(S))) && streams_output(2 * x_bytes);
+  const bool big = ncols > 256 && ns > 1 && streams_forward(2 * x_bytes);
+  const bool stream_row = sizeof(S) >= 4 && big && ns >= vlanes<S> && streams_runs(row_bytes);
+  const bool stream = big && !stream_row && streams_runs(ns * int64_t(sizeof(S)));
   for_rows(nrows, ncols, [&](int64_t r0, int64_t r1) {
     A shift[kBlock], md[kBlock], rs[kBlock];
+    std::vector<A> rowk(stream_row ? 2 * cg : 0);  // (stream_row) the row's rs * w[c], then b[c]
     const int64_t block = ncols <= 256 ? kBlock : 1;  // long rows: one at a time, each pass from L1
     for (int64_t rb = r0; rb < r1; rb += block) {
       const int64_t nb = std::min(block, r1 - rb);
@@ -515,6 +524,11 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
           } else if (stream) {
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, true, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);
+          } else if (stream_row) {
+            if constexpr (sizeof(S) >= 4) {
+              for (int64_t j = 0; j < cg; ++j) rowk[j] = rs[k] * wg[j], rowk[cg + j] = bg[j];
+              affine_row_streamed<S, Act>(xr, yr, ncols, ns, shift[k], md[k], rowk.data(), rowk.data() + cg, p);
+            }
           } else {
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);
@@ -522,7 +536,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
         }
       });
     }
-    if (stream) fence_streams();
+    if (stream || stream_row) fence_streams();
   });
 }
 

@@ -626,14 +626,15 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
       bb[j] = A(double(b[j]) - double(glo[gi]) * a);
     }
   };
-  // the output pass streams y past the caches when x and y together take more than half the last
-  // level (a cache shared with the other cores): the cache then keeps x for the output pass. Row
+  // the output pass streams y past the caches when x and y together take more than the forward's
+  // share of the last level (stream.h, streams_forward: half on one thread, all of it on more; a
+  // cache shared with the other cores): the cache then keeps x for the output pass. Row
   // by row (affine_rows) where a position's C values are whole cache lines; otherwise rows start
   // mid-line, and streaming them row by row sent aligned vectors around the cache and stored the
   // others plainly, a line got both and was written to memory in pieces (float16 GroupNorm(1,
   // 161) 27x161x2x42x42 channels-last, one thread, AVX2: 10.7 ms, 0.81x torch), so those rows
   // go as one run of values in whole lines (affine_flat)
-  const bool big = streams_output(2 * n * ns * c * int64_t(sizeof(S)));
+  const bool big = streams_forward(2 * n * ns * c * int64_t(sizeof(S)));
   const bool stream = big && (c * int64_t(sizeof(S))) % 64 == 0, flat = big && !stream;
   auto affine = [&](const S* xi, S* yi, int64_t r0, int64_t r1, const A* ch, const A* ac, const A* bb) {
     act::visit(act_id, [&]<int Act>() {

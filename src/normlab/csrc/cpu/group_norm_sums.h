@@ -172,6 +172,22 @@ inline void affine_run(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S> md,
   if (j < n) part(j, n - j);  // one partial vector (one activation, not one a value)
 }
 
+// affine_run over a group row of n values, channels of ns >= the lanes values back to back,
+// channel j's constants a[j], bc[j], streamed as one run (stream.h, streamed_runs): where each
+// channel's run alone is not worth streaming (streams_runs: runs off whole lines, the 196 values
+// of a 14x14 plane) or is, the row is. Each value's arithmetic is affine_run's: the same bits.
+template <class S, int Act>
+inline void affine_row_streamed(const S* x, S* y, int64_t n, int64_t ns, acc_t<S> shift, acc_t<S> md, const acc_t<S>* a,
+                                const acc_t<S>* bc, acc_t<S> p) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md);
+  streamed_runs(y, n, ns, [&](int64_t j, int64_t i, int64_t m) {
+    const vec<A> d = ((m == L ? vload(x + i) : vload_n(x + i, m)) - vs) - vm;
+    return out_act<S, Act>(d * vset1<A>(a[j]) + vset1<A>(bc[j]), p);
+  });
+}
+
 // The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.
 constexpr int kHasNan = 1, kHasPosInf = 2, kHasNegInf = 4;
 template <class S> inline int inf_mask(const S* x, int64_t runs, int64_t stride, int64_t len) {
