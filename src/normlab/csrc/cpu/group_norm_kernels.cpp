@@ -551,10 +551,16 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // dw/db: each row writes its per-(n, c) sums into (N, C) partials, merged over n in order in float64.
 template <class S>
 void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed) {
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed,
+              const std::function<void(int64_t, int64_t)>* dy_rows) {
   using A = acc_t<S>;
   const int64_t cg = c / g, ncols = cg * ns, nrows = n * g;
   std::vector<A> pw(n * c), pb(n * c);  // (N, C): sums of dy * x_hat, of dy
+  if (dy_rows != nullptr && (fixed || ns > kScratchValues)) {  // every row's dy first
+    for_rows(nrows, 3 * ncols, [&](int64_t r0, int64_t r1) { (*dy_rows)(r0, r1); });
+    dy_rows = nullptr;
+  }
+  const int64_t dy_block = std::max<int64_t>(1, kScratchValues / ncols);  // rows a dy_rows call
   if (!fixed && ns > kScratchValues) {
     bwd_long_rows<S>(dy, x, w, mean, rstd, dx, pw.data(), pb.data(), nrows, c, g, ns);
     return merge_partials(pw.data(), pb.data(), n, c, dw, db);
@@ -566,6 +572,7 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       const A rs = fixed ? rstd[gi] : rstd[r];
       const S* dyr = dy + r * ncols;
       const S* xr = x + r * ncols;
+      if (dy_rows != nullptr && (r - r0) % dy_block == 0) (*dy_rows)(r, std::min(r1, r + dy_block));
       if (fixed) {  // term 1 only
         for (int64_t k = 0; k < cg; ++k) {
           auto [sdy, sdx] = grad_sums(dyr + k * ns, xr + k * ns, ns, m);
@@ -717,7 +724,8 @@ void update_running(R* rm, int64_t rm_stride, R* rv, int64_t rv_stride, const A*
   template void fwd_rows<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, acc_t<S>*, \
                             int64_t, int64_t, int64_t, int64_t, double, bool, int, double);                  \
   template void bwd_rows<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
-                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, bool);
+                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, bool,               \
+                            const std::function<void(int64_t, int64_t)>*);
 NORMLAB_GN_ROWS(float)
 NORMLAB_GN_ROWS(double)
 NORMLAB_GN_ROWS(bf16)

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "numerics/half.h"
 
@@ -46,10 +47,15 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // backward keeps its dy * act'(z) in dx's buffer).
 
 // Backward over group rows (contiguous x). `fixed`: mean/rstd (C,), dx = rstd * dy * w (term 1).
-// dx may be null (not needed).
+// dx may be null (not needed). dy_rows(r0, r1) (GroupNormAct): writes group rows [r0, r1) of dy
+// -- dz = dy * act'(z) into dx's buffer, which is then this dy -- called by the task that takes
+// those rows just before it reads them, a block of rows of at most kScratchValues values at a
+// time, so that they are still in cache for their sums and dx (all rows first, in tasks of their
+// own, for long rows and `fixed`).
 template <class S>
 void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed);
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed,
+              const std::function<void(int64_t, int64_t)>* dy_rows = nullptr);
 
 // Backward of NHWC x (N, S, C), any S (S == 1: each group's Cg channels contiguous).
 template <class S>

@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "args.h"
@@ -261,10 +262,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
   const nact::Layout l = nhwc ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
                               : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
   // dz = dy * act'(z) written into dx's buffer; GroupNorm's backward then reads it as its dy and
-  // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size
+  // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size. NCHW:
+  // a block of group rows' dz written by the backward's own task just before their sums (bwd_rows'
+  // dy_rows: the row still in cache for its sums and dx, not a pass of its own over the tensor).
   at::Tensor dx = empty_out(x, fmt);
-  nact::grad_z(dt_of(x, "the input"), dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(),
-               b2.data(), sh.n * sh.c, l, int(act), act_param);
+  const Dtype dtn = dt_of(x, "the input");
+  const int64_t es = x.element_size(), row_bytes = cg * sh.s * es;
+  const char* pdy = static_cast<const char*>(dy.const_data_ptr());
+  const char* pxb = static_cast<const char*>(x.const_data_ptr());
+  char* pdz = static_cast<char*>(dx.data_ptr());
+  const std::function<void(int64_t, int64_t)> dz_rows = [&](int64_t r0, int64_t r1) {  // planes r0 * cg .. r1 * cg
+    nact::grad_z(dtn, pdy + r0 * row_bytes, pxb + r0 * row_bytes, pdz + r0 * row_bytes, hi.data() + r0 * cg,
+                 a.data() + r0 * cg, b2.data() + r0 * cg, (r1 - r0) * cg,
+                 nact::Layout{true, (r1 - r0) * cg, sh.s, (r1 - r0) * cg, 0}, int(act), act_param, false);
+  };
+  if (nhwc)
+    nact::grad_z(dtn, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(),
+                 sh.n * sh.c, l, int(act), act_param);
   at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
   visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
     using S = decltype(tag);
@@ -278,7 +292,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
                               sh.n, sh.c, g, sh.s);
     else
       group_norm::bwd_rows<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
-                              sh.n, sh.c, g, sh.s, false);
+                              sh.n, sh.c, g, sh.s, false, &dz_rows);
   });
   return {need_dx ? dx : at::empty({0}, x.options()), dw, db};
 }

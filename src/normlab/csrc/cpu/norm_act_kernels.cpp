@@ -194,7 +194,7 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
 }
 
 void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* hi, const double* a, const double* b2,
-            int64_t n_consts, Layout l, int act_id, double param) {
+            int64_t n_consts, Layout l, int act_id, double param, bool parallel) {
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
     using A = acc_t<S>;
@@ -204,13 +204,15 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
-      tasks(l, [&](int64_t p0, int64_t p1) {
+      auto body = [&](int64_t p0, int64_t p1) {
         over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
           store_n(dz + t, act::dz_of<Act, S>(load_n(dy + t, n), z, p), n);
         }, [&](auto ze, auto zo, int64_t t) {
           dz_of_eo<Act>(dy + t, dz + t, ze, zo, p);  // (dependent: compiled only for bfloat16, where over calls it)
         });
-      });
+      };
+      if (parallel) tasks(l, body);
+      else body(0, l.n_outer);
     });
   });
 }

@@ -33,8 +33,10 @@ void forward_out(Dtype dt, const void* x, void* y, const double* hi, const doubl
                  int64_t n_consts, Layout l, int act, double param, bool stats_of_x);
 // dz = dy * act'(z), rounded once to dt (dz may alias dy); relu: dy itself where z > 0 or z is NaN,
 // +0 where z <= 0 (torch's threshold_backward; not dy * 0, which is -0 or NaN for some dy).
+// parallel = false: on the calling thread alone (a caller's task: GroupNormAct's backward, a group
+// row at a time inside GroupNorm's backward).
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
-            int64_t n_consts, Layout l, int act, double param);
+            int64_t n_consts, Layout l, int act, double param, bool parallel = true);
 
 // LayerNorm's rows (LayerNormAct): dz = dy * act'(z), z = (x - mean[r]) * rstd[r] * w[c] + b[c] over
 // n_rows rows of n_cols values (w, b null: ones, zeros), rounded once to dt (dz may alias dy; relu as
