@@ -458,10 +458,10 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // GroupNorm(32, 128) on 8x128x56x56 float32 forward 0.77x -> see docs/performance.md).
   // float32 / float64 rows of channels of at least the lanes stream as one run of the row's values
   // (affine_row_streamed: its whole lines); other rows channel run by channel run where the runs
-  // gain by it (streams_runs). A run off whole lines leaves its end lines plain: channel by channel,
-  // GroupNorm(32, 256) 96x256x14x14 float32 forward stored 2 of every 12 lines plainly (0.87x
-  // torch.nn, one thread; 1.10x as one run) and GroupNorm(32, 128) 64x128x27x27's streamed runs of
-  // 729 values ran 0.86x (1.12x).
+  // gain by it (streams_runs). Channel by channel, GroupNorm(32, 256) 96x256x14x14 float32
+  // forward's runs of 196 values (784 bytes, off whole lines) did not stream at all (0.87x
+  // torch.nn, one thread; 1.10x as one run), and GroupNorm(32, 128) 64x128x27x27's streamed runs
+  // of 729 values, their end lines plain, ran 0.86x (1.12x).
   constexpr int64_t kBlock = 8;
   const int64_t row_bytes = ncols * int64_t(sizeof(S)), x_bytes = nrows * row_bytes;
   const bool big = ncols > 256 && ns > 1 && streams_forward(2 * x_bytes);
