@@ -477,22 +477,28 @@ def test_streamed_channels_last_output_same_bits_as_a_sample_alone(dtype):
     shape = (4, 161, 128, 128) if dtype in HALF else (4, 161, 96, 96)
     x = _randn(shape, dtype, seed=81, scale=2.0, shift=0.5).contiguous(memory_format=torch.channels_last)
     w, b, rm, rv = _params(161, dtype)
+    _eval_samples_then_train(x, w, b, rm, rv, torch.channels_last, 2.0 if dtype in HALF else 8.0)
+
+
+def _eval_samples_then_train(x, w, b, rm, rv, fmt, factor):
+    """Evaluation y on 1 thread and on 2, each sample's the same bits as the sample alone (in
+    memory format fmt, y keeping it); then training y within `factor` x the rounding of float64."""
     before = torch.get_num_threads()
     try:
         with torch.no_grad(), normlab.use_backend("cpu"):
-            alone = [NF.batch_norm(x[i:i + 1].contiguous(memory_format=torch.channels_last), rm, rv, w, b, False)
-                     for i in range(shape[0])]
+            alone = [NF.batch_norm(x[i:i + 1].contiguous(memory_format=fmt), rm, rv, w, b, False)
+                     for i in range(x.shape[0])]
             for n_threads in (1, 2):
                 torch.set_num_threads(n_threads)
                 y = NF.batch_norm(x, rm, rv, w, b, False)
-                assert y.is_contiguous(memory_format=torch.channels_last)
-                for i in range(shape[0]):
+                assert y.is_contiguous(memory_format=fmt)
+                for i in range(x.shape[0]):
                     assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
             y = NF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
     finally:
         torch.set_num_threads(before)
     exact = TF.batch_norm(x.double(), None, None, w.double(), b.double(), True)
-    assert_within_rounding(y, exact, 2.0 if dtype in HALF else 8.0, "y")
+    assert_within_rounding(y, exact, factor, "y")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -556,20 +562,7 @@ def test_planes_off_lines_streamed_as_runs_of_planes_same_bits_as_a_sample_alone
     shape = (24, 512, 27, 27)
     x = _randn(shape, torch.float32, seed=86, scale=2.0, shift=0.5)
     w, b, rm, rv = _params(512, torch.float32)
-    before = torch.get_num_threads()
-    try:
-        with torch.no_grad(), normlab.use_backend("cpu"):
-            alone = [NF.batch_norm(x[i:i + 1], rm, rv, w, b, False) for i in range(shape[0])]
-            for n_threads in (1, 2):
-                torch.set_num_threads(n_threads)
-                y = NF.batch_norm(x, rm, rv, w, b, False)
-                for i in range(shape[0]):
-                    assert torch.equal(y[i:i + 1], alone[i]), (n_threads, i)
-            y = NF.batch_norm(x, rm.clone(), rv.clone(), w, b, True)
-    finally:
-        torch.set_num_threads(before)
-    exact = TF.batch_norm(x.double(), None, None, w.double(), b.double(), True)
-    assert_within_rounding(y, exact, 8.0, "y")
+    _eval_samples_then_train(x, w, b, rm, rv, torch.contiguous_format, 8.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

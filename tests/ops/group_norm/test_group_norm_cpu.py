@@ -208,8 +208,14 @@ def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
     either way -- with GroupNormAct's relu inside the streamed pass too (silu, which half
     precision applies over the row after its output pass, stores plainly); and within 2x the
     rounding of float64. (An off-by-one in the select, built and run, fails 4 of the 6.)"""
-    shape, groups = (20, 96, 67, 67), 32
-    x, w, b, _ = _inputs(shape, dtype, seed=11)
+    _rows_streamed_check((20, 96, 67, 67), 32, dtype, act, 11, 2.0)
+
+
+def _rows_streamed_check(shape, groups, dtype, act, seed, factor):
+    """Each sample's y (GroupNorm, or GroupNormAct with `act`) the same bits as the sample alone
+    (samples_same_bits_as_alone) and, without an activation, within `factor` x the rounding of
+    float64."""
+    x, w, b, _ = _inputs(shape, dtype, seed=seed)
     if act is None:
         fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
     else:
@@ -218,9 +224,10 @@ def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
     if act is None:
         from normlab.ops.group_norm import group_norm_ref
 
-        x4 = x.double().reshape(shape[0], groups, 3, 67 * 67)
-        y64 = group_norm_ref(x4, w.double().reshape(groups, 3, 1), b.double().reshape(groups, 3, 1), 1e-5)[0]
-        assert_within_rounding(y, y64.reshape(shape), 2.0, f"y {dtype}")
+        cg, s = shape[1] // groups, shape[2] * shape[3]
+        x4 = x.double().reshape(shape[0], groups, cg, s)
+        y64 = group_norm_ref(x4, w.double().reshape(groups, cg, 1), b.double().reshape(groups, cg, 1), 1e-5)[0]
+        assert_within_rounding(y, y64.reshape(shape), factor, f"y {dtype}")
 
 
 @needs_cxx
@@ -235,19 +242,7 @@ def test_float32_rows_streamed_as_one_run_same_bits_as_a_sample_alone(act):
     inside the run too), and within 6x the rounding of float64 (float32's y bound of
     test_group_norm_large_mean.py; an off-by-one in stream.h's streamed_runs select, built and
     run, fails both)."""
-    shape, groups = (168, 256, 14, 14), 32
-    x, w, b, _ = _inputs(shape, torch.float32, seed=12)
-    if act is None:
-        fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
-    else:
-        fn = lambda t: NF.group_norm_act(t, groups, w, b, act=act)  # noqa: E731
-    y = samples_same_bits_as_alone(fn, x, torch.contiguous_format)
-    if act is None:
-        from normlab.ops.group_norm import group_norm_ref
-
-        x4 = x.double().reshape(shape[0], groups, 8, 196)
-        y64 = group_norm_ref(x4, w.double().reshape(groups, 8, 1), b.double().reshape(groups, 8, 1), 1e-5)[0]
-        assert_within_rounding(y, y64.reshape(shape), 6.0, "y float32")
+    _rows_streamed_check((168, 256, 14, 14), 32, torch.float32, act, 12, 6.0)
 
 
 # ----------------------------------------------------------------------------
