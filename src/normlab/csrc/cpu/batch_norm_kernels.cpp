@@ -861,22 +861,20 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  if constexpr (sizeof(S) >= 4) {
-    if (stream_planes) {  // tasks of `per` consecutive planes, each a run (stream.h, streamed_runs)
-      const int64_t per = std::max<int64_t>(1, constants().phase1_values / s_len), n_pl = n * n_ch;
-      Scratch<A> ext(3 * (n_ch + per));  // hi, a, b2 of plane p0 + j at [p0 % C + j] (extended past C)
-      A *eh = ext.get(), *ea = eh + n_ch + per, *eb = ea + n_ch + per;
-      for (int64_t i = 0; i < n_ch + per; ++i) eh[i] = k.hi[i % n_ch], ea[i] = k.a[i % n_ch], eb[i] = k.b2[i % n_ch];
-      run_tasks(cdiv(n_pl, per), per * s_len, [&](int64_t t) {
-        const int64_t p0 = t * per, c0 = p0 % n_ch;
-        const S* xt = x + p0 * s_len;
-        streamed_runs(y + p0 * s_len, std::min(per, n_pl - p0) * s_len, s_len, [&](int64_t j, int64_t i, int64_t m) {
-          const vec<A> v = m == vlanes<S> ? vload(xt + i) : vload_n(xt + i, m);  // (normalise_run's arithmetic)
-          return (v - vset1<A>(eh[c0 + j])) * vset1<A>(ea[c0 + j]) + vset1<A>(eb[c0 + j]);
-        });
+  if (stream_planes) {  // tasks of `per` consecutive planes, each a run (stream.h, streamed_runs)
+    const int64_t per = std::max<int64_t>(1, constants().phase1_values / s_len), n_pl = n * n_ch;
+    Scratch<A> ext(3 * (n_ch + per));  // hi, a, b2 of plane p0 + j at [p0 % C + j] (extended past C)
+    A *eh = ext.get(), *ea = eh + n_ch + per, *eb = ea + n_ch + per;
+    for (int64_t i = 0; i < n_ch + per; ++i) eh[i] = k.hi[i % n_ch], ea[i] = k.a[i % n_ch], eb[i] = k.b2[i % n_ch];
+    run_tasks(cdiv(n_pl, per), per * s_len, [&](int64_t t) {
+      const int64_t p0 = t * per, c0 = p0 % n_ch;
+      const S* xt = x + p0 * s_len;
+      streamed_runs(y + p0 * s_len, std::min(per, n_pl - p0) * s_len, s_len, [&](int64_t j, int64_t i, int64_t m) {
+        const vec<A> v = m == vlanes<S> ? vload(xt + i) : vload_n(xt + i, m);  // (normalise_run's arithmetic)
+        return (v - vset1<A>(eh[c0 + j])) * vset1<A>(ea[c0 + j]) + vset1<A>(eb[c0 + j]);
       });
-      return;
-    }
+    });
+    return;
   }
   over_planes(n * n_ch, s_len, n_ch, [&](int64_t c, int64_t off, int64_t len) {
     normalise_run(x + off, y + off, len, k.hi[c], k.a[c], k.b2[c], train, stream);

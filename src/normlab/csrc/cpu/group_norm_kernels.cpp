@@ -123,38 +123,19 @@ inline void scale_shift_run(const acc_t<S>* e, S* y, int64_t n, acc_t<S> a, acc_
   for (; j < n; ++j) y[j] = out_act1<S, Act>(e[j] * a + bc, p);
 }
 // y[i] = act(e[i] * a[i / ns] + b[i / ns]) over a row of n values from its differences e (scratch;
-// half precision, ns >= the lanes: a vector spans at most two channels), y's whole cache lines
-// streamed past the caches (numerics/stream.h), the values before the first and after the last
-// whole line stored plainly as partial vectors -- the row as one run, so that only its two end
-// lines are plain (streaming each channel's run, each run's end lines plain: the slower in half
-// precision, see fwd_long_rows). A vector across a channel's end takes each lane's constants by a
-// select. Each value's arithmetic is scale_shift_run's vector form: the same bits.
+// half precision, ns >= the lanes), streamed as one run (numerics/stream.h, streamed_runs) -- so
+// that only the row's two end lines are plain (streaming each channel's run, each run's end lines
+// plain: the slower in half precision, see fwd_long_rows). Each value's arithmetic is
+// scale_shift_run's vector form: the same bits.
 template <class S, int Act>
 void stream_scale_shift_row(const acc_t<S>* e, S* y, int64_t n, int64_t ns, const acc_t<S>* a, const acc_t<S>* b,
                             acc_t<S> p) {
   using A = acc_t<S>;
-  using I = detail::i32v;
   constexpr int64_t L = vlanes<S>;
-  static_assert(sizeof(S) == 2 && sizeof(vec<A>) == sizeof(I), "stream_scale_shift_row: half precision");
-  I lane;
-  for (int64_t k = 0; k < L; ++k) lane[k] = int32_t(k);
-  const Span sp = whole_lines(y, n);
-  int64_t ch = 0, edge = ns;  // the channel of value i; where the next one starts
-  auto f = [&](int64_t i, int64_t m) {  // lanes [i, i + m), i in channel ch
+  streamed_runs(y, n, ns, [&](int64_t j, int64_t i, int64_t m) {
     const vec<A> z = m == L ? vload(e + i) : vload_n(e + i, m);
-    if (i + m <= edge) return out_act<S, Act>(z * vset1<A>(a[ch]) + vset1<A>(b[ch]), p);
-    const I next = lane >= int32_t(edge - i);
-    const vec<A> va = next ? vset1<A>(a[ch + 1]) : vset1<A>(a[ch]), vb = next ? vset1<A>(b[ch + 1]) : vset1<A>(b[ch]);
-    return out_act<S, Act>(z * va + vb, p);
-  };
-  auto step = [&](int64_t i) {  // past value i - 1
-    if (i >= edge) ++ch, edge += ns;
-  };
-  auto plain = [&](int64_t i, int64_t m) { vstore_n(y + i, f(i, m), m), step(i + m); };
-  int64_t i = 0;
-  for (; i < sp.k; i += L) plain(i, std::min(L, sp.k - i));
-  for (i = sp.k; i < sp.e; i += L) vstream(y + i, f(i, L)), step(i + L);
-  for (; i < n; i += L) plain(i, std::min(L, n - i));
+    return out_act<S, Act>(z * vset1<A>(a[j]) + vset1<A>(b[j]), p);
+  });
 }
 
 template <class S, int Act>
@@ -436,11 +417,9 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
             for (int64_t j = 0; j < cg; ++j)
               scale_shift_run<S, act::kIdentity>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
             act_row<S, Act>(yr, ncols, p);
-          } else if (stream) {
-            if constexpr (sizeof(S) == 2) {  // (stream: half precision only)
-              for (int64_t j = 0; j < cg; ++j) as[j] = rs * wg[j];
-              stream_scale_shift_row<S, Act>(d, yr, ncols, ns, as, bg, p);
-            }
+          } else if (stream) {  // (half precision only)
+            for (int64_t j = 0; j < cg; ++j) as[j] = rs * wg[j];
+            stream_scale_shift_row<S, Act>(d, yr, ncols, ns, as, bg, p);
           } else {
             for (int64_t j = 0; j < cg; ++j) scale_shift_run<S, Act>(d + j * ns, yr + j * ns, ns, rs * wg[j], bg[j], p);
           }
@@ -525,10 +504,8 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, true, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);
           } else if (stream_row) {
-            if constexpr (sizeof(S) >= 4) {
-              for (int64_t j = 0; j < cg; ++j) rowk[j] = rs[k] * wg[j], rowk[cg + j] = bg[j];
-              affine_row_streamed<S, Act>(xr, yr, ncols, ns, shift[k], md[k], rowk.data(), rowk.data() + cg, p);
-            }
+            for (int64_t j = 0; j < cg; ++j) rowk[j] = rs[k] * wg[j], rowk[cg + j] = bg[j];
+            affine_row_streamed<S, Act>(xr, yr, ncols, ns, shift[k], md[k], rowk.data(), rowk.data() + cg, p);
           } else {
             for (int64_t j = 0; j < cg; ++j)
               affine_run<S, false, Act>(xr + j * ns, yr + j * ns, ns, shift[k], md[k], rs[k] * wg[j], bg[j], p, !fixed);

@@ -259,8 +259,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
       a[i * sh.c + c] = pr[k] * wd[c];
       b2[i * sh.c + c] = bd[c];
     }
-  const nact::Layout l = nhwc ? nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}
-                              : nact::Layout{true, sh.n * sh.c, sh.s, sh.n * sh.c, 0};
   // dz = dy * act'(z) written into dx's buffer; GroupNorm's backward then reads it as its dy and
   // writes dx in its place (group_norm_kernels.h: dx may alias dy): no scratch of x's size. NCHW:
   // a block of group rows' dz written by the backward's own task just before their sums (bwd_rows'
@@ -276,9 +274,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
                  a.data() + r0 * cg, b2.data() + r0 * cg, (r1 - r0) * cg,
                  nact::Layout{true, (r1 - r0) * cg, sh.s, (r1 - r0) * cg, 0}, int(act), act_param, false);
   };
-  if (nhwc)
+  if (nhwc)  // (rows of C channels, one row of constants a sample)
     nact::grad_z(dtn, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(),
-                 sh.n * sh.c, l, int(act), act_param);
+                 sh.n * sh.c, nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}, int(act), act_param);
   at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
   visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
     using S = decltype(tag);

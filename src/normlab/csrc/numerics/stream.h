@@ -146,7 +146,6 @@ template <class S> inline Span whole_lines(const S* p, int64_t n) {
 template <class S, class F> inline void streamed_runs(S* y, int64_t n, int64_t ns, const F& f) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  static_assert(!std::is_same_v<S, bf16>, "streamed_runs: bfloat16 goes in pairs of vectors");
   vec<A> lane;
   for (int64_t j = 0; j < L; ++j) lane[j] = A(j);
   const Span sp = whole_lines(y, n);
