@@ -94,10 +94,12 @@ def test_group_norm_act_backward_in_place_dz_is_group_norms_backward(path, dtype
 
 
 # BatchNorm: (shape, memory format): planes in one part per channel (local), planes in several
-# parts, short planes (the rows view), channels-last rows, (N, C)
+# parts (a task a part; a task a channel, its parts in order: at least 4 channels a thread), short
+# planes (the rows view), channels-last rows, (N, C)
 BN_PATHS = {
     "planes, local": ((4, 8, 32, 32), None),
     "planes, parts": ((2, 3, 200, 200), None),
+    "planes, a task a channel": ((2, 8, 200, 200), None),
     "short planes": ((6, 16, 5, 7), None),
     "channels_last rows": ((4, 24, 9, 10), CL),
     "(N, C)": ((300, 20), None),
@@ -124,8 +126,38 @@ def test_batch_norm_act_backward_in_place_dz_is_batch_norms_backward(path, dtype
         assert torch.equal(u, v), (path, i)
 
 
+@pytest.mark.parametrize("mode", ["train", "eval", "eval, affine frozen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", list(BN_PATHS))
+def test_batch_norm_act_relu_backward_is_the_unfused_bits(path, dtype, mode):
+    """relu's dz (dy where z > 0, +0 where not: exact) written inside BatchNorm's backward -- on the
+    planes view a run at a time by the task that sums it, elsewhere in a pass first -- gives the bits
+    of torch's relu backward followed by BatchNorm's: in training, in evaluation (dx in the sums
+    pass), and in evaluation with the affine frozen (dx alone: no sums pass, dz in the dx pass)."""
+    shape, fmt = BN_PATHS[path]
+    x, dy = _x(shape, dtype, fmt=fmt), _x(shape, dtype, seed=3, fmt=fmt)
+    c = shape[1]
+    w, b = _params(c, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    rm, rv = torch.randn(c, generator=g) * 0.1, torch.rand(c, generator=g) + 0.5
+    training = mode == "train"
+
+    def grads(norm):
+        leaves = [x.detach().clone().requires_grad_()]
+        leaves += [t.detach().clone().requires_grad_(mode != "eval, affine frozen") for t in (w, b)]
+        y = norm(*leaves)
+        return (y, *torch.autograd.grad(y, [t for t in leaves if t.requires_grad], dy))
+
+    got = grads(lambda x, w, b: NF.batch_norm_act(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, "relu"))
+    want = grads(lambda x, w, b: torch.relu(NF.batch_norm(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5)))
+    assert (got[0] == 0).any() and (got[0] > 0).any()
+    assert len(got) == (2 if mode == "eval, affine frozen" else 4)
+    for i, (u, v) in enumerate(zip(got, want)):
+        assert torch.equal(u, v), (path, mode, i)
+
+
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
-@pytest.mark.parametrize("path", ["planes, parts", "channels_last rows"])
+@pytest.mark.parametrize("path", ["planes, parts", "planes, a task a channel", "channels_last rows"])
 def test_batch_norm_act_gradients_with_an_activation(path, act):
     """The in-place dz with a real activation: gradients within the rule of the float64 reference."""
     shape, fmt = BN_PATHS[path]

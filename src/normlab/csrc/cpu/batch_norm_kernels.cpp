@@ -191,6 +191,16 @@ template <class F> inline void run_tasks(int64_t n, int64_t values_per_task, con
     fence_streams();
   });
 }
+// f(t, buf) as run_tasks' f(t), buf a scratch of `slot` values of T that a thread's tasks share:
+// allocated once a thread a call (a heap block freed and taken again by every task can make the
+// allocator give pages back and fault them in again, task after task)
+template <class T, class F> inline void run_tasks_with(int64_t n, int64_t values_per_task, int64_t slot, const F& f) {
+  for_rows(n, values_per_task, [&](int64_t b, int64_t e) {
+    Scratch<T, 1> buf(slot);
+    for (int64_t t = b; t < e; ++t) f(t, buf.get());
+    fence_streams();
+  });
+}
 
 // ----------------------------------------------------------------------------------------------
 // Statistics: per column over a chunk of rows (the corrected two-pass algorithm)
@@ -780,12 +790,16 @@ Moments part_moments(const S* x, int64_t c, int64_t v0, int64_t v1, int64_t s_le
 }
 
 // g(c, offset, len) over every plane in blocks of at most phase1_values values, in parallel.
-template <class G> void over_planes(int64_t n_planes, int64_t s_len, int64_t n_ch, const G& g) {
+// (over_planes_with: g(c, offset, len, buf), buf a thread's scratch of `slot` values of T)
+template <class T, class G> void over_planes_with(int64_t n_planes, int64_t s_len, int64_t n_ch, int64_t slot, const G& g) {
   const int64_t block = constants().phase1_values, nb = cdiv(s_len, block), len = std::min(block, s_len);
-  run_tasks(n_planes * nb, len, [&](int64_t t) {
+  run_tasks_with<T>(n_planes * nb, len, slot, [&](int64_t t, T* buf) {
     const int64_t pl = t / nb, s0 = (t - pl * nb) * block;
-    g(pl % n_ch, pl * s_len + s0, std::min(block, s_len - s0));
+    g(pl % n_ch, pl * s_len + s0, std::min(block, s_len - s0), buf);
   });
+}
+template <class G> void over_planes(int64_t n_planes, int64_t s_len, int64_t n_ch, const G& g) {
+  over_planes_with<char>(n_planes, s_len, n_ch, 0, [&](int64_t c, int64_t off, int64_t len, char*) { g(c, off, len); });
 }
 
 template <class S>
@@ -1027,6 +1041,9 @@ template <class A> struct GradConst {
 // column; values of a SIMD lane in a plane piece of kSumRun * 4 vectors), then in float64: short
 // float32 chains keep dweight and dbias near the rounding of their exact values.
 constexpr int64_t kSumRun = 16;
+// Values of dy a piece that dy_runs writes into a task's scratch in evaluation (backward_planes):
+// with x's, 16 KiB of float32 in L1.
+constexpr int64_t kDzPiece = 2048;
 
 // Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
 // (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
@@ -1186,7 +1203,7 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
 // same pass. P == 1: the task finishes its channel and writes its dx while in cache.
 template <class S>
 void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double* stats, double* dw, double* db,
-                     View v, bool train, bool need_dx, bool need_wb) {
+                     View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
   using A = acc_t<S>;
   const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows;
   const double *mean = stats, *rstd = stats + 2 * n_ch;
@@ -1201,35 +1218,75 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   auto finish = [&](int64_t c, double sy, double sx) {
     k.finish(c, sy, sx, w, mean, rstd, double(n * s_len), train, dw, db);
   };
-  auto dx_channel = [&](int64_t c, int64_t off, int64_t len) {
-    grad_x_run(dy + off, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train, stream);
+  // dx of len values of channel c at offset off, its dy read at g
+  auto dx_from = [&](int64_t c, const S* g, int64_t off, int64_t len) {
+    grad_x_run(g, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train, stream);
+  };
+  auto dx_channel = [&](int64_t c, int64_t off, int64_t len) { dx_from(c, dy + off, off, len); };
+  const Parts pt = parts_of(n, s_len);
+  const bool local = pt.n_parts == 1;
+  // Where dy_runs writes (dy's own buffer unless given a place): in evaluation dy is read once,
+  // by the sums and dx of its piece, so a piece of kDzPiece values goes to a task's scratch in L1
+  // (dx read and written as the plain backward does; a multiple of every dtype's sums piece, so
+  // the pieces are the same); in training a local channel's dy (P == 1, at most part_values)
+  // goes to a task's scratch too, read back by its dx while in L2; other training calls write dy's
+  // buffer, read again by a later pass.
+  const bool dz_pieces = dy_runs && !train;
+  const int64_t dz_channel = dy_runs && train && local ? pt.total : 0;
+  auto dz_piece_dx = [&](int64_t c, int64_t off, int64_t len, S* g) {  // evaluation, no sums: dy_runs, then dx
+    for (int64_t lo = 0; lo < len; lo += kDzPiece) {
+      const int64_t m = std::min(kDzPiece, len - lo);
+      (*dy_runs)(c, off + lo, m, g);
+      dx_from(c, g, off + lo, m);
+    }
   };
   if (need_sums) {
-    const Parts pt = parts_of(n, s_len);
-    const bool local = pt.n_parts == 1;
     Scratch<double> part(local ? 0 : 2 * n_ch * pt.n_parts);  // (C, P) of (sum dy, sum dy * (x - hi))
     const int64_t piece = kSumRun * 4 * vlanes<S>;
-    // (sum dy, sum dy * (x - hi)) over channel c's values [v0, v1), from 0 (fused: dx too)
-    auto part_sums = [&](int64_t c, int64_t v0, int64_t v1, double* py, double* px) {
+    static_assert(kDzPiece % (kSumRun * 4 * 16) == 0, "dz pieces of whole sums pieces");
+    // (sum dy, sum dy * (x - hi)) over channel c's values [v0, v1), from 0 (fused: dx too);
+    // buf: a task's scratch, the channel's dy from v0 (dz_channel) or a piece's (dz_pieces)
+    auto part_sums = [&](int64_t c, int64_t v0, int64_t v1, double* py, double* px, S* buf) {
       const A h = k.hi[c], f = k.a[c];
       double sy = 0.0, sx = 0.0;
-      plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
+      S* const g_ch = dz_channel ? buf : nullptr;
+      auto sums = [&](const S* g, int64_t off, int64_t len) {
         for (int64_t lo = 0; lo < len; lo += piece) {
           A s1, s2;
-          grad_sums(dy + off + lo, x + off + lo, std::min(piece, len - lo), h, &s1, &s2);
+          grad_sums(g + lo, x + off + lo, std::min(piece, len - lo), h, &s1, &s2);
           sy += double(s1);
           sx += double(s2);
         }
-        if (fused) grad_x_run(dy + off, x + off, dx + off, len, f, h, A(0), A(0), false, stream);
+      };
+      int64_t at = 0;  // values of the part before this run
+      plane_runs(c, v0, v1, s_len, n_ch, [&](int64_t off, int64_t len) {
+        if (dz_pieces) {
+          for (int64_t lo = 0; lo < len; lo += kDzPiece) {
+            const int64_t m = std::min(kDzPiece, len - lo);
+            (*dy_runs)(c, off + lo, m, buf);
+            sums(buf, off + lo, m);
+            if (fused) grad_x_run(buf, x + off + lo, dx + off + lo, m, f, h, A(0), A(0), false, stream);
+          }
+        } else {
+          const S* g = dy + off;
+          if (dy_runs) {
+            (*dy_runs)(c, off, len, g_ch ? g_ch + at : nullptr);  // (the run into L1 for its sums)
+            if (g_ch) g = g_ch + at;
+          }
+          sums(g, off, len);
+          if (fused) grad_x_run(g, x + off, dx + off, len, f, h, A(0), A(0), false, stream);
+        }
+        at += len;
       });
       *py = sy, *px = sx;
     };
+    const int64_t slot = dz_pieces ? kDzPiece : dz_channel;
     if (channel_tasks(pt, n_ch)) {
-      run_tasks(n_ch, 2 * pt.total + kPlaneTaskValues, [&](int64_t c) {
+      run_tasks_with<S>(n_ch, 2 * pt.total + kPlaneTaskValues, slot, [&](int64_t c, S* buf) {
         double sy = 0.0, sx = 0.0;
         for (int64_t p = 0; p < pt.n_parts; ++p) {  // the parts in order, as the merge below
           double py, px;
-          part_sums(c, p * pt.len, std::min(pt.total, (p + 1) * pt.len), &py, &px);
+          part_sums(c, p * pt.len, std::min(pt.total, (p + 1) * pt.len), &py, &px, buf);
           sy += py;
           sx += px;
         }
@@ -1239,13 +1296,19 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
       });
       return;
     }
-    run_tasks(n_ch * pt.n_parts, 2 * pt.len + kPlaneTaskValues, [&](int64_t t) {
+    run_tasks_with<S>(n_ch * pt.n_parts, 2 * pt.len + kPlaneTaskValues, slot, [&](int64_t t, S* buf) {
       const int64_t c = t / pt.n_parts, v0 = (t - c * pt.n_parts) * pt.len, v1 = std::min(pt.total, v0 + pt.len);
       double sy, sx;
-      part_sums(c, v0, v1, &sy, &sx);
+      part_sums(c, v0, v1, &sy, &sx, buf);
       if (!local) { part[2 * t] = sy; part[2 * t + 1] = sx; return; }
       finish(c, sy, sx);
-      if (need_dx && !fused) plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) { dx_channel(c, off, len); });
+      if (need_dx && !fused) {
+        int64_t at = 0;
+        plane_runs(c, 0, pt.total, s_len, n_ch, [&](int64_t off, int64_t len) {
+          dx_from(c, dz_channel ? buf + at : dy + off, off, len);
+          at += len;
+        });
+      }
     });
     if (local) return;
     for (int64_t c = 0; c < n_ch; ++c) {  // the parts of a channel, in order
@@ -1255,15 +1318,16 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
     }
   }
   if (!need_dx || fused) return;
+  if (dy_runs && !need_sums) return over_planes_with<S>(n * n_ch, s_len, n_ch, kDzPiece, dz_piece_dx);  // (no sums pass wrote dy)
   over_planes(n * n_ch, s_len, n_ch, dx_channel);
 }
 
 template <class S>
 void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
-                   bool train, bool need_dx, bool need_wb) {
+                   bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
   using A = acc_t<S>;
   if (takes_planes(v, sizeof(S) == 2 && (train || need_wb)))
-    return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb);
+    return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, dy_runs);
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
@@ -1358,12 +1422,17 @@ void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, do
   });
 }
 
+bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb) {
+  const bool half = dt == Dt::bf16 || dt == Dt::f16;
+  return takes_planes(v, half && (train || need_wb));
+}
+
 void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
-              View v, bool train, bool need_dx, bool need_wb) {
+              View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
     backward_impl<S>(static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<S*>(dx), w, stats, dw, db, v,
-                     train, need_dx, need_wb);
+                     train, need_dx, need_wb, dy_runs);
   });
 }
 

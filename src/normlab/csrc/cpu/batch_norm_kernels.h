@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "numerics/dtype.h"
 
@@ -95,8 +96,15 @@ void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, do
 
 // Backward. dy, x, dx: the view; stats: the forward's (3, C). dx written if need_dx.
 // db = sum(dy), dw = sum(dy * x_hat): (C,) float64, written if train or need_wb.
+// dy_runs (BatchNormAct2d: dy is dz = dy * act'(z), computed here): dy_runs(c, off, len, dst)
+// writes channel c's values [off, off + len) of dy (offsets into the (N, C, S) view) to dst[0,
+// len), or, dst null, into dy's own buffer at off, just before the backward first reads them, in
+// the task that reads them (a task's scratch where only that task reads them again). Only the
+// planes view takes it (backward_takes_planes); elsewhere the caller writes the whole of dy first.
+using DyRuns = std::function<void(int64_t, int64_t, int64_t, void*)>;
+bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb);
 void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
-              View v, bool train, bool need_dx, bool need_wb);
+              View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs = nullptr);
 
 // running = (1 - momentum) * running + momentum * stat (float64, rounded once to the buffer),
 // with the unbiased variance var * n / (n - 1). mean, var: (C,) float64.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -80,6 +81,27 @@ template <class F> void tasks(const Layout& l, const F& body) {
   at::parallel_for(0, l.n_outer, per, [&](int64_t p0, int64_t p1) { body(p0, p1); });
 }
 
+// g(z, t, k) (g_pair(ze, zo, t) as over's) for the run of len values at x + base, constant c
+template <class S, class G, class GP>
+inline void plane_run(const S* x, const Consts<acc_t<S>>& k, int64_t c, int64_t base, int64_t len, const G& g,
+                      const GP& g_pair) {
+  using A = acc_t<S>;
+  constexpr int64_t L = vlanes<S>;
+  const vec<A> h = vset1(k.hi[c]), a = vset1(k.a[c]), b = vset1(k.b2[c]);
+  int64_t t = 0;
+  if constexpr (std::is_same_v<S, bf16>) {
+    for (; t + 2 * L <= len; t += 2 * L) {
+      vec<A> e, o;
+      vload_eo(x + base + t, e, o);
+      g_pair((e - h) * a + b, (o - h) * a + b, base + t);
+    }
+  }
+  for (; t < len; t += L) {
+    const int64_t n = std::min(L, len - t);
+    g((load_n(x + base + t, n) - h) * a + b, base + t, n);
+  }
+}
+
 // g(z, t, k) for every vector of z values: t = offset, k = lanes used; planes or rows alike.
 // bfloat16 planes and rows go two vectors at a time first, even and odd values apart:
 // g_pair(ze, zo, t) (vec.h vload_eo; the caller stores by vstore_eo: no widening or packing of
@@ -91,24 +113,7 @@ inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   if (l.planes) {
-    const int64_t s = l.n_inner;
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t c = p % l.n_const;
-      const vec<A> h = vset1(k.hi[c]), a = vset1(k.a[c]), b = vset1(k.b2[c]);
-      const int64_t base = p * s;
-      int64_t t = 0;
-      if constexpr (std::is_same_v<S, bf16>) {
-        for (; t + 2 * L <= s; t += 2 * L) {
-          vec<A> e, o;
-          vload_eo(x + base + t, e, o);
-          g_pair((e - h) * a + b, (o - h) * a + b, base + t);
-        }
-      }
-      for (; t < s; t += L) {
-        const int64_t n = std::min(L, s - t);
-        g((load_n(x + base + t, n) - h) * a + b, base + t, n);
-      }
-    }
+    for (int64_t p = p0; p < p1; ++p) plane_run<S>(x, k, p % l.n_const, p * l.n_inner, l.n_inner, g, g_pair);
   } else {
     // (the block of rows tracked rather than divided for: one integer division a row of 64 values
     // was a visible share of BatchNorm's channels_last pass; the constants' pointers held in locals)
@@ -141,6 +146,18 @@ inline void over(const Layout& l, const S* x, const Consts<acc_t<S>>& k, int64_t
     }
   }
 }
+
+// dz = dy * act'(z) stored at offset t (over's g), and for a bfloat16 pair (over's g_pair)
+template <int Act, class S> struct DzWrite {
+  using A = acc_t<S>;
+  const S* dy;
+  S* dz;
+  A p;
+  void operator()(vec<A> z, int64_t t, int64_t n) const { store_n(dz + t, act::dz_of<Act, S>(load_n(dy + t, n), z, p), n); }
+  template <class V> void pair(V ze, V zo, int64_t t) const {
+    dz_of_eo<Act>(dy + t, dz + t, ze, zo, p);  // (dependent: compiled only for bfloat16, where over calls it)
+  }
+};
 
 // The constants of a call (bfloat16 rows: in eo_rows' order)
 template <class S>
@@ -204,17 +221,36 @@ void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* 
     const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
+      const DzWrite<Act, S> w{dy, dz, p};
       auto body = [&](int64_t p0, int64_t p1) {
-        over<S>(l, x, k, p0, p1, [&](vec<A> z, int64_t t, int64_t n) {
-          store_n(dz + t, act::dz_of<Act, S>(load_n(dy + t, n), z, p), n);
-        }, [&](auto ze, auto zo, int64_t t) {
-          dz_of_eo<Act>(dy + t, dz + t, ze, zo, p);  // (dependent: compiled only for bfloat16, where over calls it)
-        });
+        over<S>(l, x, k, p0, p1, w, [&](auto ze, auto zo, int64_t t) { w.pair(ze, zo, t); });
       };
       if (parallel) tasks(l, body);
       else body(0, l.n_outer);
     });
   });
+}
+
+std::function<void(int64_t, int64_t, int64_t, void*)> grad_z_runs(Dtype dt, const void* dyv, const void* xv,
+                                                                  void* dzv, const double* hi, const double* a,
+                                                                  const double* b2, int64_t n_consts, int act_id,
+                                                                  double param) {
+  std::function<void(int64_t, int64_t, int64_t, void*)> run;
+  by_dtype(dt, [&](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    const S* x = static_cast<const S*>(xv);
+    const S* dy = static_cast<const S*>(dyv);
+    S* dz = static_cast<S*>(dzv);
+    auto k = std::make_shared<const Consts<A>>(hi, a, b2, n_consts);  // (planes: in order)
+    act::visit(act_id, [&]<int Act>() {
+      run = [x, dy, dz, k, p = A(param)](int64_t c, int64_t off, int64_t len, void* dst) {
+        const DzWrite<Act, S> w{dy + off, dst ? static_cast<S*>(dst) : dz + off, p};
+        plane_run<S>(x + off, *k, c, 0, len, w, [&](auto ze, auto zo, int64_t t) { w.pair(ze, zo, t); });
+      };
+    });
+  });
+  return run;
 }
 
 void grad_z_rows(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* mean, const double* rstd,

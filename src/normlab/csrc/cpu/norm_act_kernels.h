@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "numerics/dtype.h"
 
@@ -37,6 +38,16 @@ void forward_out(Dtype dt, const void* x, void* y, const double* hi, const doubl
 // row at a time inside GroupNorm's backward).
 void grad_z(Dtype dt, const void* dy, const void* x, void* dz, const double* hi, const double* a, const double* b2,
             int64_t n_consts, Layout l, int act, double param, bool parallel = true);
+
+// grad_z over runs of one constant each, the constants rounded and the activation chosen once
+// (BatchNormAct2d's backward: runs of a channel's planes inside BatchNorm's sums pass, bn::DyRuns):
+// the returned run(c, off, len, dst) writes dz of values [off, off + len) with constant c to
+// dst[0, len) (dst null: dz + off), on the calling thread. Elementwise, as grad_z: the same bits
+// however the values are cut into runs.
+std::function<void(int64_t, int64_t, int64_t, void*)> grad_z_runs(Dtype dt, const void* dy, const void* x, void* dz,
+                                                                  const double* hi, const double* a,
+                                                                  const double* b2, int64_t n_consts, int act,
+                                                                  double param);
 
 // LayerNorm's rows (LayerNormAct): dz = dy * act'(z), z = (x - mean[r]) * rstd[r] * w[c] + b[c] over
 // n_rows rows of n_cols values (w, b null: ones, zeros), rounded once to dt (dz may alias dy; relu as
