@@ -1349,10 +1349,14 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       double* ty = pdy + sp.g * width + sp.c0;
       double* tx = pdx + sp.g * width + sp.c0;
       Scratch<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
-      for (int64_t u = 0; u < sp.n; ++u) {
-        const int64_t c = ((sp.c0 + u) % period) / s_len;
-        eh[u] = k.hi[c];
-        ea[u] = k.a[c];
+      // (runs of S columns a channel, the first from column c0: an integer division a column was
+      // half of BatchNorm2d(192)'s 9x192x8x8 evaluation backward, 104 -> 57 us)
+      const int64_t q = sp.c0 % period;
+      int64_t c = q / s_len;
+      for (int64_t u = 0, m = std::min(sp.n, s_len - q % s_len); u < sp.n; u += m, m = std::min(sp.n - u, s_len)) {
+        std::fill(eh.get() + u, eh.get() + u + m, k.hi[c]);
+        std::fill(ea.get() + u, ea.get() + u + m, k.a[c]);
+        if (++c == n_ch) c = 0;
       }
       task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, kSumRun, eh.get(),
                      ea.get(), ty, tx, fused);
