@@ -132,6 +132,16 @@ std::vector<A> param_values(const OptTensor& t, int64_t n, const char* op, const
 // its values.
 template <class A> const A* data_or_null(const std::vector<A>& v) { return v.empty() ? nullptr : v.data(); }
 
+// param_values' values without the copy where t holds them as they are (contiguous, of type A):
+// t's own data; else param_values' vector, kept in `keep`; nullptr for an absent parameter.
+template <class A>
+const A* param_ptr(const OptTensor& t, int64_t n, const char* op, const char* name, std::vector<A>& keep) {
+  if (given(t) && t->numel() == n && t->scalar_type() == c10::CppTypeToScalarType<A>::value && t->is_contiguous())
+    return t->const_data_ptr<A>();
+  keep = param_values<A>(t, n, op, name);
+  return data_or_null(keep);
+}
+
 // ---- the CPU entries: outputs and pointers ----
 
 // A tensor's data as T* for the raw-pointer kernels; nullptr for an undefined tensor.

@@ -100,6 +100,22 @@ def test_half_input_with_float32_parameters(backend):
     assert_within_rounding(y, oracle(x, alpha, w, b), what="y")
 
 
+@pytest.mark.parametrize("layout", ["strided", "bfloat16"])
+def test_parameters_read_where_they_lie_or_copied(layout):
+    """The CPU kernel reads contiguous parameters of the accumulation dtype in place and copies the
+    others (every stride, or another dtype): the same y either way, within rounding of the oracle."""
+    x, alpha, w, b = _args((4, 8), (8,), torch.float32 if layout == "strided" else torch.bfloat16)
+    if layout == "strided":
+        w2, b2 = (torch.stack([t, -t], -1)[..., 0] for t in (w, b))  # every second value
+        a2 = alpha
+        assert not w2.is_contiguous() and not b2.is_contiguous()
+    else:  # bfloat16 parameters beside bfloat16 x: converted to the float32 the kernel computes in
+        w2, b2, a2 = w, b, alpha
+    y = NF.dyt(x, (8,), a2, w2, b2)
+    assert torch.equal(y, NF.dyt(x, (8,), a2.contiguous().float(), w2.contiguous().float(), b2.contiguous().float()))
+    assert_within_rounding(y, oracle(x, alpha, w, b), what="y")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gradcheck_and_gradgradcheck_float64(backend):
     x, alpha, w, b = (t.requires_grad_() for t in _args((3, 5), (5,), torch.float64))

@@ -97,6 +97,10 @@ std::optional<Tensor> dyt_fast(const Tensor& x, at::IntArrayRef shape, const Ten
   if (!param_fits(w, shape, t, true, plain_cpu) || !param_fits(b, shape, t, true, plain_cpu) ||
       !alpha.defined() || !param_fits(alpha, {1}, t, true, plain_cpu))
     return std::nullopt;
+  if (!autograd::requires_grad(x, w, b, alpha)) {  // nothing to record: straight to the CPU kernel
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return dyt_fwd_cpu(x, w, b, shape, alpha);
+  }
   return dyt_fwd_ad(x, w, b, shape, alpha);  // the Autograd kernel's work, without the dispatcher
 }
 

@@ -12,6 +12,7 @@
 
 #include "args.h"
 #include "cpu/dyt_kernels.h"
+#include "dyt.h"
 
 namespace normlab::dyt {
 
@@ -29,24 +30,6 @@ int64_t columns(const Tensor& x, at::IntArrayRef shape, const char* op) {
 }
 
 
-Tensor dyt_fwd_cpu(const Tensor& x_in, const OptTensor& weight, const OptTensor& bias, at::IntArrayRef shape,
-                   const Tensor& alpha) {
-  const char* op = "normlab::dyt_fwd";
-  const int64_t n_cols = columns(x_in, shape, op);
-  const Tensor x = x_in.contiguous();
-  Tensor y = empty_out(x);
-  if (x.numel() == 0) return y;
-  const int64_t n_rows = x.numel() / n_cols;
-  visit_dtype(x.scalar_type(), op, [&](auto tag) {
-    using S = decltype(tag);
-    using A = acc_t<S>;
-    const std::vector<A> w = param_values<A>(weight, n_cols, op, "weight");
-    const std::vector<A> b = param_values<A>(bias, n_cols, op, "bias");
-    const A a = param_values<A>(alpha, 1, op, "alpha").at(0);
-    forward<S>(ptr<S>(x), a, data_or_null(w), data_or_null(b), ptr<S>(y), n_rows, n_cols);
-  });
-  return y;
-}
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const OptTensor& weight,
                                                        const Tensor& alpha, at::IntArrayRef shape, bool need_dx,
@@ -95,6 +78,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, cons
 }
 
 }  // namespace
+
+at::Tensor dyt_fwd_cpu(const at::Tensor& x_in, const OptTensor& weight, const OptTensor& bias, at::IntArrayRef shape,
+                   const at::Tensor& alpha) {
+  const char* op = "normlab::dyt_fwd";
+  const int64_t n_cols = columns(x_in, shape, op);
+  const Tensor x = x_in.contiguous();
+  Tensor y = empty_out(x);
+  if (x.numel() == 0) return y;
+  const int64_t n_rows = x.numel() / n_cols;
+  visit_dtype(x.scalar_type(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    std::vector<A> kw, kb, ka;  // (copies only where a parameter is not already contiguous A)
+    const A* w = param_ptr<A>(weight, n_cols, op, "weight", kw);
+    const A* b = param_ptr<A>(bias, n_cols, op, "bias", kb);
+    const A* pa = param_ptr<A>(alpha, 1, op, "alpha", ka);
+    TORCH_CHECK(pa != nullptr, op, ": expected alpha, a tensor of 1 value, got an undefined tensor");
+    forward<S>(ptr<S>(x), *pa, w, b, ptr<S>(y), n_rows, n_cols);
+  });
+  return y;
+}
 
 TORCH_LIBRARY_IMPL(normlab, CPU, m) {
   m.impl("dyt_fwd", &dyt_fwd_cpu);
