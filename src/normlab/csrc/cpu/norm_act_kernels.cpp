@@ -229,14 +229,19 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
   });
 }
 
-void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* hi, const double* a, const double* b2,
-            int64_t n_consts, Layout l, int act_id, double param, bool parallel) {
+// f(dy, x, dz) with the pointers as the storage type of dt (S = the type dz points to)
+template <class F> void typed_dz(Dtype dt, const void* dyv, const void* xv, void* dzv, const F& f) {
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
+    f(static_cast<const S*>(dyv), static_cast<const S*>(xv), static_cast<S*>(dzv));
+  });
+}
+
+void grad_z(Dtype dt, const void* dyv, const void* xv, void* dzv, const double* hi, const double* a, const double* b2,
+            int64_t n_consts, Layout l, int act_id, double param, bool parallel) {
+  typed_dz(dt, dyv, xv, dzv, [&](const auto* dy, const auto* x, auto* dz) {
+    using S = std::remove_pointer_t<decltype(dz)>;
     using A = acc_t<S>;
-    const S* x = static_cast<const S*>(xv);
-    const S* dy = static_cast<const S*>(dyv);
-    S* dz = static_cast<S*>(dzv);
     const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
     act::visit(act_id, [&]<int Act>() {
@@ -255,12 +260,9 @@ std::function<void(int64_t, int64_t, int64_t, void*)> grad_z_runs(Dtype dt, cons
                                                                   const double* b2, int64_t n_consts, int act_id,
                                                                   double param) {
   std::function<void(int64_t, int64_t, int64_t, void*)> run;
-  by_dtype(dt, [&](auto s) {
-    using S = decltype(s);
+  typed_dz(dt, dyv, xv, dzv, [&](const auto* dy, const auto* x, auto* dz) {
+    using S = std::remove_pointer_t<decltype(dz)>;
     using A = acc_t<S>;
-    const S* x = static_cast<const S*>(xv);
-    const S* dy = static_cast<const S*>(dyv);
-    S* dz = static_cast<S*>(dzv);
     auto k = std::make_shared<const Consts<A>>(hi, a, b2, n_consts);  // (planes: in order)
     act::visit(act_id, [&]<int Act>() {
       run = [x, dy, dz, k, p = A(param)](int64_t c, int64_t off, int64_t len, void* dst) {
