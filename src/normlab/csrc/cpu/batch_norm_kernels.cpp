@@ -738,6 +738,12 @@ inline bool channel_tasks(const Parts& pt, int64_t n_ch) {
 // 1.66 -> 2.39 by channel tasks); streamed float32 stores do not wait.
 constexpr int64_t kChannelOrderRun = 16384;
 
+// y's whole lines streamed plane by plane (forward_planes: the rule, and why)
+template <class S> bool planes_stream(int64_t n_planes, int64_t s_len) {
+  return streams_y<S>() && (sizeof(S) >= 4 || s_len >= kChannelOrderRun) && streams_runs(s_len * int64_t(sizeof(S))) &&
+         streams_forward(2 * n_planes * s_len * int64_t(sizeof(S)));
+}
+
 // f(offset, len) for the runs of channel c's values [v0, v1) in plane order: x + offset.
 template <class F> inline void plane_runs(int64_t c, int64_t v0, int64_t v1, int64_t s_len, int64_t n_ch, const F& f) {
   while (v0 < v1) {
@@ -818,8 +824,7 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   // plain, plane by plane, cost 7x512x27x27 float32 eval forward 0.81x torch.nn -- 1.35x so, one
   // thread; float16 so ran 0.75x, its plane by plane 1.11x).
   const bool big = streams_forward(2 * n * period * int64_t(sizeof(S)));
-  const bool stream = streams_y<S>() && (sizeof(S) >= 4 || s_len >= kChannelOrderRun) &&
-                      streams_runs(s_len * int64_t(sizeof(S))) && big;
+  const bool stream = planes_stream<S>(n * n_ch, s_len);
   const bool stream_planes = sizeof(S) >= 4 && big && s_len >= vlanes<S> && s_len < constants().phase1_values &&
                              (s_len * int64_t(sizeof(S))) % kCacheLineBytes != 0;
   if (train) {
@@ -1243,7 +1248,7 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   if (need_sums) {
     Scratch<double> part(local ? 0 : 2 * n_ch * pt.n_parts);  // (C, P) of (sum dy, sum dy * (x - hi))
     const int64_t piece = kSumRun * 4 * vlanes<S>;
-    static_assert(kDzPiece % (kSumRun * 4 * 16) == 0, "dz pieces of whole sums pieces");
+    static_assert(kDzPiece % (kSumRun * 4 * vlanes<S>) == 0, "dz pieces of whole sums pieces");
     // (sum dy, sum dy * (x - hi)) over channel c's values [v0, v1), from 0 (fused: dx too);
     // buf: a task's scratch, the channel's dy from v0 (dz_channel) or a piece's (dz_pieces)
     auto part_sums = [&](int64_t c, int64_t v0, int64_t v1, double* py, double* px, S* buf) {
@@ -1424,6 +1429,12 @@ void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, do
     using S = decltype(s);
     forward_impl<S>(static_cast<const S*>(x), static_cast<S*>(y), w, b, rm, rv, stats, v, eps, train);
   });
+}
+
+bool streams_planes(Dt dt, int64_t n_planes, int64_t s_len) {
+  bool r = false;
+  by_dtype(dt, [&](auto s) { r = planes_stream<decltype(s)>(n_planes, s_len); });
+  return r;
 }
 
 bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb) {

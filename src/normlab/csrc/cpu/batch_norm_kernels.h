@@ -94,6 +94,11 @@ Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_el
 void forward(Dt dt, const void* x, void* y, Chan w, Chan b, Chan rm, Chan rv, double* stats, View v, double eps,
              bool train);
 
+// Whether an output pass over n_planes planes of s_len values (x and y, storage dt) streams y's
+// whole lines plane by plane: forward_planes' rule, which BatchNormAct2d's output pass
+// (nact::forward_out) shares.
+bool streams_planes(Dt dt, int64_t n_planes, int64_t s_len);
+
 // Backward. dy, x, dx: the view; stats: the forward's (3, C). dx written if need_dx.
 // db = sum(dy), dw = sum(dy * x_hat): (C,) float64, written if train or need_wb.
 // dy_runs (BatchNormAct2d: dy is dz = dy * act'(z), computed here): dy_runs(c, off, len, dst)

@@ -29,8 +29,6 @@ int64_t columns(const Tensor& x, at::IntArrayRef shape, const char* op) {
   return n;
 }
 
-
-
 std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const OptTensor& weight,
                                                        const Tensor& alpha, at::IntArrayRef shape, bool need_dx,
                                                        bool need_dalpha, bool need_wb) {
@@ -80,7 +78,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dyt_bwd_cpu(const Tensor& dy_in, cons
 }  // namespace
 
 at::Tensor dyt_fwd_cpu(const at::Tensor& x_in, const OptTensor& weight, const OptTensor& bias, at::IntArrayRef shape,
-                   const at::Tensor& alpha) {
+                       const at::Tensor& alpha) {
   const char* op = "normlab::dyt_fwd";
   const int64_t n_cols = columns(x_in, shape, op);
   const Tensor x = x_in.contiguous();

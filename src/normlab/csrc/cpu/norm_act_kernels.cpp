@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/batch_norm_kernels.h"
 #include "numerics/activation.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
@@ -188,14 +189,11 @@ void forward_out(Dtype dt, const void* xv, void* yv, const double* hi, const dou
     S* y = static_cast<S*>(yv);
     const Consts<A> k = consts<S>(hi, a, b2, n_consts, l);
     const A p = A(param);
-    // planes: y's whole lines streamed where BatchNorm's own output pass streams them (x and y past
-    // the forward's share of the last-level cache, runs that gain by it, not bfloat16, float16 from
-    // planes of 16384 values: batch_norm_kernels.cpp, forward_planes), each plane's ends plain;
-    // without, the plain stores read y's lines from memory first (float32 BatchNormAct2d relu
-    // 16x64x56x56 training forward, one thread: 1.09-1.2 ms against BatchNorm2d's 0.97)
-    const int64_t es = int64_t(sizeof(S));
-    const bool stream = l.planes && !std::is_same_v<S, bf16> && (es >= 4 || l.n_inner >= 16384) &&
-                        streams_runs(l.n_inner * es) && streams_forward(2 * l.n_outer * l.n_inner * es);
+    // planes: y's whole lines streamed where BatchNorm's own output pass streams them
+    // (bn::streams_planes), each plane's ends plain; without, the plain stores read y's lines from
+    // memory first (float32 BatchNormAct2d relu 16x64x56x56 training forward, one thread: 1.09-1.2
+    // ms against BatchNorm2d's 0.97)
+    const bool stream = l.planes && bn::streams_planes(dt, l.n_outer, l.n_inner);
     act::visit(act_id, [&]<int Act>() {
       auto run = [&]<bool NoNaN>() {
         auto g = [&](vec<A> z, int64_t t, int64_t n) { store_n(y + t, act::apply<Act, S>(z, p), n); };
