@@ -11,7 +11,7 @@
 // 0.83-0.98x -> 1.20-1.31x; one thread). In cache it is left out (it cost up to 10 % there).
 // The output pass of rows of channels back to back (channels-last, (M, C)) streams y as one run
 // of whole lines (numerics/stream.h, stream_affine_flat) when x and y pass the forward's share of
-// the last-level cache (streams_forward: half of it on one thread, all of it on more): 2-4 %
+// the last-level cache (streams_forward: half of it on one thread, three quarters on more): 2-4 %
 // faster in eval on BatchNorm2d(128) 4x128x166x152 bfloat16 and BatchNorm2d(485) float16 when
 // measured (an earlier row-by-row streaming, which left rows off whole lines plain, was slower)
 // -- bfloat16 no longer streams y (streams_y: later timings found it slower).

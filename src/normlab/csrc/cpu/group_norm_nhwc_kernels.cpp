@@ -627,7 +627,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
     }
   };
   // the output pass streams y past the caches when x and y together take more than the forward's
-  // share of the last level (stream.h, streams_forward: half on one thread, all of it on more; a
+  // share of the last level (stream.h, streams_forward: half on one thread, three quarters on more; a
   // cache shared with the other cores): the cache then keeps x for the output pass. Row
   // by row (affine_rows) where a position's C values are whole cache lines; otherwise rows start
   // mid-line, and streaming them row by row sent aligned vectors around the cache and stored the

@@ -48,16 +48,24 @@ inline int64_t llc_bytes() {
 // Whether a call that reads and writes `bytes` (inputs and outputs together) streams its output.
 inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
 // Whether a forward pass streams its output y: as streams_output on one thread; on more, only
-// where x and y together pass the whole last level. Below it, plain stores leave y (and x) in the
-// cache for whoever reads them next, and several threads' plain stores into the cache scale with
-// the threads where streamed ones are bound by the memory's write bandwidth: two threads, x and y
-// 16-32 MB, float32 eval forward BatchNorm2d 7x512x27x27 0.78x torch.nn streamed, 1.26x plain;
-// 3x24x214x214 0.82x -> 1.03x; GroupNorm(32, 64) 16x64x56x56 0.89x -> 1.12x, channels-last 0.79x
-// -> 1.06x. (One thread streams from half: 12x256x33x33 1.35x streamed, 1.26x plain. A backward's
-// dx keeps streams_output: it reads three tensors, and its forward's y, left in the cache, was
-// x's room -- the forward+backward cells lost 5-25 % with the forward's y plain, none below 1.0x.)
+// where x and y together pass three quarters of the last level. Below it, plain stores leave y
+// (and x) in the cache for whoever reads them next, and several threads' plain stores into the
+// cache scale with the threads where streamed ones are bound by the memory's write bandwidth: two
+// threads, x and y 16-21 MB, float32 eval forward BatchNorm2d 7x512x27x27 0.78x torch.nn streamed,
+// 1.26x plain. Not the whole level: the cache is shared with the other cores (a virtual machine's
+// neighbours too), and a call whose x and y nearly fill it finds x gone before its output pass.
+// Measured 2026-12-07 (two threads, the builds' order rotated, x torch.nn, whole level -> three
+// quarters): x and y 24-31 MB, channels-last GroupNorm(384, 384) float16 2x384x41x16x16 forward
+// 0.64x -> 0.91x, GroupNorm(32, 512) bfloat16 2x512x143x47 0.79 -> 1.01, GroupNorm(32, 64)
+// float32 16x64x56x56 0.85 -> 1.08 (NCHW 1.20 -> 1.50), BatchNorm2d 16x64x56x56 float32 eval
+// forward 1.04 -> 1.36, training forward+backward 2.79 -> 3.32, 3x24x214x214 eval forward 1.19 ->
+// 1.35; none lost (BatchNorm3d, LayerNorm, InstanceNorm, bfloat16 forward+backward). (One thread
+// streams from half: 12x256x33x33 1.35x streamed, 1.26x plain; from three eighths GroupNorm gained
+// 9-25 % and BatchNorm's evaluation forward, one pass over x, lost 2-16 %. A backward's dx keeps
+// streams_output: it reads three tensors, and its forward's y, left in the cache, was x's room --
+// the forward+backward cells lost 5-25 % with the forward's y plain, none below 1.0x.)
 inline bool streams_forward(int64_t bytes) {
-  return bytes > (at::get_num_threads() > 1 ? llc_bytes() : llc_bytes() / 2);
+  return bytes > (at::get_num_threads() > 1 ? llc_bytes() / 4 * 3 : llc_bytes() / 2);
 }
 
 // Whether an output written in runs of `run_bytes` (the planes of a channel, the channels of a
