@@ -200,8 +200,8 @@ def samples_same_bits_as_alone(fn, x, fmt):
 def test_half_rows_streamed_as_one_run_same_bits_as_a_sample_alone(dtype, act):
     """Half-precision NCHW rows of 3 x 4489 values (GroupNorm(32, 96), 67x67 planes: a channel's
     run is not whole cache lines, nor is a row, and vectors cross the channels' ends). x and y of
-    20 samples (34 MB) pass a last-level cache of up to 32 MB (up to 64 MB on one thread: half of
-    it, stream.h streams_forward), so each row's y is written
+    20 samples (34 MB) pass the forward's share of a last-level cache of up to 45 MB (three
+    quarters of it on two threads, half on one: stream.h streams_forward), so each row's y is written
     around the caches as one run of whole lines, a vector across a channel's end taking each lane's
     constants by a select -- on 1 thread and on 2; one sample alone (1.7 MB) is written plainly,
     channel run by channel run. Each sample's statistics are its own, so its y is the same bits
@@ -235,14 +235,68 @@ def _rows_streamed_check(shape, groups, dtype, act, seed, factor):
 def test_float32_rows_streamed_as_one_run_same_bits_as_a_sample_alone(act):
     """float32 NCHW rows of 8 x 196 values (GroupNorm(32, 256), 14x14 planes: a channel's run of
     784 bytes is off whole cache lines, the row of 6272 bytes is whole lines, and vectors cross
-    the channels' ends). x and y of 168 samples (67 MB) pass a last-level cache of up to 64 MB,
-    so each row's y is written around the caches as one run (group_norm_sums.h,
+    the channels' ends). x and y of 168 samples (67 MB) pass the forward's share of a last-level
+    cache of up to 89 MB (three quarters on two threads), so each row's y is written around the caches as one run (group_norm_sums.h,
     affine_row_streamed), on 1 thread and on 2; one sample alone (0.4 MB) is written plainly,
     channel run by channel run. Each sample's y the same bits either way (GroupNormAct's relu
     inside the run too), and within 6x the rounding of float64 (float32's y bound of
     test_group_norm_large_mean.py; an off-by-one in stream.h's streamed_runs select, built and
     run, fails both)."""
     _rows_streamed_check((168, 256, 14, 14), 32, torch.float32, act, 12, 6.0)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "shape, groups, fixed",
+    [
+        ((96, 512, 8, 8), 8, False),  # channel runs of 64 float32 values: whole cache lines
+        ((128, 512, 8, 8), 512, True),  # InstanceNorm2d from running statistics: dx = dy * a
+        ((4, 16, 256, 256), 4, False),  # long group rows (a task a channel of 65536 values)
+    ],
+    ids=["runs", "fixed", "long-rows"],
+)
+def test_backward_dx_streamed_same_bits_as_a_sample_alone(shape, groups, fixed):
+    """NCHW GroupNorm's backward streams dx past the caches where what its dx pass reads and
+    writes (dy, x and dx, or dy and dx from fixed statistics) passes half a last-level cache of
+    up to 64 MB and the channels' runs are whole cache lines (group_norm_kernels.cpp, streams_dx):
+    here 37-50 MB. A sample's dx depends on that sample alone, so each sample's dx is the same bits
+    as the sample's own backward (17-25 KB: stored plainly) -- on 1 thread and on 2 -- and within
+    float32's tolerance of torch.nn's backward in float64. (A streamed store of a wrong value,
+    built and run, fails all three.)"""
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(shape, generator=gen) * 2 + 1
+    dy = torch.randn(shape, generator=gen)
+    c = shape[1]
+    w = 1 + 0.5 * torch.randn(c, generator=gen)
+    b = torch.randn(c, generator=gen)
+    rm, rv = torch.randn(c, generator=gen) * 0.1, torch.rand(c, generator=gen) + 0.5
+    if fixed:
+        fn = lambda t: NF.instance_norm(t, rm, rv, w, b, use_input_stats=False)  # noqa: E731
+        ref = lambda t: TF.instance_norm(t, rm.double(), rv.double(), w.double(), b.double(), use_input_stats=False)  # noqa: E731
+    else:
+        fn = lambda t: NF.group_norm(t, groups, w, b)  # noqa: E731
+        ref = lambda t: TF.group_norm(t, groups, w.double(), b.double())  # noqa: E731
+
+    def dx_of(xs, dys):
+        t = xs.clone().requires_grad_()
+        fn(t).backward(dys)
+        return t.grad
+
+    picks = [0, shape[0] // 2 + 1, shape[0] - 1]
+    before = torch.get_num_threads()
+    try:
+        with normlab.use_backend("cpu"):
+            alone = {i: dx_of(x[i:i + 1], dy[i:i + 1]) for i in picks}
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                dx = dx_of(x, dy)
+                for i in picks:
+                    assert torch.equal(dx[i:i + 1], alone[i]), (n_threads, i)
+    finally:
+        torch.set_num_threads(before)
+    x64 = x.double().requires_grad_()
+    ref(x64).backward(dy.double())
+    assert rel_err(dx, x64.grad) < 1e-5
 
 
 # ----------------------------------------------------------------------------

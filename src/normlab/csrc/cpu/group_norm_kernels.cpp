@@ -36,25 +36,46 @@ inline void affine_channels(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S
   for (; j < n; ++j) y[j] = out_act1<S, Act>(((to_acc(x[j]) - shift) - md) * (rs * w[j]) + b[j], p);
 }
 
-// dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel).
-template <class S>
+// dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel); Stream: its
+// aligned vectors stored past the caches (numerics/stream.h; fence_streams() before the values
+// are read by another thread), the same bits.
+template <class S, bool Stream = false>
 inline void grad_run(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vm = vset1<A>(m), va = vset1<A>(a), v2 = vset1<A>(t2), v3 = vset1<A>(t3);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(dx + j, (vload(dy + j) * va - (vload(x + j) - vm) * v3) - v2);
+  for (; j + L <= n; j += L) {
+    const vec<A> v = (vload(dy + j) * va - (vload(x + j) - vm) * v3) - v2;
+    if constexpr (Stream) vstream(dx + j, v);
+    else vstore(dx + j, v);
+  }
   for (; j < n; ++j) dx[j] = from_acc<S>((to_acc(dy[j]) * a - (to_acc(x[j]) - m) * t3) - t2);
 }
 
-// dx[j] = dy[j] * a over a run of n values (term 1 alone: fixed statistics).
-template <class S> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S> a) {
+// dx[j] = dy[j] * a over a run of n values (term 1 alone: fixed statistics); Stream as grad_run.
+template <class S, bool Stream = false> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S> a) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> va = vset1<A>(a);
   int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(dx + j, vload(dy + j) * va);
+  for (; j + L <= n; j += L) {
+    if constexpr (Stream) vstream(dx + j, vload(dy + j) * va);
+    else vstore(dx + j, vload(dy + j) * va);
+  }
   for (; j < n; ++j) dx[j] = from_acc<S>(to_acc(dy[j]) * a);
+}
+
+// Whether a backward over `values` values of runs of ns streams dx: what its dx pass reads and
+// writes (`tensors` tensors) passes half the last level (stream.h, streams_output) and its runs
+// gain by it (streams_runs) -- as BatchNorm's dx. Measured (one thread unless said, x torch.nn,
+// plain -> streamed, the order rotated): GroupNorm(8, 512) 48x512x8x8 float32 forward+backward
+// 0.87 -> 1.13 (two threads 0.89 -> 1.15), GroupNorm(32, 128) 16x128x32x32 1.03 -> 1.30,
+// GroupNorm(32, 256) 8x256x28x28 two threads 1.08 -> 1.24, float16 8x64x112x112 3.10 -> 3.39;
+// bfloat16 16x256x28x28 1.17 -> 1.15 (even). Runs of 196 float32 values (784 bytes, off whole
+// lines) lose: 32x256x14x14 1.10 -> 0.83, so they stay plain.
+template <class S> inline bool streams_dx(int64_t values, int64_t ns, int64_t tensors) {
+  return streams_runs(ns * int64_t(sizeof(S))) && streams_output(tensors * values * int64_t(sizeof(S)));
 }
 
 // shifted_sum / shifted_sqdev of a row shorter than a vector: their vector loops do not run, so
@@ -338,11 +359,14 @@ void bwd_long_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* m
     }
   }
   if (!dx) return;
+  const bool stream = streams_dx<S>(nrows * ncols, ns, 3);
   for_rows(n_items, 2 * ns, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / cg, k = t - r * cg, off = r * ncols + k * ns, cc = (r % g) * cg + k;
-      grad_run(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r]);
+      if (stream) grad_run<S, true>(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r]);
+      else grad_run(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r]);
     }
+    if (stream) fence_streams();
   });
 }
 
@@ -538,6 +562,7 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     dy_rows = nullptr;
   }
   const int64_t dy_block = std::max<int64_t>(1, kScratchValues / ncols);  // rows a dy_rows call
+  const bool stream = dx != nullptr && streams_dx<S>(nrows * ncols, ns, fixed ? 2 : 3);  // dx past the caches
   if (!fixed && ns > kScratchValues) {
     bwd_long_rows<S>(dy, x, w, mean, rstd, dx, pw.data(), pb.data(), nrows, c, g, ns);
     return merge_partials(pw.data(), pb.data(), n, c, dw, db);
@@ -559,7 +584,9 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         }
         if (dx == nullptr) continue;
         S* dxr = dx + r * ncols;
-        for (int64_t k = 0; k < cg; ++k) scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
+        for (int64_t k = 0; k < cg; ++k)
+          if (stream) scale_run<S, true>(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
+          else scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
         continue;
       }
       // The group's sums around m, the mean rounded to A; e = mean(x - m), the part of the mean the
@@ -590,8 +617,10 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       const A t2 = A(sg / double(ncols) * double(rs) - e * t3d);  // rstd * mean_grp(g), less e * t3
       const A t3 = A(t3d);                                          // rstd^3 * mean_grp(g * (x - mean))
       for (int64_t k = 0; k < cg; ++k)
-        grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
+        if (stream) grad_run<S, true>(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
+        else grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
     }
+    if (stream) fence_streams();
   });
   merge_partials(pw.data(), pb.data(), n, c, dw, db);
 }
