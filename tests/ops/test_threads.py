@@ -91,6 +91,28 @@ def test_batch_norm_train_and_its_running_statistics(shape, dtype, layout):
     assert torch.equal(m1, m2) and torch.equal(v1, v2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(4, 368, 6, 13, 13), (2, 256, 28, 28)], ids=str)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_channels_last_backward_few_row_groups(shape, training, dtype):
+    """Channels-last BatchNorm whose backward sums take few row groups (3 and 1 groups of
+    1424 / 1568 rows): on 2 threads each group's rows are cut into pieces, the pieces' chunk sums
+    kept and added a group at a time in chunk order (batch_norm_kernels.cpp, backward_impl,
+    `by_chunks`) -- dx, dweight and dbias the same bits as one thread doing each group. (A merge
+    that leaves a group's last chunk out, built and run, fails all eight; one that adds the chunks
+    in reverse order passes: a few dozen float32 chunk sums add exactly in float64.)"""
+    c = shape[1]
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    x = _randn(*shape, dtype=dtype, shift=2.0, memory_format=fmt)
+    w, b = _randn(c, dtype=dtype), _randn(c, dtype=dtype)
+    rm, rv = _randn(c, dtype=dtype, scale=0.1), _randn(c, dtype=dtype, scale=0.1, shift=1.0)
+
+    def fn(x, w, b):
+        return F.batch_norm(x, rm.clone(), rv.clone(), w, b, training=training, momentum=0.1)
+
+    _same_bits(fn, [x, w, b])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,groups", [((4, 8, 30, 30), 4), ((64, 32, 6, 6), 8), ((16, 64, 9, 9), 32),
                                           ((4096, 16), 4)], ids=str)

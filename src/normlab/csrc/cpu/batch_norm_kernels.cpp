@@ -1053,15 +1053,21 @@ constexpr int64_t kDzPiece = 2048;
 // Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
 // (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
 // dx = dy * ea[u].  dy, x, dx: (R, ld) storage at the block's first column; eh, ea: (n,).
+// chunks (given): each chunk's two sums stored there instead, (2, n) values a chunk, in order --
+// for the caller to add in the same order (backward_impl's few row groups).
 template <class S>
 void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub,
-                    const acc_t<S>* eh, const acc_t<S>* ea, double* ty, double* tx, bool fused) {
+                    const acc_t<S>* eh, const acc_t<S>* ea, double* ty, double* tx, bool fused,
+                    acc_t<S>* chunks = nullptr) {
   using A = acc_t<S>;
-  std::vector<A> buf(2 * n);
-  A *s1 = buf.data(), *s2 = s1 + n;
-  std::fill(ty, ty + n, 0.0);
-  std::fill(tx, tx + n, 0.0);
+  std::vector<A> buf(chunks ? 0 : 2 * n);
+  A *s1 = chunks ? chunks : buf.data(), *s2 = s1 + n;
+  if (!chunks) {
+    std::fill(ty, ty + n, 0.0);
+    std::fill(tx, tx + n, 0.0);
+  }
   for (int64_t r0 = t0; r0 < t1; r0 += sub) {
+    if (chunks && r0 != t0) s1 += 2 * n, s2 += 2 * n;
     const int64_t r1 = std::min(r0 + sub, t1);
     std::fill(s1, s1 + 2 * n, A(0));
     for (int64_t i = r0; i < r1; ++i) {
@@ -1081,7 +1087,8 @@ void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int6
                         [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(ga + u, k) * vload_n(ea + u, k), k); });
       }
     }
-    for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
+    if (!chunks)
+      for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
   }
 }
 
@@ -1349,8 +1356,32 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
     Scratch<double> part(2 * n_rg * width);
     double* pdy = part.get();          // (G, W) per-task, per-column sums of dy
     double* pdx = pdy + n_rg * width;  // (G, W) ... of dy * (x - hi)
-    run_tasks(n_tasks(n_rows, width, rows, g.cw, 0), rows * g.cw, [&](int64_t task) {
-      const Span sp = span(task, 0, n_rows, width, rows, g.cw);
+    // Few row groups for the threads (fewer than 8 a thread, not a multiple of them: 3 groups on
+    // 2 threads left one idle a third of the pass): each group's rows cut into as many pieces as
+    // there are threads, at chunk boundaries, each piece's chunk sums kept (`chunks`, (G, chunks
+    // a group, 2, W) of the accumulation dtype, at most max_partials values), then added a group
+    // at a time in chunk order -- a group's float64 sums the very additions of one task doing the
+    // group, so the same bits for any thread count. (Cutting the columns instead lost: half-rows
+    // read with a stride, their other halves fetched by the prefetchers.)
+    const int64_t n_thr = std::max<int64_t>(1, at::get_num_threads());
+    const int64_t cpg = cdiv(rows, kSumRun);  // chunks a group (the last group's may be fewer)
+    const bool by_chunks = !local && g.cw == width && n_thr > 1 && n_rg % n_thr != 0 && n_rg < 8 * n_thr &&
+                           n_rg * cpg * 2 * width <= constants().max_partials && cpg >= n_thr;
+    const int64_t per_piece = by_chunks ? cdiv(cpg, n_thr) : 0;  // chunks a piece
+    Scratch<A> chunk_sums(by_chunks ? n_rg * cpg * 2 * width : 0);
+    const int64_t tasks = by_chunks ? n_rg * n_thr : n_tasks(n_rows, width, rows, g.cw, 0);
+    run_tasks(tasks, by_chunks ? per_piece * kSumRun * width : rows * g.cw, [&](int64_t task) {
+      Span sp;
+      A* cs = nullptr;
+      if (by_chunks) {  // group task / n_thr, its piece task % n_thr
+        const int64_t gi = task / n_thr, k0 = (task % n_thr) * per_piece;
+        const int64_t r0 = gi * rows + k0 * kSumRun, r1 = std::min({gi * rows + rows, n_rows, r0 + per_piece * kSumRun});
+        if (r0 >= r1) return;
+        sp = {gi, r0, r1, 0, width};
+        cs = chunk_sums.get() + (gi * cpg + k0) * 2 * width;
+      } else {
+        sp = span(task, 0, n_rows, width, rows, g.cw);
+      }
       double* ty = pdy + sp.g * width + sp.c0;
       double* tx = pdx + sp.g * width + sp.c0;
       Scratch<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
@@ -1364,7 +1395,7 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
         if (++c == n_ch) c = 0;
       }
       task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, kSumRun, eh.get(),
-                     ea.get(), ty, tx, fused);
+                     ea.get(), ty, tx, fused, cs);
       if (!local) return;
       // whole channels, every row: finish them here, then dx while in cache
       const int64_t ch0 = sp.c0 / s_len;
@@ -1380,6 +1411,21 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       }
     });
     if (local) return;
+    if (by_chunks) {  // each group's chunk sums in chunk order, as one task would (columns in blocks)
+      constexpr int64_t kCols = 256;
+      run_tasks(n_rg * cdiv(width, kCols), cpg * 2 * kCols, [&](int64_t t) {
+        const int64_t gi = t / cdiv(width, kCols), u0 = (t % cdiv(width, kCols)) * kCols, u1 = std::min(width, u0 + kCols);
+        const int64_t nk = cdiv(std::min(rows, n_rows - gi * rows), kSumRun);
+        double *ty = pdy + gi * width, *tx = pdx + gi * width;
+        std::fill(ty + u0, ty + u1, 0.0);
+        std::fill(tx + u0, tx + u1, 0.0);
+        for (int64_t k = 0; k < nk; ++k) {
+          const A* c1 = chunk_sums.get() + (gi * cpg + k) * 2 * width;
+          const A* c2 = c1 + width;
+          for (int64_t u = u0; u < u1; ++u) { ty[u] += double(c1[u]); tx[u] += double(c2[u]); }
+        }
+      });
+    }
     for (int64_t gi = 1; gi < n_rg; ++gi) {  // per column, over tasks in order
       const double *yg = pdy + gi * width, *xg = pdx + gi * width;
       for (int64_t u = 0; u < width; ++u) { pdy[u] += yg[u]; pdx[u] += xg[u]; }
