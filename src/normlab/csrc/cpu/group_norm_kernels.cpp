@@ -253,7 +253,12 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   // slower, from 5 % at runs of 90000 values to 45 % at runs of 729 (bfloat16 GroupNorm(4, 512)
   // 29x512x27x27 forward: 4.8 ms streamed, 3.3 plain, torch.nn 3.6; float32 streams: 2.0 ms
   // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
-  const bool stream = streams_forward(2 * nrows * ncols * int64_t(sizeof(S))) &&
+  // (at two or more threads from the whole last level, not streams_forward's three quarters: the
+  // rows' output pass comes after every row's moments; GroupNorm(4, 64) 1x64x227x227 float32
+  // forward, x and y 26 MB, two threads, ran 1.14-1.23x torch.nn plain in four rounds of an A/B,
+  // 0.86-1.43x streamed -- three of the four below 1.05)
+  const int64_t xy_bytes = 2 * nrows * ncols * int64_t(sizeof(S));
+  const bool stream = xy_bytes > (at::get_num_threads() > 1 ? llc_bytes() : llc_bytes() / 2) &&
                       (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0) &&
                       streams_runs(ns * int64_t(sizeof(S)));  // (runs that gain by it: stream.h)
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
