@@ -39,8 +39,8 @@ inline void affine_channels(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S
 // dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel); Stream: its
 // aligned vectors stored past the caches (numerics/stream.h; fence_streams() before the values
 // are read by another thread), the same bits.
-template <class S, bool Stream = false>
-inline void grad_run(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3) {
+template <class S, bool Stream>
+inline void grad_run_as(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> vm = vset1<A>(m), va = vset1<A>(a), v2 = vset1<A>(t2), v3 = vset1<A>(t3);
@@ -52,9 +52,15 @@ inline void grad_run(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_
   }
   for (; j < n; ++j) dx[j] = from_acc<S>((to_acc(dy[j]) * a - (to_acc(x[j]) - m) * t3) - t2);
 }
+template <class S>
+inline void grad_run(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3,
+                     bool stream) {
+  if (stream) grad_run_as<S, true>(dy, x, dx, n, m, a, t2, t3);
+  else grad_run_as<S, false>(dy, x, dx, n, m, a, t2, t3);
+}
 
-// dx[j] = dy[j] * a over a run of n values (term 1 alone: fixed statistics); Stream as grad_run.
-template <class S, bool Stream = false> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S> a) {
+// dx[j] = dy[j] * a over a run of n values (term 1 alone: fixed statistics); Stream as grad_run_as.
+template <class S, bool Stream> inline void scale_run_as(const S* dy, S* dx, int64_t n, acc_t<S> a) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> va = vset1<A>(a);
@@ -64,6 +70,10 @@ template <class S, bool Stream = false> inline void scale_run(const S* dy, S* dx
     else vstore(dx + j, vload(dy + j) * va);
   }
   for (; j < n; ++j) dx[j] = from_acc<S>(to_acc(dy[j]) * a);
+}
+template <class S> inline void scale_run(const S* dy, S* dx, int64_t n, acc_t<S> a, bool stream) {
+  if (stream) scale_run_as<S, true>(dy, dx, n, a);
+  else scale_run_as<S, false>(dy, dx, n, a);
 }
 
 // Whether a backward over `values` values of runs of ns streams dx: what its dx pass reads and
@@ -253,12 +263,11 @@ void fwd_long_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t
   // slower, from 5 % at runs of 90000 values to 45 % at runs of 729 (bfloat16 GroupNorm(4, 512)
   // 29x512x27x27 forward: 4.8 ms streamed, 3.3 plain, torch.nn 3.6; float32 streams: 2.0 ms
   // streamed, 2.7 plain on 11x154x41x9x9, whose runs of 3321 values are off whole lines too)
-  // (at two or more threads from the whole last level, not streams_forward's three quarters: the
+  // (at two or more threads from the whole last level, stream.h streams_forward_whole_level: the
   // rows' output pass comes after every row's moments; GroupNorm(4, 64) 1x64x227x227 float32
   // forward, x and y 26 MB, two threads, ran 1.14-1.23x torch.nn plain in four rounds of an A/B,
-  // 0.86-1.43x streamed -- three of the four below 1.05)
-  const int64_t xy_bytes = 2 * nrows * ncols * int64_t(sizeof(S));
-  const bool stream = xy_bytes > (at::get_num_threads() > 1 ? llc_bytes() : llc_bytes() / 2) &&
+  // 0.86-1.43x streamed from three quarters -- three of the four below 1.05)
+  const bool stream = streams_forward_whole_level(2 * nrows * ncols * int64_t(sizeof(S))) &&
                       (sizeof(S) > 2 || (ns * int64_t(sizeof(S))) % kCacheLineBytes == 0) &&
                       streams_runs(ns * int64_t(sizeof(S)));  // (runs that gain by it: stream.h)
   auto write_part = [&](int64_t r, int64_t v0, int64_t v1) {
@@ -368,8 +377,7 @@ void bwd_long_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* m
   for_rows(n_items, 2 * ns, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / cg, k = t - r * cg, off = r * ncols + k * ns, cc = (r % g) * cg + k;
-      if (stream) grad_run<S, true>(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r]);
-      else grad_run(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r]);
+      grad_run(dy + off, x + off, dx + off, ns, mean[r], rstd[r] * w[cc], t2s[r], t3s[r], stream);
     }
     if (stream) fence_streams();
   });
@@ -589,9 +597,7 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         }
         if (dx == nullptr) continue;
         S* dxr = dx + r * ncols;
-        for (int64_t k = 0; k < cg; ++k)
-          if (stream) scale_run<S, true>(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
-          else scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k]);
+        for (int64_t k = 0; k < cg; ++k) scale_run(dyr + k * ns, dxr + k * ns, ns, rs * w[gi * cg + k], stream);
         continue;
       }
       // The group's sums around m, the mean rounded to A; e = mean(x - m), the part of the mean the
@@ -622,8 +628,7 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       const A t2 = A(sg / double(ncols) * double(rs) - e * t3d);  // rstd * mean_grp(g), less e * t3
       const A t3 = A(t3d);                                          // rstd^3 * mean_grp(g * (x - mean))
       for (int64_t k = 0; k < cg; ++k)
-        if (stream) grad_run<S, true>(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
-        else grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3);
+        grad_run(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3, stream);
     }
     if (stream) fence_streams();
   });

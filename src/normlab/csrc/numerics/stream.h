@@ -67,6 +67,12 @@ inline bool streams_output(int64_t bytes) { return bytes > llc_bytes() / 2; }
 inline bool streams_forward(int64_t bytes) {
   return bytes > (at::get_num_threads() > 1 ? llc_bytes() / 4 * 3 : llc_bytes() / 2);
 }
+// streams_forward's rule with the whole last level at two or more threads (its rule before
+// 2026-12-07), for the one forward measured to lose from three quarters: GroupNorm's long NCHW
+// rows, whose output pass comes after every row's moments (group_norm_kernels.cpp, fwd_long_rows).
+inline bool streams_forward_whole_level(int64_t bytes) {
+  return bytes > (at::get_num_threads() > 1 ? llc_bytes() : llc_bytes() / 2);
+}
 
 // Whether an output written in runs of `run_bytes` (the planes of a channel, the channels of a
 // group: one run after another, each run's whole lines streamed and its end lines plain) may
