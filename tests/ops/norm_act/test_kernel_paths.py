@@ -156,6 +156,56 @@ def test_batch_norm_act_relu_backward_is_the_unfused_bits(path, dtype, mode):
         assert torch.equal(u, v), (path, mode, i)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_batch_norm_act_relu_mask_at_its_boundary(dtype, frozen):
+    """On planes BatchNorm's backward reads relu's mask as "x <= t" (or "x >= t" where the scale is
+    negative) for one t a channel, found by bisection, in place of z = (x - h) * a + b <= 0. Every
+    value of x from 300 steps below to 300 steps above where z crosses 0, channels of positive,
+    negative and zero weight (the last: z itself), NaN and infinite x: the bits of torch's relu
+    backward followed by BatchNorm's, in evaluation (dx in the sums pass; and, affine frozen, dx
+    alone)."""
+    n, c, side = 2, 4, 24  # planes of 576 values: the planes view
+    s = side * side
+    rm = torch.tensor([0.37, -1.3, 0.2, 5.1], dtype=torch.float64)
+    rv = torch.tensor([0.8, 2.5, 1.0, 0.3], dtype=torch.float64)
+    w = torch.tensor([1.3, -0.7, 0.0, 2.1], dtype=torch.float64)
+    b = torch.tensor([0.41, -0.23, 0.5, -1.7], dtype=torch.float64)
+    # where z = (x - rm) * w / sqrt(rv + eps) + b is 0, then the n * s representable values of the
+    # dtype stepping up from 300 below it (the 1/2 * ... for the channel of zero weight: any x)
+    x = torch.empty(n, c, s, dtype=torch.float64)
+    for ch in range(c):
+        root = rm[ch] - b[ch] * math.sqrt(rv[ch] + 1e-5) / w[ch] if w[ch] != 0 else 0.5
+        v = torch.tensor([root], dtype=dtype)
+        for _ in range(300):
+            v = torch.nextafter(v, torch.tensor([-math.inf], dtype=dtype))
+        vals = [v.clone()]
+        for _ in range(n * s - 1):
+            v = torch.nextafter(v, torch.tensor([math.inf], dtype=dtype))
+            vals.append(v.clone())
+        x[:, ch] = torch.cat(vals).double().reshape(n, s)
+    x = x.to(dtype)
+    x[0, 0, 5], x[1, 1, 7], x[0, 3, 11], x[1, 3, 13] = math.nan, math.nan, math.inf, -math.inf
+    x = x.reshape(n, c, side, side)
+    dy = _x(x.shape, dtype, seed=3)
+    p = [t.to(dtype) for t in (rm, rv, w, b)]
+
+    def grads(norm):
+        leaves = [x.clone().requires_grad_()] + [t.clone().requires_grad_(not frozen) for t in p[2:]]
+        y = norm(*leaves)
+        return (y, *torch.autograd.grad(y, [t for t in leaves if t.requires_grad], dy))
+
+    got = grads(lambda x, w, b: NF.batch_norm_act(x, p[0].clone(), p[1].clone(), w, b, False, 0.1, 1e-5, "relu"))
+    want = grads(lambda x, w, b: torch.relu(NF.batch_norm(x, p[0].clone(), p[1].clone(), w, b, False, 0.1, 1e-5)))
+    for ch in (0, 1, 3):  # the crossing is inside each channel's values
+        assert (got[0][:, ch] == 0).sum() > 100 and (got[0][:, ch] > 0).sum() > 100, ch
+    for i, (u, v) in enumerate(zip(got, want)):  # (a NaN's payload is not a result: NaN where NaN)
+        bits = torch.int64 if u.dtype == torch.float64 else torch.int32 if u.dtype == torch.float32 else torch.int16
+        nan = u.isnan()
+        assert torch.equal(nan, v.isnan()), (dtype, frozen, i)
+        assert torch.equal(u.view(bits)[~nan], v.view(bits)[~nan]), (dtype, frozen, i)
+
+
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
 @pytest.mark.parametrize("path", ["planes, parts", "planes, a task a channel", "channels_last rows"])
 def test_batch_norm_act_gradients_with_an_activation(path, act):

@@ -1092,9 +1092,57 @@ void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int6
   }
 }
 
+// ReLU's derivative read where dy is read (BatchNormAct2d, relu: ReluZ in the header): with the
+// channel's z = (x - h) * a + b, as the forward and nact's dz pass compute it, g = dy where z > 0
+// or z is NaN, +0 where z <= 0 -- the bits of the dz that pass would have stored, so the sums and
+// dx are those of the backward over a written dz, without writing or reading it. Each of the three
+// rounded operations is monotone in x, so with h, a, b finite and a != 0 "z <= 0" is "x <= t"
+// (a > 0) or "x >= t" (a < 0) for one value t of the accumulation type, found once a channel by
+// bisection over the ordered values (relu_kind): one compare a vector instead of four operations
+// (and NaN x, whose z is NaN, fails either compare: dy kept, as with z). Otherwise z itself.
+// K: 0 none (the plain backward), 1 zero where x <= t, 2 where x >= t, 3 where z <= 0.
+template <class A> struct ZRelu {
+  vec<A> h, a, b, t;
+};
+template <int K, class A> [[gnu::always_inline]] inline vec<A> relu_g(vec<A> g, vec<A> xv, const ZRelu<A>* z) {
+  if constexpr (K == 1) return xv <= z->t ? vzero<A>() : g;
+  else if constexpr (K == 2) return xv >= z->t ? vzero<A>() : g;
+  else if constexpr (K == 3) return (xv - z->h) * z->a + z->b <= A(0) ? vzero<A>() : g;
+  else return g;
+}
+// The kind (1-3) of a channel's constants and its t: "z <= 0" as a bound on x where it is one.
+template <class A> int relu_kind(A h, A a, A b, A* t) {
+  using U = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
+  constexpr U sign = U(1) << (8 * sizeof(A) - 1);
+  if (!std::isfinite(h) || !std::isfinite(a) || !std::isfinite(b) || a == A(0)) return 3;
+  auto key = [&](A v) { U u; std::memcpy(&u, &v, sizeof u); return (u & sign) ? U(~u) : U(u | sign); };
+  auto val = [&](U k) { const U u = (k & sign) ? U(k & ~sign) : U(~k); A v; std::memcpy(&v, &u, sizeof v); return v; };
+  auto nonpos = [&](U k) { volatile A v = val(k); return (v - h) * a + b <= A(0); };  // (volatile: as the vectors do)
+  U lo = key(-std::numeric_limits<A>::infinity()), hi = key(std::numeric_limits<A>::infinity());
+  // a > 0: nonpos holds at -inf and fails at +inf, t the last value where it holds; a < 0: the reverse
+  const bool up = a > A(0);
+  while (hi - lo > 1) {
+    const U mid = lo + (hi - lo) / 2;
+    if (nonpos(mid) == up) lo = mid; else hi = mid;
+  }
+  *t = val(up ? lo : hi);
+  return up ? 1 : 2;
+}
+// f<K>() for a channel's kind k; without relu (R false) f<0>() alone, no other kind compiled in
+template <bool R, class F> [[gnu::always_inline]] inline void by_kind(int k, const F& f) {
+  if constexpr (!R) return f.template operator()<0>();
+  switch (k) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    default: return f.template operator()<3>();
+  }
+}
+
 // (sum dy, sum dy * (x - m)) over k values of a plane piece, in the accumulation dtype, split
-// into SIMD lanes.  g, x: (k,) storage.
-template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_t<S> m, acc_t<S>* o1, acc_t<S>* o2) {
+// into SIMD lanes.  g, x: (k,) storage. R: g is relu_g's (z: the channel's constants).
+template <class S, int R = 0>
+inline void grad_sums(const S* g, const S* x, int64_t k, acc_t<S> m, acc_t<S>* o1, acc_t<S>* o2,
+                      const ZRelu<acc_t<S>>* z = nullptr) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> a[4], q[4], vm = vset1<A>(m);  // four chains each: the adds overlap, and short partial sums
@@ -1102,22 +1150,22 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
   int64_t j = 0;
   for (; j + 4 * L <= k; j += 4 * L)
     for (int i = 0; i < 4; ++i) {
-      vec<A> gi = vload(g + j + i * L);
+      const vec<A> xv = vload(x + j + i * L), gi = relu_g<R>(vload(g + j + i * L), xv, z);
       a[i] += gi;
-      q[i] += gi * (vload(x + j + i * L) - vm);
+      q[i] += gi * (xv - vm);
     }
   int i = 0;
   for (; j + L <= k; j += L, ++i) {
-    vec<A> gi = vload(g + j);
+    const vec<A> xv = vload(x + j), gi = relu_g<R>(vload(g + j), xv, z);
     a[i] += gi;
-    q[i] += gi * (vload(x + j) - vm);
+    q[i] += gi * (xv - vm);
   }
   if (j < k) {  // the last values as a partial vector, 0 past the end (as sqdev4)
     alignas(64) A ms[L];
     for (int64_t l = 0; l < L; ++l) ms[l] = m;
-    const vec<A> gi = vload_n(g + j, k - j);
+    const vec<A> xv = vload_n(x + j, k - j), gi = relu_g<R>(vload_n(g + j, k - j), xv, z);
     a[i] += gi;
-    q[i] += gi * (vload_n(x + j, k - j) - vload_n(ms, k - j));
+    q[i] += gi * (xv - vload_n(ms, k - j));
   }
   *o1 = hsum<A>((a[0] + a[1]) + (a[2] + a[3]));
   *o2 = hsum<A>((q[0] + q[1]) + (q[2] + q[3]));
@@ -1126,41 +1174,53 @@ template <class S> inline void grad_sums(const S* g, const S* x, int64_t k, acc_
 // dx over len values of channel c's run: (f * dy - q2 * (x - h)) - q0 (train) or dy * f (eval).
 // bfloat16: pairs of vectors first, even and odd values apart (vec.h vload_eo / vstore_eo: no
 // widening or packing of halves; the same bits), then the rest of the run.
-template <class S>
+template <class S, int R = 0>
 inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, acc_t<S> h, acc_t<S> q2, acc_t<S> q0,
-                       bool train, bool stream = false) {
+                       bool train, bool stream = false, const ZRelu<acc_t<S>>* z = nullptr) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const vec<A> vf = vset1<A>(f), vh = vset1<A>(h), v2 = vset1<A>(q2), v0 = vset1<A>(q0);
   auto dx_train = [&](vec<A> g, vec<A> xv) { return (vf * g - v2 * (xv - vh)) - v0; };
+  const bool read_x = train || R;  // (R: relu_g reads x in evaluation too)
   if (stream) {
-    auto fn = [&](vec<A> g, vec<A> xv) { return train ? dx_train(g, xv) : g * vf; };
-    auto plain = [&](int64_t o, int64_t k) { grad_x_run(dy + o, x + o, dx + o, k, f, h, q2, q0, train); };
+    auto fn = [&](vec<A> g, vec<A> xv) {
+      g = relu_g<R>(g, xv, z);
+      return train ? dx_train(g, xv) : g * vf;
+    };
+    auto plain = [&](int64_t o, int64_t k) { grad_x_run<S, R>(dy + o, x + o, dx + o, k, f, h, q2, q0, train, false, z); };
     if constexpr (std::is_same_v<S, bf16>) {
       streamed_run(dx, len, plain, [&](int64_t t) {
         vec<A> ge, go, xe = vzero<A>(), xo = vzero<A>();
         vload_eo(dy + t, ge, go);
-        if (train) vload_eo(x + t, xe, xo);
+        if (read_x) vload_eo(x + t, xe, xo);
         vstream_eo(dx + t, fn(ge, xe), fn(go, xo));
       });
     } else {
       streamed_run(dx, len, plain,
-                   [&](int64_t t) { vstream(dx + t, fn(vload(dy + t), train ? vload(x + t) : vzero<A>())); });
+                   [&](int64_t t) { vstream(dx + t, fn(vload(dy + t), read_x ? vload(x + t) : vzero<A>())); });
     }
     return;
   }
   int64_t t0 = 0;
-  if (train) {
+  if (train || R) {
+    auto fn = [&](vec<A> g, vec<A> xv) {
+      if constexpr (R) {
+        g = relu_g<R>(g, xv, z);
+        return train ? dx_train(g, xv) : g * vf;
+      } else {
+        return dx_train(g, xv);
+      }
+    };
     if constexpr (std::is_same_v<S, bf16>) {
       for (; t0 + 2 * L <= len; t0 += 2 * L) {
         vec<A> ge, go, xe, xo;
         vload_eo(dy + t0, ge, go);
         vload_eo(x + t0, xe, xo);
-        vstore_eo(dx + t0, dx_train(ge, xe), dx_train(go, xo));
+        vstore_eo(dx + t0, fn(ge, xe), fn(go, xo));
       }
     }
-    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, dx_train(vload(dy + t), vload(x + t))); },
-                    [&](int64_t t, int64_t k) { vstore_n(dx + t, dx_train(vload_n(dy + t, k), vload_n(x + t, k)), k); },
+    columns_part<S>(len, [&](int64_t t) { vstore(dx + t, fn(vload(dy + t), vload(x + t))); },
+                    [&](int64_t t, int64_t k) { vstore_n(dx + t, fn(vload_n(dy + t, k), vload_n(x + t, k)), k); },
                     t0);
   } else {
     if constexpr (std::is_same_v<S, bf16>) t0 = eo_map(dy, dx, len, [&](vec<A> g) { return g * vf; });
@@ -1213,9 +1273,9 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
 // kSumRun * 4 vectors in the accumulation dtype, the pieces added in float64 in order; the
 // parts of a channel added in part order. fused (eval, dw/db and dx wanted): dx = dy * a in the
 // same pass. P == 1: the task finishes its channel and writes its dx while in cache.
-template <class S>
+template <class S, bool R>
 void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double* stats, double* dw, double* db,
-                     View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
+                     View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs, const ReluZ* relu) {
   using A = acc_t<S>;
   const int64_t n_ch = v.n_ch, s_len = v.s_len, n = v.n_rows;
   const double *mean = stats, *rstd = stats + 2 * n_ch;
@@ -1230,9 +1290,31 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   auto finish = [&](int64_t c, double sy, double sx) {
     k.finish(c, sy, sx, w, mean, rstd, double(n * s_len), train, dw, db);
   };
+  // R (relu given): channel c's z constants, each rounded once to A as nact's passes round them,
+  // its bound t and kind (relu_kind)
+  Scratch<A> zs(R ? 4 * n_ch : 0);
+  Scratch<int> zk(R ? n_ch : 0);
+  if constexpr (R)
+    for (int64_t c = 0; c < n_ch; ++c) {
+      A* q = zs.get() + 4 * c;
+      q[0] = A(relu->hi[c]), q[1] = A(relu->a[c]), q[2] = A(relu->b[c]), q[3] = A(0);
+      zk.get()[c] = relu_kind(q[0], q[1], q[2], q + 3);
+    }
+  auto zc = [&](int64_t c) {  // (R only: the plain backward builds no vectors a run)
+    const A* q = zs.get() + 4 * c;
+    return ZRelu<A>{vset1(q[0]), vset1(q[1]), vset1(q[2]), vset1(q[3])};
+  };
+  auto kind = [&](int64_t c) { return R ? zk.get()[c] : 0; };
   // dx of len values of channel c at offset off, its dy read at g
   auto dx_from = [&](int64_t c, const S* g, int64_t off, int64_t len) {
-    grad_x_run(g, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train, stream);
+    if constexpr (R) {
+      const ZRelu<A> zr = zc(c);
+      by_kind<R>(kind(c), [&]<int K>() __attribute__((always_inline)) {
+        grad_x_run<S, K>(g, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train, stream, &zr);
+      });
+    } else {
+      grad_x_run<S>(g, x + off, dx + off, len, k.a[c], k.hi[c], k.k2[c], k.k0[c], train, stream);
+    }
   };
   auto dx_channel = [&](int64_t c, int64_t off, int64_t len) { dx_from(c, dy + off, off, len); };
   const Parts pt = parts_of(n, s_len);
@@ -1260,12 +1342,16 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
     // buf: a task's scratch, the channel's dy from v0 (dz_channel) or a piece's (dz_pieces)
     auto part_sums = [&](int64_t c, int64_t v0, int64_t v1, double* py, double* px, S* buf) {
       const A h = k.hi[c], f = k.a[c];
+      ZRelu<A> zr;
+      if constexpr (R) zr = zc(c);
+      const ZRelu<A>* z = R ? &zr : nullptr;
+      const int kc = kind(c);
       double sy = 0.0, sx = 0.0;
       S* const g_ch = dz_channel ? buf : nullptr;
       auto sums = [&](const S* g, int64_t off, int64_t len) {
         for (int64_t lo = 0; lo < len; lo += piece) {
           A s1, s2;
-          grad_sums(g + lo, x + off + lo, std::min(piece, len - lo), h, &s1, &s2);
+          by_kind<R>(kc, [&]<int K>() __attribute__((always_inline)) { grad_sums<S, K>(g + lo, x + off + lo, std::min(piece, len - lo), h, &s1, &s2, z); });
           sy += double(s1);
           sx += double(s2);
         }
@@ -1286,7 +1372,8 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
             if (g_ch) g = g_ch + at;
           }
           sums(g, off, len);
-          if (fused) grad_x_run(g, x + off, dx + off, len, f, h, A(0), A(0), false, stream);
+          if (fused)
+            by_kind<R>(kc, [&]<int K>() __attribute__((always_inline)) { grad_x_run<S, K>(g, x + off, dx + off, len, f, h, A(0), A(0), false, stream, z); });
         }
         at += len;
       });
@@ -1336,10 +1423,13 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
 
 template <class S>
 void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
-                   bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
+                   bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs, const ReluZ* relu) {
   using A = acc_t<S>;
-  if (takes_planes(v, sizeof(S) == 2 && (train || need_wb)))
-    return backward_planes(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, dy_runs);
+  if (takes_planes(v, sizeof(S) == 2 && (train || need_wb))) {
+    if (relu) return backward_planes<S, true>(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, nullptr, relu);
+    return backward_planes<S, false>(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, dy_runs, nullptr);
+  }
+  if (relu) throw std::logic_error("normlab batch_norm backward: relu's mask is read in the planes view only");
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
@@ -1489,11 +1579,11 @@ bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb) {
 }
 
 void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
-              View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs) {
+              View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs, const ReluZ* relu) {
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
     backward_impl<S>(static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<S*>(dx), w, stats, dw, db, v,
-                     train, need_dx, need_wb, dy_runs);
+                     train, need_dx, need_wb, dy_runs, relu);
   });
 }
 

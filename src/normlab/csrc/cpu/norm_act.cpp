@@ -52,6 +52,9 @@ constexpr const char* kWho = "normlab batch_norm_act";
 // 1764 bytes 2.21-2.24 vs 1.93-1.95 (32x128x21x21); bfloat16 from 1 KiB to 4.5 KiB within 5 % either
 // way, 392-512 bytes 3-8 % slower inside.
 constexpr int64_t kDzRunBytes = 2048;
+// relu's id (act::kRelu, numerics/activation.h): its dz is dy masked by z > 0, which BatchNorm's
+// planes backward reads in place of dy (bn::ReluZ) -- no dz written anywhere
+constexpr int64_t kActRelu = 1;
 
 Dtype dt_of(const at::Tensor& t, const char* what) { return kernel_dtype(t.scalar_type(), kWho, what); }
 
@@ -156,18 +159,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   at::Tensor dx = empty_out(x, fmt);
   const bn::View v = bn_view(x, fmt);
   const bool need_wb = need_dw || need_db;
-  const bn::DyRuns dz_runs = bn::backward_takes_planes(dt, v, training, need_wb) &&
-                                     v.s_len * x.element_size() >= kDzRunBytes
-      ? nact::grad_z_runs(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
-                          int(act), act_param)
-      : bn::DyRuns{};
-  if (!dz_runs)
-    nact::grad_z(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
-                 layout_of(x, fmt), int(act), act_param);
   std::vector<double> sums(2 * c);  // dw, db as float64 sums
-  bn::backward(dt, dx.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr, chan(w, c, "weight"),
-               st.const_data_ptr<double>(), sums.data(), sums.data() + c, v, training, need_dx, need_wb,
-               dz_runs ? &dz_runs : nullptr);
+  const bool planes = bn::backward_takes_planes(dt, v, training, need_wb);
+  if (planes && act == kActRelu) {  // relu on planes: its mask read beside dy, x (bn::ReluZ)
+    const bn::ReluZ rz{hi.data(), a.data(), b2.data()};
+    bn::backward(dt, dy.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+                 chan(w, c, "weight"), st.const_data_ptr<double>(), sums.data(), sums.data() + c, v, training,
+                 need_dx, need_wb, nullptr, &rz);
+  } else {
+    const bn::DyRuns dz_runs = planes && v.s_len * x.element_size() >= kDzRunBytes
+        ? nact::grad_z_runs(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
+                            int(act), act_param)
+        : bn::DyRuns{};
+    if (!dz_runs)
+      nact::grad_z(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
+                   layout_of(x, fmt), int(act), act_param);
+    bn::backward(dt, dx.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr, chan(w, c, "weight"),
+                 st.const_data_ptr<double>(), sums.data(), sums.data() + c, v, training, need_dx, need_wb,
+                 dz_runs ? &dz_runs : nullptr);
+  }
   auto cast = [&](const double* v, const std::optional<at::Tensor>& p) {
     const at::ScalarType t = p.has_value() && p->defined() ? p->scalar_type() : x.scalar_type();
     at::Tensor out = at::empty({c}, x.options().dtype(t));
