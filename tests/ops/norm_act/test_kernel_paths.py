@@ -156,26 +156,34 @@ def test_batch_norm_act_relu_backward_is_the_unfused_bits(path, dtype, mode):
         assert torch.equal(u, v), (path, mode, i)
 
 
+# (N, side, channels_last): planes of 576 values (the planes view), its channels_last rows, and
+# planes of 16 values (the rows view of short planes); 1152 values a channel each
+RELU_MASK_VIEWS = {"planes": (2, 24, False), "channels_last rows": (2, 24, True), "short planes": (72, 4, False)}
+
+
+@pytest.mark.parametrize("zero_weight", [False, True])
 @pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_batch_norm_act_relu_mask_at_its_boundary(dtype, frozen):
-    """On planes BatchNorm's backward reads relu's mask as "x <= t" (or "x >= t" where the scale is
-    negative) for one t a channel, found by bisection, in place of z = (x - h) * a + b <= 0. Every
-    value of x from 300 steps below to 300 steps above where z crosses 0, channels of positive,
-    negative and zero weight (the last: z itself), NaN and infinite x: the bits of torch's relu
-    backward followed by BatchNorm's, in evaluation (dx in the sums pass; and, affine frozen, dx
-    alone)."""
-    n, c, side = 2, 4, 24  # planes of 576 values: the planes view
-    s = side * side
+@pytest.mark.parametrize("view", list(RELU_MASK_VIEWS))
+def test_batch_norm_act_relu_mask_at_its_boundary(view, dtype, frozen, zero_weight):
+    """BatchNorm's backward reads relu's mask as "x <= t" (or "x >= t" where the scale is negative)
+    for one t a channel, found by a search over the dtype's values, in place of z = (x - h) * a + b
+    <= 0 (rows: "x * sign <= t" a column). Every value of x from 300 steps below to 300 steps above
+    where z crosses 0, channels of positive and negative weight and, zero_weight, one of zero weight
+    (planes: z itself for that channel; rows: dz written first for the call), NaN and infinite x:
+    the bits of torch's relu backward followed by BatchNorm's, in evaluation (dx in the sums pass;
+    and, affine frozen, dx alone)."""
+    n, side, cl = RELU_MASK_VIEWS[view]
+    c, s = 4, side * side
     rm = torch.tensor([0.37, -1.3, 0.2, 5.1], dtype=torch.float64)
     rv = torch.tensor([0.8, 2.5, 1.0, 0.3], dtype=torch.float64)
-    w = torch.tensor([1.3, -0.7, 0.0, 2.1], dtype=torch.float64)
+    w = torch.tensor([1.3, -0.7, 0.0 if zero_weight else 0.9, 2.1], dtype=torch.float64)
     b = torch.tensor([0.41, -0.23, 0.5, -1.7], dtype=torch.float64)
     # where z = (x - rm) * w / sqrt(rv + eps) + b is 0, then the n * s representable values of the
     # dtype stepping up from 300 below it (the 1/2 * ... for the channel of zero weight: any x)
     x = torch.empty(n, c, s, dtype=torch.float64)
     for ch in range(c):
-        root = rm[ch] - b[ch] * math.sqrt(rv[ch] + 1e-5) / w[ch] if w[ch] != 0 else 0.5
+        root = rm[ch] - b[ch] * math.sqrt(rv[ch] + 1e-5) / w[ch] if w[ch] != 0 else 0.5  # (0.5: any x)
         v = torch.tensor([root], dtype=dtype)
         for _ in range(300):
             v = torch.nextafter(v, torch.tensor([-math.inf], dtype=dtype))
@@ -188,6 +196,8 @@ def test_batch_norm_act_relu_mask_at_its_boundary(dtype, frozen):
     x[0, 0, 5], x[1, 1, 7], x[0, 3, 11], x[1, 3, 13] = math.nan, math.nan, math.inf, -math.inf
     x = x.reshape(n, c, side, side)
     dy = _x(x.shape, dtype, seed=3)
+    if cl:
+        x, dy = x.contiguous(memory_format=CL), dy.contiguous(memory_format=CL)
     p = [t.to(dtype) for t in (rm, rv, w, b)]
 
     def grads(norm):
@@ -197,7 +207,7 @@ def test_batch_norm_act_relu_mask_at_its_boundary(dtype, frozen):
 
     got = grads(lambda x, w, b: NF.batch_norm_act(x, p[0].clone(), p[1].clone(), w, b, False, 0.1, 1e-5, "relu"))
     want = grads(lambda x, w, b: torch.relu(NF.batch_norm(x, p[0].clone(), p[1].clone(), w, b, False, 0.1, 1e-5)))
-    for ch in (0, 1, 3):  # the crossing is inside each channel's values
+    for ch in (0, 1, 3) if zero_weight else range(c):  # the crossing is inside each channel's values
         assert (got[0][:, ch] == 0).sum() > 100 and (got[0][:, ch] > 0).sum() > 100, ch
     for i, (u, v) in enumerate(zip(got, want)):  # (a NaN's payload is not a result: NaN where NaN)
         bits = torch.int64 if u.dtype == torch.float64 else torch.int32 if u.dtype == torch.float32 else torch.int16

@@ -1050,57 +1050,18 @@ constexpr int64_t kSumRun = 16;
 // with x's, 16 KiB of float32 in L1.
 constexpr int64_t kDzPiece = 2048;
 
-// Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
-// (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
-// dx = dy * ea[u].  dy, x, dx: (R, ld) storage at the block's first column; eh, ea: (n,).
-// chunks (given): each chunk's two sums stored there instead, (2, n) values a chunk, in order --
-// for the caller to add in the same order (backward_impl's few row groups).
-template <class S>
-void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub,
-                    const acc_t<S>* eh, const acc_t<S>* ea, double* ty, double* tx, bool fused,
-                    acc_t<S>* chunks = nullptr) {
-  using A = acc_t<S>;
-  std::vector<A> buf(chunks ? 0 : 2 * n);
-  A *s1 = chunks ? chunks : buf.data(), *s2 = s1 + n;
-  if (!chunks) {
-    std::fill(ty, ty + n, 0.0);
-    std::fill(tx, tx + n, 0.0);
-  }
-  for (int64_t r0 = t0; r0 < t1; r0 += sub) {
-    if (chunks && r0 != t0) s1 += 2 * n, s2 += 2 * n;
-    const int64_t r1 = std::min(r0 + sub, t1);
-    std::fill(s1, s1 + 2 * n, A(0));
-    for (int64_t i = r0; i < r1; ++i) {
-      const S *xa = x + i * ld, *ga = dy + i * ld;
-      columns_part<S>(n, [&](int64_t u) {
-        vec<A> g = vload(ga + u);
-        vstore(s1 + u, vload(s1 + u) + g);
-        vstore(s2 + u, vload(s2 + u) + g * (vload(xa + u) - vload(eh + u)));
-      }, [&](int64_t u, int64_t k) {
-        vec<A> g = vload_n(ga + u, k);
-        vstore_n(s1 + u, vload_n(s1 + u, k) + g, k);
-        vstore_n(s2 + u, vload_n(s2 + u, k) + g * (vload_n(xa + u, k) - vload_n(eh + u, k)), k);
-      });
-      if (fused) {
-        S* o = dx + i * ld;
-        columns_part<S>(n, [&](int64_t u) { vstore(o + u, vload(ga + u) * vload(ea + u)); },
-                        [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(ga + u, k) * vload_n(ea + u, k), k); });
-      }
-    }
-    if (!chunks)
-      for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
-  }
-}
-
 // ReLU's derivative read where dy is read (BatchNormAct2d, relu: ReluZ in the header): with the
 // channel's z = (x - h) * a + b, as the forward and nact's dz pass compute it, g = dy where z > 0
 // or z is NaN, +0 where z <= 0 -- the bits of the dz that pass would have stored, so the sums and
 // dx are those of the backward over a written dz, without writing or reading it. Each of the three
 // rounded operations is monotone in x, so with h, a, b finite and a != 0 "z <= 0" is "x <= t"
 // (a > 0) or "x >= t" (a < 0) for one value t of the accumulation type, found once a channel by
-// bisection over the ordered values (relu_kind): one compare a vector instead of four operations
-// (and NaN x, whose z is NaN, fails either compare: dy kept, as with z). Otherwise z itself.
-// K: 0 none (the plain backward), 1 zero where x <= t, 2 where x >= t, 3 where z <= 0.
+// search over the ordered values (relu_kind; from the root h - b / a in float64, a few steps a
+// channel): one compare a vector instead of four operations (and NaN x, whose z is NaN, fails
+// either compare: dy kept, as with z). Otherwise z itself.
+// K: 0 none (the plain backward), 1 zero where x <= t, 2 where x >= t, 3 where z <= 0, 4 where
+// x * a <= t (the rows view's per-column form of 1 and 2: a = +1 or -1, t = the bound or minus it;
+// the product exact).
 template <class A> struct ZRelu {
   vec<A> h, a, b, t;
 };
@@ -1108,6 +1069,18 @@ template <int K, class A> [[gnu::always_inline]] inline vec<A> relu_g(vec<A> g, 
   if constexpr (K == 1) return xv <= z->t ? vzero<A>() : g;
   else if constexpr (K == 2) return xv >= z->t ? vzero<A>() : g;
   else if constexpr (K == 3) return (xv - z->h) * z->a + z->b <= A(0) ? vzero<A>() : g;
+  else if constexpr (K == 4) return xv * z->a <= z->t ? vzero<A>() : g;
+  else return g;
+}
+// The same, columns of per-column constants (sg: +1 or -1, tt): zero where x * sg <= tt
+template <bool R, class A>
+[[gnu::always_inline]] inline vec<A> relu_cols(vec<A> g, vec<A> xv, const A* sg, const A* tt, int64_t u) {
+  if constexpr (R) return xv * vload(sg + u) <= vload(tt + u) ? vzero<A>() : g;
+  else return g;
+}
+template <bool R, class A>
+[[gnu::always_inline]] inline vec<A> relu_cols_n(vec<A> g, vec<A> xv, const A* sg, const A* tt, int64_t u, int64_t k) {
+  if constexpr (R) return xv * vload_n(sg + u, k) <= vload_n(tt + u, k) ? vzero<A>() : g;
   else return g;
 }
 // The kind (1-3) of a channel's constants and its t: "z <= 0" as a bound on x where it is one.
@@ -1118,9 +1091,31 @@ template <class A> int relu_kind(A h, A a, A b, A* t) {
   auto key = [&](A v) { U u; std::memcpy(&u, &v, sizeof u); return (u & sign) ? U(~u) : U(u | sign); };
   auto val = [&](U k) { const U u = (k & sign) ? U(k & ~sign) : U(~k); A v; std::memcpy(&v, &u, sizeof v); return v; };
   auto nonpos = [&](U k) { volatile A v = val(k); return (v - h) * a + b <= A(0); };  // (volatile: as the vectors do)
-  U lo = key(-std::numeric_limits<A>::infinity()), hi = key(std::numeric_limits<A>::infinity());
-  // a > 0: nonpos holds at -inf and fails at +inf, t the last value where it holds; a < 0: the reverse
+  // a > 0: nonpos holds at -inf and fails at +inf, t the last value where it holds; a < 0: the
+  // reverse. "in" = nonpos == up: true at lo, false at hi; the bracket grown from the root's key
+  // by doubling steps, then halved
   const bool up = a > A(0);
+  const U k_lo = key(-std::numeric_limits<A>::infinity()), k_hi = key(std::numeric_limits<A>::infinity());
+  U lo = k_lo, hi = k_hi;
+  const double root = double(h) - double(b) / double(a);
+  if (std::isfinite(root) && std::fabs(root) <= double(std::numeric_limits<A>::max())) {
+    const U k0 = key(A(root));
+    if (nonpos(k0) == up) {
+      lo = k0;
+      for (U step = 1; ; step *= 2) {
+        if (k_hi - lo <= step) break;
+        if (nonpos(lo + step) != up) { hi = lo + step; break; }
+        lo += step;
+      }
+    } else {
+      hi = k0;
+      for (U step = 1; ; step *= 2) {
+        if (hi - k_lo <= step) break;
+        if (nonpos(hi - step) == up) { lo = hi - step; break; }
+        hi -= step;
+      }
+    }
+  }
   while (hi - lo > 1) {
     const U mid = lo + (hi - lo) / 2;
     if (nonpos(mid) == up) lo = mid; else hi = mid;
@@ -1135,6 +1130,48 @@ template <bool R, class F> [[gnu::always_inline]] inline void by_kind(int k, con
     case 1: return f.template operator()<1>();
     case 2: return f.template operator()<2>();
     default: return f.template operator()<3>();
+  }
+}
+
+// Per-column sums of dy (ty) and dy * (x - eh[u]) (tx), float64, of rows t0..t1 of the block
+// (columns 0..n): chunk sums in the accumulation dtype added in chunk order. fused: also
+// dx = dy * ea[u].  dy, x, dx: (R, ld) storage at the block's first column; eh, ea: (n,).
+// chunks (given): each chunk's two sums stored there instead, (2, n) values a chunk, in order --
+// for the caller to add in the same order (backward_impl's few row groups).
+// R: dy read as relu's dz, es / et the columns' relu_cols constants.
+template <class S, bool R = false>
+void task_grad_sums(const S* dy, const S* x, S* dx, int64_t ld, int64_t t0, int64_t t1, int64_t n, int64_t sub,
+                    const acc_t<S>* eh, const acc_t<S>* ea, double* ty, double* tx, bool fused,
+                    acc_t<S>* chunks = nullptr, const acc_t<S>* es = nullptr, const acc_t<S>* et = nullptr) {
+  using A = acc_t<S>;
+  std::vector<A> buf(chunks ? 0 : 2 * n);
+  A *s1 = chunks ? chunks : buf.data(), *s2 = s1 + n;
+  if (!chunks) {
+    std::fill(ty, ty + n, 0.0);
+    std::fill(tx, tx + n, 0.0);
+  }
+  for (int64_t r0 = t0; r0 < t1; r0 += sub) {
+    if (chunks && r0 != t0) s1 += 2 * n, s2 += 2 * n;
+    const int64_t r1 = std::min(r0 + sub, t1);
+    std::fill(s1, s1 + 2 * n, A(0));
+    for (int64_t i = r0; i < r1; ++i) {
+      const S *xa = x + i * ld, *ga = dy + i * ld;
+      S* o = fused ? dx + i * ld : nullptr;
+      // (the fused dx from the vector of dy just summed, not a loop of its own that reads it again)
+      columns_part<S>(n, [&](int64_t u) {
+        const vec<A> xv = vload(xa + u), g = relu_cols<R>(vload(ga + u), xv, es, et, u);
+        vstore(s1 + u, vload(s1 + u) + g);
+        vstore(s2 + u, vload(s2 + u) + g * (xv - vload(eh + u)));
+        if (fused) vstore(o + u, g * vload(ea + u));
+      }, [&](int64_t u, int64_t k) {
+        const vec<A> xv = vload_n(xa + u, k), g = relu_cols_n<R>(vload_n(ga + u, k), xv, es, et, u, k);
+        vstore_n(s1 + u, vload_n(s1 + u, k) + g, k);
+        vstore_n(s2 + u, vload_n(s2 + u, k) + g * (xv - vload_n(eh + u, k)), k);
+        if (fused) vstore_n(o + u, g * vload_n(ea + u, k), k);
+      });
+    }
+    if (!chunks)
+      for (int64_t u = 0; u < n; ++u) { ty[u] += double(s1[u]); tx[u] += double(s2[u]); }
   }
 }
 
@@ -1231,19 +1268,25 @@ inline void grad_x_run(const S* dy, const S* x, S* dx, int64_t len, acc_t<S> f, 
 
 // dx over rows r0..r1, columns c0..c0+n: (a * dy - k2 * (x - hi)) - k0 (train) or dy * a (eval).
 // S == 1: per-column constants (indexed by column - c0); S > 1: planes from channel ch0.
-template <class S>
+// R: dy read as relu's dz, sg / tt relu_cols' constants (indexed as a, hi, ...).
+template <class S, bool R = false>
 void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r1, int64_t c0, int64_t n,
             int64_t s_len, int64_t ch0, int64_t n_ch, const acc_t<S>* a, const acc_t<S>* hi, const acc_t<S>* k2,
-            const acc_t<S>* k0, bool train, bool stream = false) {
+            const acc_t<S>* k0, bool train, bool stream = false, const acc_t<S>* sg = nullptr,
+            const acc_t<S>* tt = nullptr) {
   using A = acc_t<S>;
   for (int64_t i = r0; i < r1; ++i) {
     const S *xr = x + i * width + c0, *gr = dy + i * width + c0;
     S* o = dx + i * width + c0;
     // dx of the vector at column u (s_len == 1)
     auto full_train = [&](int64_t u) {
-      return (vload(a + u) * vload(gr + u) - vload(k2 + u) * (vload(xr + u) - vload(hi + u))) - vload(k0 + u);
+      const vec<A> xv = vload(xr + u), g = relu_cols<R>(vload(gr + u), xv, sg, tt, u);
+      return (vload(a + u) * g - vload(k2 + u) * (xv - vload(hi + u))) - vload(k0 + u);
     };
-    auto full_eval = [&](int64_t u) { return vload(gr + u) * vload(a + u); };
+    auto full_eval = [&](int64_t u) {
+      if constexpr (R) return relu_cols<R>(vload(gr + u), vload(xr + u), sg, tt, u) * vload(a + u);
+      else return vload(gr + u) * vload(a + u);
+    };
     if (stream) {  // (s_len == 1, rows of whole lines: n a multiple of the lanes)
       if (train)
         for (int64_t u = 0; u < n; u += vlanes<S>) vstream(o + u, full_train(u));
@@ -1252,17 +1295,27 @@ void grad_x(const S* dy, const S* x, S* dx, int64_t width, int64_t r0, int64_t r
     } else if (s_len == 1) {
       if (train)
         columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_train(u)); }, [&](int64_t u, int64_t k) {
-          const vec<A> v = (vload_n(a + u, k) * vload_n(gr + u, k) - vload_n(k2 + u, k) * (vload_n(xr + u, k) - vload_n(hi + u, k))) -
-                           vload_n(k0 + u, k);
+          const vec<A> xv = vload_n(xr + u, k), g = relu_cols_n<R>(vload_n(gr + u, k), xv, sg, tt, u, k);
+          const vec<A> v = (vload_n(a + u, k) * g - vload_n(k2 + u, k) * (xv - vload_n(hi + u, k))) - vload_n(k0 + u, k);
           vstore_n(o + u, v, k);
         });
       else
-        columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_eval(u)); },
-                        [&](int64_t u, int64_t k) { vstore_n(o + u, vload_n(gr + u, k) * vload_n(a + u, k), k); });
+        columns_part<S>(n, [&](int64_t u) { vstore(o + u, full_eval(u)); }, [&](int64_t u, int64_t k) {
+          if constexpr (R)
+            vstore_n(o + u, relu_cols_n<R>(vload_n(gr + u, k), vload_n(xr + u, k), sg, tt, u, k) * vload_n(a + u, k), k);
+          else
+            vstore_n(o + u, vload_n(gr + u, k) * vload_n(a + u, k), k);
+        });
     } else {
       int64_t c = ch0;
       for (int64_t p0 = 0; p0 < n; p0 += s_len) {
-        grad_x_run(gr + p0, xr + p0, o + p0, s_len, a[c], hi[c], k2[c], k0[c], train);
+        if constexpr (R) {
+          ZRelu<A> zr;
+          zr.a = vset1(sg[c]), zr.t = vset1(tt[c]);
+          grad_x_run<S, 4>(gr + p0, xr + p0, o + p0, s_len, a[c], hi[c], k2[c], k0[c], train, false, &zr);
+        } else {
+          grad_x_run(gr + p0, xr + p0, o + p0, s_len, a[c], hi[c], k2[c], k0[c], train);
+        }
         c = c + 1 < n_ch ? c + 1 : 0;
       }
     }
@@ -1421,16 +1474,29 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
   over_planes(n * n_ch, s_len, n_ch, dx_channel);
 }
 
-template <class S>
-void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
+// R (relu given): false, before any work, where a channel's mask is not a bound on x (relu_kind
+// 3: constants not finite, or a == 0) -- the caller then writes dz first; the planes view takes
+// every channel (kind 3 there: z itself).
+template <class S, bool R>
+bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, double* dw, double* db, View v,
                    bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs, const ReluZ* relu) {
   using A = acc_t<S>;
   if (takes_planes(v, sizeof(S) == 2 && (train || need_wb))) {
-    if (relu) return backward_planes<S, true>(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, nullptr, relu);
-    return backward_planes<S, false>(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, dy_runs, nullptr);
+    backward_planes<S, R>(dy, x, dx, w, stats, dw, db, v, train, need_dx, need_wb, R ? nullptr : dy_runs, relu);
+    return true;
   }
-  if (relu) throw std::logic_error("normlab batch_norm backward: relu's mask is read in the planes view only");
   const int64_t n_ch = v.n_ch, s_len = v.s_len, period = n_ch * s_len;
+  // R: each channel's relu_cols constants, sg (+1 or -1) and tt (zero where x * sg <= tt)
+  Scratch<A> rs(R ? 2 * n_ch : 0);
+  A *rsg = rs.get(), *rtt = rsg + (R ? n_ch : 0);
+  if constexpr (R)
+    for (int64_t c = 0; c < n_ch; ++c) {
+      A t;
+      const int kd = relu_kind(A(relu->hi[c]), A(relu->a[c]), A(relu->b[c]), &t);
+      if (kd == 3) return false;
+      rsg[c] = kd == 1 ? A(1) : A(-1);
+      rtt[c] = kd == 1 ? t : -t;
+    }
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
   const int64_t rows = g.sub * g.group, n_rg = cdiv(n_rows, rows);
@@ -1474,7 +1540,7 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       }
       double* ty = pdy + sp.g * width + sp.c0;
       double* tx = pdx + sp.g * width + sp.c0;
-      Scratch<A> eh(sp.n), ea(sp.n);  // per column: hi, a of its channel
+      Scratch<A> eh(sp.n), ea(sp.n), es(R ? sp.n : 0), et(R ? sp.n : 0);  // per column: hi, a (sg, tt) of its channel
       // (runs of S columns a channel, the first from column c0: an integer division a column was
       // half of BatchNorm2d(192)'s 9x192x8x8 evaluation backward, 104 -> 57 us)
       const int64_t q = sp.c0 % period;
@@ -1482,11 +1548,15 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       for (int64_t u = 0, m = std::min(sp.n, s_len - q % s_len); u < sp.n; u += m, m = std::min(sp.n - u, s_len)) {
         std::fill(eh.get() + u, eh.get() + u + m, k.hi[c]);
         std::fill(ea.get() + u, ea.get() + u + m, k.a[c]);
+        if constexpr (R) {
+          std::fill(es.get() + u, es.get() + u + m, rsg[c]);
+          std::fill(et.get() + u, et.get() + u + m, rtt[c]);
+        }
         if (++c == n_ch) c = 0;
       }
-      task_grad_sums(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, kSumRun, eh.get(),
-                     ea.get(), ty, tx, fused, cs);
-      if (!local) return;
+      task_grad_sums<S, R>(dy + sp.c0, x + sp.c0, dx ? dx + sp.c0 : nullptr, width, sp.r0, sp.r1, sp.n, kSumRun,
+                           eh.get(), ea.get(), ty, tx, fused, cs, es.get(), et.get());
+      if (!local) return;  // (a task: returns nothing)
       // whole channels, every row: finish them here, then dx while in cache
       const int64_t ch0 = sp.c0 / s_len;
       for (int64_t c = ch0; c < ch0 + sp.n / s_len; ++c) {
@@ -1496,11 +1566,11 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       }
       if (need_dx && !fused) {
         const int64_t off = s_len == 1 ? sp.c0 : 0;
-        grad_x(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off, k.k2 + off,
-               k.k0 + off, train);
+        grad_x<S, R>(dy, x, dx, width, sp.r0, sp.r1, sp.c0, sp.n, s_len, ch0, n_ch, k.a + off, k.hi + off,
+                     k.k2 + off, k.k0 + off, train, false, rsg + off, rtt + off);
       }
     });
-    if (local) return;
+    if (local) return true;
     if (by_chunks) {  // each group's chunk sums in chunk order, as one task would (columns in blocks)
       constexpr int64_t kCols = 256;
       run_tasks(n_rg * cdiv(width, kCols), cpg * 2 * kCols, [&](int64_t t) {
@@ -1526,13 +1596,15 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       finish(c, sy, sx);
     }
   }
-  if (!need_dx || fused) return;
+  if (!need_dx || fused) return true;
   const bool tile = s_len == 1 && width != n_ch;
   Scratch<A> t1(tile ? width : 0), t2(tile ? width : 0), t3(tile ? width : 0), t4(tile ? width : 0);
-  const A *pa = k.a, *ph = k.hi, *p2 = k.k2, *p0 = k.k0;
+  Scratch<A> t5(tile && R ? width : 0), t6(tile && R ? width : 0);
+  const A *pa = k.a, *ph = k.hi, *p2 = k.k2, *p0 = k.k0, *ps = rsg, *pt = rtt;
   if (tile) {
     pa = tiled(k.a, n_ch, width, t1.get()); ph = tiled(k.hi, n_ch, width, t2.get());
     p2 = tiled(k.k2, n_ch, width, t3.get()); p0 = tiled(k.k0, n_ch, width, t4.get());
+    if constexpr (R) ps = tiled(rsg, n_ch, width, t5.get()), pt = tiled(rtt, n_ch, width, t6.get());
   }
   // rows of whole cache lines (channels-last): dx streamed where the pass's arrays pass half the LLC
   const bool stream = s_len == 1 && (width * int64_t(sizeof(S))) % 64 == 0 &&
@@ -1540,8 +1612,9 @@ void backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
                       streams_output((train ? 3 : 2) * n_rows * width * int64_t(sizeof(S)));
   run_tasks(n_tasks(n_rows, width, rows, g.cw, 1), constants().phase1_values, [&](int64_t task) {
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
-    grad_x(dy, x, dx, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, pa, ph, p2, p0, train, stream);
+    grad_x<S, R>(dy, x, dx, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, pa, ph, p2, p0, train, stream, ps, pt);
   });
+  return true;
 }
 
 }  // namespace
@@ -1578,13 +1651,19 @@ bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb) {
   return takes_planes(v, half && (train || need_wb));
 }
 
-void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
+bool backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
               View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs, const ReluZ* relu) {
+  bool done = false;
   by_dtype(dt, [&](auto s) {
     using S = decltype(s);
-    backward_impl<S>(static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<S*>(dx), w, stats, dw, db, v,
-                     train, need_dx, need_wb, dy_runs, relu);
+    auto run = [&]<bool R>() {
+      done = backward_impl<S, R>(static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<S*>(dx), w, stats,
+                                 dw, db, v, train, need_dx, need_wb, dy_runs, relu);
+    };
+    if (relu) run.template operator()<true>();
+    else run.template operator()<false>();
   });
+  return done;
 }
 
 void update_running(MutChan rm, MutChan rv, const double* mean, const double* var, int64_t n_ch, int64_t n,

@@ -107,16 +107,18 @@ bool streams_planes(Dt dt, int64_t n_planes, int64_t s_len);
 // the task that reads them (a task's scratch where only that task reads them again). Only the
 // planes view takes it (backward_takes_planes); elsewhere the caller writes the whole of dy first.
 using DyRuns = std::function<void(int64_t, int64_t, int64_t, void*)>;
-// relu (BatchNormAct2d with ReLU, the planes view only): dy is the layer's own gradient and each
-// value is read as relu's dz -- dy where z = (x - hi[c]) * a[c] + b[c] (each constant rounded once
-// to the accumulation type, as nact's passes compute z) is > 0 or NaN, +0 where it is <= 0 --
-// computed where dy is read, in the sums and in dx: no dz written, dy and x read as the plain
-// backward reads them. (C,) float64 each.
+// relu (BatchNormAct2d with ReLU): dy is the layer's own gradient and each value is read as
+// relu's dz -- dy where z = (x - hi[c]) * a[c] + b[c] (each constant rounded once to the
+// accumulation type, as nact's passes compute z) is > 0 or NaN, +0 where it is <= 0 -- computed
+// where dy is read, in the sums and in dx: no dz written, dy and x read as the plain backward
+// reads them. (C,) float64 each. backward returns false, having done nothing, where it cannot
+// (the rows view with a channel whose constants are not finite or whose a is 0): the caller then
+// writes dz and calls again without relu. Otherwise (and without relu) it returns true.
 struct ReluZ {
   const double *hi, *a, *b;
 };
 bool backward_takes_planes(Dt dt, View v, bool train, bool need_wb);
-void backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
+bool backward(Dt dt, const void* dy, const void* x, void* dx, Chan w, const double* stats, double* dw, double* db,
               View v, bool train, bool need_dx, bool need_wb, const DyRuns* dy_runs = nullptr,
               const ReluZ* relu = nullptr);
 
