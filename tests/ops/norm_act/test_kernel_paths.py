@@ -216,6 +216,62 @@ def test_batch_norm_act_relu_mask_at_its_boundary(view, dtype, frozen, zero_weig
         assert torch.equal(u.view(bits)[~nan], v.view(bits)[~nan]), (dtype, frozen, i)
 
 
+@pytest.mark.parametrize("nan", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_group_norm_act_relu_mask_at_its_boundary(dtype, nan):
+    """GroupNorm's backward (NCHW group rows of at least 512 values a channel) reads relu's mask as
+    "x * sign <= t" a sample and channel in place of z = (x - mean) * (rstd * w) + b <= 0. Oracle:
+    that z computed here in the accumulation dtype, op by op, dz = dy where z > 0 (or NaN) and +0
+    elsewhere, and GroupNorm's own backward over dz -- bit for bit. Channels 1 and 3 (groups of
+    two) step through 576 consecutive values of the dtype across z's zero, one group of negative
+    weight; nan: a NaN in the input, whose group's statistics are NaN (no bound: dz written first)."""
+    ops = torch.ops.normlab
+    n, c, g, side = 2, 4, 2, 24
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    w = torch.tensor([0.8, 1.3, -0.6, -1.1], dtype=dtype)
+    b = torch.tensor([0.2, 0.41, -0.3, 0.25], dtype=dtype)
+    x = _x((n, c, side, side), torch.float64).reshape(n, c, -1)
+
+    def consts(mean, rstd):  # nact's z constants a (sample, channel), each rounded once to acc
+        m = mean.reshape(n, g, 1).expand(n, g, c // g).reshape(n, c, 1).to(acc)
+        r = rstd.reshape(n, g, 1).expand(n, g, c // g).reshape(n, c, 1).double()
+        return m, (r * w.double().reshape(1, c, 1)).to(acc), b.double().reshape(1, c, 1).to(acc)
+
+    bits_of = {torch.float64: torch.int64, torch.float32: torch.int32}.get(dtype, torch.int16)
+    top = torch.iinfo(bits_of).min  # the sign bit
+
+    def around(root):  # 576 consecutive values of dtype from 300 below root, in order
+        k = root.view(bits_of).long()
+        k = torch.where(k >= 0, k, -(k - top) - 1) - 300 + torch.arange(side * side)  # ordered keys
+        return torch.where(k >= 0, k, (-k - 1) + top).to(bits_of).view(dtype).double()
+
+    for _ in range(100):  # the boundary channels' values around z's zero and the statistics they give
+        _, mean, rstd = ops.group_norm_act_fwd(x.to(dtype).reshape(n, c, side, side), w, b, g, 1e-5, 1, 0.0)
+        m, a, b2 = consts(mean, rstd)
+        for i in range(n):
+            for ch in (1, 3):
+                x[i, ch] = around(torch.tensor([m[i, ch, 0].item() - b2[0, ch, 0].item() / a[i, ch, 0].item()],
+                                               dtype=dtype))
+    x = x.to(dtype)
+    if nan:
+        x[1, 0, 3] = math.nan
+    x = x.reshape(n, c, side, side)
+    dy = _x(x.shape, dtype, seed=3)
+    y, mean, rstd = ops.group_norm_act_fwd(x, w, b, g, 1e-5, 1, 0.0)
+    got = ops.group_norm_act_bwd(dy, x, w, b, mean, rstd, g, 1, 0.0, True)
+    m, a, b2 = consts(mean, rstd)
+    z = (x.reshape(n, c, -1).to(acc) - m) * a + b2
+    dz = torch.where(z <= 0, torch.zeros_like(dy.reshape(n, c, -1)), dy.reshape(n, c, -1)).reshape(x.shape)
+    want = ops.group_norm_bwd(dz, x, w, mean, rstd, g, True)
+    for i, ch in [(0, 1), (0, 3), (1, 3)] + ([] if nan else [(1, 1)]):  # z crosses 0 inside (but NaN's group)
+        assert (z[i, ch] <= 0).sum() > 100 and (z[i, ch] > 0).sum() > 100, (i, ch)
+    for i, (u, v) in enumerate(zip(got, want)):  # (a NaN's payload is not a result: NaN where NaN)
+        bits = torch.int64 if u.dtype == torch.float64 else torch.int32 if u.dtype == torch.float32 else torch.int16
+        isnan = u.isnan()
+        assert torch.equal(isnan, v.isnan()), (dtype, nan, i)
+        assert torch.equal(u.view(bits)[~isnan], v.view(bits)[~isnan]), (dtype, nan, i)
+
+
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
 @pytest.mark.parametrize("path", ["planes, parts", "planes, a task a channel", "channels_last rows"])
 def test_batch_norm_act_gradients_with_an_activation(path, act):

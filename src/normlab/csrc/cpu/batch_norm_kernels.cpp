@@ -46,6 +46,7 @@
 #include "numerics/chunks.h"
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
+#include "numerics/relu_bound.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -1083,46 +1084,6 @@ template <bool R, class A>
   if constexpr (R) return xv * vload_n(sg + u, k) <= vload_n(tt + u, k) ? vzero<A>() : g;
   else return g;
 }
-// The kind (1-3) of a channel's constants and its t: "z <= 0" as a bound on x where it is one.
-template <class A> int relu_kind(A h, A a, A b, A* t) {
-  using U = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
-  constexpr U sign = U(1) << (8 * sizeof(A) - 1);
-  if (!std::isfinite(h) || !std::isfinite(a) || !std::isfinite(b) || a == A(0)) return 3;
-  auto key = [&](A v) { U u; std::memcpy(&u, &v, sizeof u); return (u & sign) ? U(~u) : U(u | sign); };
-  auto val = [&](U k) { const U u = (k & sign) ? U(k & ~sign) : U(~k); A v; std::memcpy(&v, &u, sizeof v); return v; };
-  auto nonpos = [&](U k) { volatile A v = val(k); return (v - h) * a + b <= A(0); };  // (volatile: as the vectors do)
-  // a > 0: nonpos holds at -inf and fails at +inf, t the last value where it holds; a < 0: the
-  // reverse. "in" = nonpos == up: true at lo, false at hi; the bracket grown from the root's key
-  // by doubling steps, then halved
-  const bool up = a > A(0);
-  const U k_lo = key(-std::numeric_limits<A>::infinity()), k_hi = key(std::numeric_limits<A>::infinity());
-  U lo = k_lo, hi = k_hi;
-  const double root = double(h) - double(b) / double(a);
-  if (std::isfinite(root) && std::fabs(root) <= double(std::numeric_limits<A>::max())) {
-    const U k0 = key(A(root));
-    if (nonpos(k0) == up) {
-      lo = k0;
-      for (U step = 1; ; step *= 2) {
-        if (k_hi - lo <= step) break;
-        if (nonpos(lo + step) != up) { hi = lo + step; break; }
-        lo += step;
-      }
-    } else {
-      hi = k0;
-      for (U step = 1; ; step *= 2) {
-        if (hi - k_lo <= step) break;
-        if (nonpos(hi - step) == up) { lo = hi - step; break; }
-        hi -= step;
-      }
-    }
-  }
-  while (hi - lo > 1) {
-    const U mid = lo + (hi - lo) / 2;
-    if (nonpos(mid) == up) lo = mid; else hi = mid;
-  }
-  *t = val(up ? lo : hi);
-  return up ? 1 : 2;
-}
 // f<K>() for a channel's kind k; without relu (R false) f<0>() alone, no other kind compiled in
 template <bool R, class F> [[gnu::always_inline]] inline void by_kind(int k, const F& f) {
   if constexpr (!R) return f.template operator()<0>();
@@ -1351,7 +1312,7 @@ void backward_planes(const S* dy, const S* x, S* dx, const Chan& w, const double
     for (int64_t c = 0; c < n_ch; ++c) {
       A* q = zs.get() + 4 * c;
       q[0] = A(relu->hi[c]), q[1] = A(relu->a[c]), q[2] = A(relu->b[c]), q[3] = A(0);
-      zk.get()[c] = relu_kind(q[0], q[1], q[2], q + 3);
+      zk.get()[c] = act::relu_kind(q[0], q[1], q[2], q + 3);
     }
   auto zc = [&](int64_t c) {  // (R only: the plain backward builds no vectors a run)
     const A* q = zs.get() + 4 * c;
@@ -1492,7 +1453,7 @@ bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   if constexpr (R)
     for (int64_t c = 0; c < n_ch; ++c) {
       A t;
-      const int kd = relu_kind(A(relu->hi[c]), A(relu->a[c]), A(relu->b[c]), &t);
+      const int kd = act::relu_kind(A(relu->hi[c]), A(relu->a[c]), A(relu->b[c]), &t);
       if (kd == 3) return false;
       rsg[c] = kd == 1 ? A(1) : A(-1);
       rtt[c] = kd == 1 ? t : -t;

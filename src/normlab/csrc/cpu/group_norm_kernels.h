@@ -52,10 +52,19 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // those rows just before it reads them, a block of rows of at most kScratchValues values at a
 // time, so that they are still in cache for their sums and dx (all rows first, in tasks of their
 // own, for long rows and `fixed`).
+// relu (GroupNormAct with ReLU): the layer's own dy and nact's z constants, (N, C) float64 each;
+// where every (sample, channel)'s "z <= 0" is a bound on x (numerics/relu_bound.h) and the rows
+// are neither long (more than kScratchValues values a channel) nor short (under 512) nor `fixed`,
+// bwd_rows reads relu->dy as relu's dz in its sums and dx (no dz written); otherwise it takes dy
+// and dy_rows as given.
+struct ReluDy {
+  const void* dy;
+  const double *hi, *a, *b;
+};
 template <class S>
 void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
               acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed,
-              const std::function<void(int64_t, int64_t)>* dy_rows = nullptr);
+              const std::function<void(int64_t, int64_t)>* dy_rows = nullptr, const ReluDy* relu = nullptr);
 
 // Backward of NHWC x (N, S, C), any S (S == 1: each group's Cg channels contiguous).
 template <class S>

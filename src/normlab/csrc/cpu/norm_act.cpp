@@ -304,6 +304,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
                  a.data() + r0 * cg, b2.data() + r0 * cg, (r1 - r0) * cg,
                  nact::Layout{true, (r1 - r0) * cg, sh.s, (r1 - r0) * cg, 0}, int(act), act_param, false);
   };
+  const group_norm::ReluDy relu{dy.const_data_ptr(), hi.data(), a.data(), b2.data()};
   if (nhwc)  // (rows of C channels, one row of constants a sample)
     nact::grad_z(dtn, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(),
                  sh.n * sh.c, nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}, int(act), act_param);
@@ -318,9 +319,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
     if (nhwc)
       group_norm::bwd_nhwc<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
                               sh.n, sh.c, g, sh.s);
-    else
+    else  // (relu: its mask read beside dy where bwd_rows can, group_norm::ReluDy; else dz_rows)
       group_norm::bwd_rows<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
-                              sh.n, sh.c, g, sh.s, false, &dz_rows);
+                              sh.n, sh.c, g, sh.s, false, &dz_rows, act == kActRelu ? &relu : nullptr);
   });
   return {need_dx ? dx : at::empty({0}, x.options()), dw, db};
 }
