@@ -1070,18 +1070,18 @@ template <int K, class A> [[gnu::always_inline]] inline vec<A> relu_g(vec<A> g, 
   if constexpr (K == 1) return xv <= z->t ? vzero<A>() : g;
   else if constexpr (K == 2) return xv >= z->t ? vzero<A>() : g;
   else if constexpr (K == 3) return (xv - z->h) * z->a + z->b <= A(0) ? vzero<A>() : g;
-  else if constexpr (K == 4) return xv * z->a <= z->t ? vzero<A>() : g;
+  else if constexpr (K == 4) return act::relu_masked<true>(g, xv, z->a, z->t);
   else return g;
 }
-// The same, columns of per-column constants (sg: +1 or -1, tt): zero where x * sg <= tt
+// The same, columns of per-column constants (sg, tt: act::relu_sign_bound's) at column u
 template <bool R, class A>
 [[gnu::always_inline]] inline vec<A> relu_cols(vec<A> g, vec<A> xv, const A* sg, const A* tt, int64_t u) {
-  if constexpr (R) return xv * vload(sg + u) <= vload(tt + u) ? vzero<A>() : g;
+  if constexpr (R) return act::relu_masked<true>(g, xv, vload(sg + u), vload(tt + u));
   else return g;
 }
 template <bool R, class A>
 [[gnu::always_inline]] inline vec<A> relu_cols_n(vec<A> g, vec<A> xv, const A* sg, const A* tt, int64_t u, int64_t k) {
-  if constexpr (R) return xv * vload_n(sg + u, k) <= vload_n(tt + u, k) ? vzero<A>() : g;
+  if constexpr (R) return act::relu_masked<true>(g, xv, vload_n(sg + u, k), vload_n(tt + u, k));
   else return g;
 }
 // f<K>() for a channel's kind k; without relu (R false) f<0>() alone, no other kind compiled in
@@ -1451,13 +1451,8 @@ bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   Scratch<A> rs(R ? 2 * n_ch : 0);
   A *rsg = rs.get(), *rtt = rsg + (R ? n_ch : 0);
   if constexpr (R)
-    for (int64_t c = 0; c < n_ch; ++c) {
-      A t;
-      const int kd = act::relu_kind(A(relu->hi[c]), A(relu->a[c]), A(relu->b[c]), &t);
-      if (kd == 3) return false;
-      rsg[c] = kd == 1 ? A(1) : A(-1);
-      rtt[c] = kd == 1 ? t : -t;
-    }
+    for (int64_t c = 0; c < n_ch; ++c)
+      if (!act::relu_sign_bound(A(relu->hi[c]), A(relu->a[c]), A(relu->b[c]), rsg + c, rtt + c)) return false;
   const Geometry g = geometry(v.n_rows, v.width, s_len, constants().local_elems / 2);
   const int64_t n_rows = v.n_rows / g.fold, width = v.width * g.fold;
   const int64_t rows = g.sub * g.group, n_rg = cdiv(n_rows, rows);

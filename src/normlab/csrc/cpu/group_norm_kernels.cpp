@@ -40,7 +40,7 @@ inline void affine_channels(const S* x, S* y, int64_t n, acc_t<S> shift, acc_t<S
 // dx[j] = (dy[j] * a - (x[j] - m) * t3) - t2 over a run of n values (one channel); Stream: its
 // aligned vectors stored past the caches (numerics/stream.h; fence_streams() before the values
 // are read by another thread), the same bits.
-// R: dy read as relu's dz (group_norm_sums.h, relu_dy; sg, tt the channel's).
+// R: dy read as relu's dz (numerics/relu_bound.h, relu_masked; sg, tt the channel's).
 template <class S, bool Stream, bool R = false>
 inline void grad_run_as(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, acc_t<S> a, acc_t<S> t2, acc_t<S> t3,
                         acc_t<S> sg = 0, acc_t<S> tt = 0) {
@@ -50,13 +50,13 @@ inline void grad_run_as(const S* dy, const S* x, S* dx, int64_t n, acc_t<S> m, a
   int64_t j = 0;
   for (; j + L <= n; j += L) {
     const vec<A> xv = vload(x + j);
-    const vec<A> v = (relu_dy<R, A>(vload(dy + j), xv, vs, vt) * va - (xv - vm) * v3) - v2;
+    const vec<A> v = (act::relu_masked<R>(vload(dy + j), xv, vs, vt) * va - (xv - vm) * v3) - v2;
     if constexpr (Stream) vstream(dx + j, v);
     else vstore(dx + j, v);
   }
   for (; j < n; ++j) {
     const A xs = to_acc(x[j]);
-    dx[j] = from_acc<S>((relu_dy1<R, A>(to_acc(dy[j]), xs, sg, tt) * a - (xs - m) * t3) - t2);
+    dx[j] = from_acc<S>((act::relu_masked<R>(to_acc(dy[j]), xs, sg, tt) * a - (xs - m) * t3) - t2);
   }
 }
 template <class S, bool R = false>
@@ -570,7 +570,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 //   dw[c] = sum_{n,s} dy * x_hat,  db[c] = sum_{n,s} dy
 // ("InstanceNorm is the case G = C": fixed statistics keep term 1 only).
 // dw/db: each row writes its per-(n, c) sums into (N, C) partials, merged over n in order in float64.
-// R: dy is relu's dz read through rb, (N * C) pairs (sg, tt) of group_norm_sums.h's relu_dy.
+// R: dy is relu's dz read through rb, (N * C) pairs (sg, tt): act::relu_sign_bound's.
 template <class S, bool R>
 void bwd_rows_as(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
                  acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed,
@@ -657,13 +657,8 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   if (relu != nullptr && !fixed && ns <= kScratchValues && ns >= 512) {
     std::vector<A> rb(2 * n * c);  // per (sample, channel): sg, tt
     bool bounds = true;
-    for (int64_t q = 0; q < n * c && bounds; ++q) {
-      A t;
-      const int kd = act::relu_kind(A(relu->hi[q]), A(relu->a[q]), A(relu->b[q]), &t);
-      bounds = kd != 3;
-      rb[2 * q] = kd == 1 ? A(1) : A(-1);
-      rb[2 * q + 1] = kd == 1 ? t : -t;
-    }
+    for (int64_t q = 0; q < n * c && bounds; ++q)
+      bounds = act::relu_sign_bound(A(relu->hi[q]), A(relu->a[q]), A(relu->b[q]), &rb[2 * q], &rb[2 * q + 1]);
     if (bounds)
       return bwd_rows_as<S, true>(static_cast<const S*>(relu->dy), x, w, mean, rstd, dx, dw, db, n, c, g, ns, false,
                                   nullptr, rb.data());

@@ -11,6 +11,7 @@
 
 #include "numerics/activation.h"
 #include "numerics/chunks.h"
+#include "numerics/relu_bound.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -52,17 +53,9 @@ template <class S> inline std::pair<acc_t<S>, acc_t<S>> grad_sums(const S* dy, c
 // grad_sums and, third, sum (x - m): with m the group's mean rounded to A, mean(x - m) over the
 // group is what that rounding left out (up to ulp(m) / 2: 5e-4 at a mean of 1e4), which the
 // backward adds back (group_norm_kernels.cpp, bwd_rows). The first two sums as grad_sums's.
-// R (GroupNormAct, relu): dy read as relu's dz, +0 where x * sg <= tt (numerics/relu_bound.h:
-// sg = +1 or -1, tt the bound or minus it, per channel of the row; the product exact).
+// R (GroupNormAct, relu): dy read as relu's dz, +0 where x * sg <= tt (numerics/relu_bound.h,
+// relu_masked; sg, tt the channel's relu_sign_bound).
 template <class S> struct GradSums3 { acc_t<S> dy, dyx, x; };
-template <bool R, class A> [[gnu::always_inline]] inline vec<A> relu_dy(vec<A> g, vec<A> xv, vec<A> sg, vec<A> tt) {
-  if constexpr (R) return xv * sg <= tt ? vzero<A>() : g;
-  else return g;
-}
-template <bool R, class A> [[gnu::always_inline]] inline A relu_dy1(A g, A xv, A sg, A tt) {
-  if constexpr (R) return xv * sg <= tt ? A(0) : g;
-  else return g;
-}
 template <class S, bool R = false>
 inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64_t n, acc_t<S> m, acc_t<S> sg = 0, acc_t<S> tt = 0) {
   using A = acc_t<S>;
@@ -72,7 +65,7 @@ inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64_t n, acc_t<S> m, a
   int64_t j = 0;
   for (; j + 2 * L <= n; j += 2 * L) {
     const vec<A> x0 = vload(x + j), x1 = vload(x + j + L);
-    const vec<A> g0 = relu_dy<R, A>(vload(dy + j), x0, vs, vt), g1 = relu_dy<R, A>(vload(dy + j + L), x1, vs, vt);
+    const vec<A> g0 = act::relu_masked<R>(vload(dy + j), x0, vs, vt), g1 = act::relu_masked<R>(vload(dy + j + L), x1, vs, vt);
     const vec<A> d0 = x0 - vm, d1 = x1 - vm;
     a0 += g0;
     a1 += g1;
@@ -82,7 +75,7 @@ inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64_t n, acc_t<S> m, a
     c1 += d1;
   }
   if (j + L <= n) {
-    const vec<A> x0 = vload(x + j), g0 = relu_dy<R, A>(vload(dy + j), x0, vs, vt);
+    const vec<A> x0 = vload(x + j), g0 = act::relu_masked<R>(vload(dy + j), x0, vs, vt);
     const vec<A> d0 = x0 - vm;
     a0 += g0;
     b0 += g0 * d0;
@@ -92,7 +85,7 @@ inline GradSums3<S> grad_sums3(const S* dy, const S* x, int64_t n, acc_t<S> m, a
   A s1 = hsum<A>(a0 + a1), s2 = hsum<A>(b0 + b1), s3 = hsum<A>(c0 + c1);
   for (; j < n; ++j) {
     const A xs = to_acc(x[j]);
-    A g = relu_dy1<R, A>(to_acc(dy[j]), xs, sg, tt), d = xs - m;
+    A g = act::relu_masked<R>(to_acc(dy[j]), xs, sg, tt), d = xs - m;
     s1 += g;
     s2 += g * d;
     s3 += d;

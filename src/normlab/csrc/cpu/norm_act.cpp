@@ -163,10 +163,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_bwd_cpu(
   const bool planes = bn::backward_takes_planes(dt, v, training, need_wb);
   const bn::ReluZ rz{hi.data(), a.data(), b2.data()};
   // relu: its mask read beside dy and x (bn::ReluZ), where BatchNorm's backward can (it says)
-  if (act == kActRelu && bn::backward(dt, dy.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+  const bool relu_done = act == kActRelu &&
+                         bn::backward(dt, dy.const_data_ptr(), x.const_data_ptr(), need_dx ? dx.data_ptr() : nullptr,
                                       chan(w, c, "weight"), st.const_data_ptr<double>(), sums.data(), sums.data() + c,
-                                      v, training, need_dx, need_wb, nullptr, &rz)) {
-  } else {
+                                      v, training, need_dx, need_wb, nullptr, &rz);
+  if (!relu_done) {
     const bn::DyRuns dz_runs = planes && v.s_len * x.element_size() >= kDzRunBytes
         ? nact::grad_z_runs(dt, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(), c,
                             int(act), act_param)

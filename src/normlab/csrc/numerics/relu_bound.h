@@ -57,4 +57,21 @@ template <class A> int relu_kind(A h, A a, A b, A* t) {
   return up ? 1 : 2;
 }
 
+// Kinds 1 and 2 as one form for per-column or per-channel constants: "z <= 0" is x * sg <= tt
+// (sg = +1 or -1, tt = t or -t: the product exact). False where relu_kind says 3 (no bound).
+template <class A> bool relu_sign_bound(A h, A a, A b, A* sg, A* tt) {
+  A t;
+  const int kind = relu_kind(h, a, b, &t);
+  *sg = kind == 1 ? A(1) : A(-1);
+  *tt = kind == 1 ? t : -t;
+  return kind != 3;
+}
+
+// dy read as relu's dz in that form: +0 where x * sg <= tt, else dy (a NaN x keeps dy). V: a vector
+// of the accumulation type (GCC's vector extension: the compare and select lane by lane) or A.
+template <bool R, class V> [[gnu::always_inline]] inline V relu_masked(V g, V xv, V sg, V tt) {
+  if constexpr (R) return xv * sg <= tt ? V{} : g;
+  else return g;
+}
+
 }  // namespace normlab::act
