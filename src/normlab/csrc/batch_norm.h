@@ -105,9 +105,9 @@ void batch_norm_update_entry(const at::Tensor& running_mean, const at::Tensor& r
 // everywhere); set returns the previous values.
 std::map<std::string, int64_t> kernel_constants();
 std::map<std::string, int64_t> set_kernel_constants(const std::map<std::string, int64_t>& values);
-// (fold, cw, sub, group, local) of the kernels' view (n_rows, width) with S = s_len; backward:
-// the backward's (half the local size: it reads x and dy).
-std::tuple<int64_t, int64_t, int64_t, int64_t, bool> kernel_geometry(int64_t n_rows, int64_t width, int64_t s_len,
-                                                                     bool backward);
+// (fold, cw, sub, group, local, tail) of the kernels' view (n_rows, width) with S = s_len;
+// backward: the backward's (half the local size: it reads x and dy).
+std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t> kernel_geometry(int64_t n_rows, int64_t width,
+                                                                              int64_t s_len, bool backward);
 
 }  // namespace normlab::batch_norm

@@ -76,7 +76,7 @@ void bind_batch_norm(py::module_& m) {
   m.def("batch_norm_update", &batch_norm_update_entry, "running statistics blended in place (eager)");
   m.def("batch_norm_constants", &kernel_constants, "the BatchNorm kernels' geometry constants");
   m.def("batch_norm_set_constants", &set_kernel_constants, "set geometry constants (tests); returns the old ones");
-  m.def("batch_norm_geometry", &kernel_geometry, "(fold, cw, sub, group, local) of a (n_rows, width) view, S");
+  m.def("batch_norm_geometry", &kernel_geometry, "(fold, cw, sub, group, local, tail) of a (n_rows, width) view, S");
 }
 
 void bind_group_norm(py::module_& m) {

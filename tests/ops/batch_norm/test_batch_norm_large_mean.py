@@ -45,6 +45,9 @@ CASES = {
     "channels_last_narrow": ((8, 5, 7, 7), torch.channels_last),         # rows of 5: folded
     "channels_last_wide": ((4, 80, 6, 6), torch.channels_last),          # rows of 80: not folded
     "channels_last_3d": ((2, 4, 3, 5, 6), torch.channels_last_3d),
+    "channels_last_fold_tail": ((1, 2, 23, 23), torch.channels_last),   # 529 rows of 2: 4 x 128 folded, 17 not
+    "short_planes_fold_tail": ((257, 3, 4, 4), torch.contiguous_format),  # 257 rows of 48: 51 x 5 folded, 2 not
+    "rows_fold_tail": ((1031, 7), torch.contiguous_format),              # 1031 rows of 7: 28 x 36 folded, 23 not
     "rows_many_groups": ((4096, 70), torch.contiguous_format),           # several row groups merged
     "rows_local": ((64, 1100), torch.contiguous_format),                 # whole channels in one task
 }
@@ -144,3 +147,11 @@ def test_cases_take_the_paths_they_name():
     n, c, *sp = CASES["short_planes"][0]
     assert math.prod(sp) < k["plane_min"] and math.prod(sp) < 8 * n  # rows, not the few-rows planes
     assert CASES["channels_last_narrow"][0][1] < k["fold_below"] <= CASES["channels_last_wide"][0][1]
+    # rows whose count no fold near fold_width / width divides: the last R mod F rows unfolded
+    for name, (rows, width, s_len) in {"channels_last_fold_tail": (529, 2, 1), "short_planes_fold_tail": (257, 48, 16),
+                                       "rows_fold_tail": (1031, 7, 1)}.items():
+        shape = CASES[name][0]
+        assert rows * width == math.prod(shape) and width == shape[1] * s_len, name
+        for backward in (False, True):
+            fold, *_, tail = extension.load().batch_norm_geometry(rows, width, s_len, backward)
+            assert fold == k["fold_width"] // width and tail == rows % fold and rows // fold > 1 and tail > 0, name

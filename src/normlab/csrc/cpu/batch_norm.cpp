@@ -222,10 +222,10 @@ std::map<std::string, int64_t> set_kernel_constants(const std::map<std::string, 
   return old;
 }
 
-std::tuple<int64_t, int64_t, int64_t, int64_t, bool> kernel_geometry(int64_t n_rows, int64_t width, int64_t s_len,
-                                                                     bool backward) {
+std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t> kernel_geometry(int64_t n_rows, int64_t width,
+                                                                              int64_t s_len, bool backward) {
   Geometry g = geometry(n_rows, width, s_len, constants().local_elems / (backward ? 2 : 1));
-  return {g.fold, g.cw, g.sub, g.group, g.local};
+  return {g.fold, g.cw, g.sub, g.group, g.local, g.tail};
 }
 
 TORCH_LIBRARY_IMPL(normlab, CPU, m) {

@@ -96,10 +96,17 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_elems) {
   const Constants& k = constants();
-  int64_t fold = 1;
-  if (width < k.fold_below)  // narrow rows: F consecutive rows read as one (F divides the rows)
-    for (int64_t f = std::min(n_rows, std::max<int64_t>(1, k.fold_width / width)); f > 1; --f)
-      if (n_rows % f == 0) { fold = f; break; }
+  int64_t fold = 1, tail = 0;
+  if (width < k.fold_below) {
+    // narrow rows: F consecutive rows read as one -- the largest divisor of the rows down to half
+    // of F_max, or else F_max itself and the last R mod F rows read unfolded (a prime number of
+    // rows, 1x2x419x419 channels-last, had been left at F = 1: rows of 2 values, 0.45x torch.nn)
+    const int64_t f_max = std::min(n_rows, std::max<int64_t>(1, k.fold_width / width));
+    fold = f_max;
+    tail = n_rows % f_max;
+    for (int64_t f = f_max; tail != 0 && f > 1 && 2 * f >= f_max; --f)
+      if (n_rows % f == 0) fold = f, tail = 0;
+  }
   n_rows /= fold;
   width *= fold;
   const int64_t n_ch = width / s_len;
@@ -109,7 +116,7 @@ Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_el
     const int64_t n_blocks = cdiv(n_ch, per_block);
     const int64_t cw = cdiv(n_ch, n_blocks) * s_len;  // whole channels, split evenly
     const int64_t sub = std::max<int64_t>(1, std::min({k.max_chunk_rows, n_rows, k.chunk_elems / cw}));
-    return {fold, cw, sub, cdiv(n_rows, sub), true};
+    return {fold, tail, cw, sub, cdiv(n_rows, sub), true};
   }
   const int64_t n_cb = std::max<int64_t>(1, cdiv(width, k.column_block));
   const int64_t cw = std::max<int64_t>(1, cdiv(width, n_cb));
@@ -118,7 +125,7 @@ Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_el
   // max_partials per-column partials in all: the scratch stays small whatever the tensor
   const int64_t max_groups = std::clamp<int64_t>(k.max_partials / width, 1, 64);
   const int64_t group = std::max({int64_t(1), k.task_elems / (sub * cw), cdiv(cdiv(n_rows, max_groups), sub)});
-  return {fold, cw, sub, group, false};
+  return {fold, tail, cw, sub, group, false};
 }
 
 namespace {
@@ -954,9 +961,21 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
       }
       n_a += kk;
     }
-    for (int64_t c = 0; c < n_ch; ++c) {  // per channel: its F * S columns
+    // the tail (R mod F rows, unfolded): its own per-column statistics, merged per channel (Chan)
+    const int64_t vw = v.width, toff = n_rows * width;
+    Scratch<double> tpart(g.tail ? 2 * vw : 0);
+    if (g.tail) task_stats(x + toff, vw, 0, g.tail, vw, g.tail, false, tpart.get(), tpart.get() + vw);
+    for (int64_t c = 0; c < n_ch; ++c) {  // per channel: its F * S columns (and the tail's S)
       channel_stats(pmean, pm2, c * s_len, s_len, g.fold, period, n_rows, &mean[c], &var[c]);
-      mean[c] = inf_mean(x, n_rows, width, mean[c], c, s_len, period);
+      if (g.tail) {
+        double mt, vt;
+        channel_stats(tpart.get(), tpart.get() + vw, c * s_len, s_len, 1, period, g.tail, &mt, &vt);
+        const double na = double(n_rows * g.fold * s_len), nb = double(g.tail * s_len), nt = na + nb;
+        const double delta = mt - mean[c];
+        mean[c] += delta * (nb / nt);
+        var[c] = (var[c] * na + vt * nb + delta * delta * (na * nb / nt)) / nt;
+      }
+      mean[c] = inf_mean(x, v.n_rows, vw, mean[c], c, s_len, period);
     }
   } else {
     load_chan<double>(rm, mean, 0, n_ch, 0.0);
@@ -964,6 +983,12 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
+  // the tail's y: its rows are (C * S) wide, the constants per channel (S == 1: per column)
+  auto normalise_tail = [&] {
+    if (g.tail)
+      normalise(x + n_rows * width, y + n_rows * width, v.width, 0, g.tail, 0, v.width, s_len, 0, n_ch, k.hi, k.a,
+                k.b2);
+  };
   if (s_len == 1 && streams_y<S>() && streams_forward(2 * v.n_rows * v.width * int64_t(sizeof(S)))) {
     // rows of channels back to back: y streamed as one run of values a task (stream.h)
     const bool no_nan = train && nan_free_affines(k.hi, k.a, k.b2, n_ch);  // (as EoOut's)
@@ -973,6 +998,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
       stream_affine_flat(x + sp.r0 * width, y + sp.r0 * width, (sp.r1 - sp.r0) * width, fk, no_nan,
                          [](vec<A> z) { return z; }, [](A z) { return from_acc<S>(z); });
     });
+    normalise_tail();
     return;
   }
   const bool tile = s_len == 1 && width != n_ch;
@@ -993,6 +1019,7 @@ void forward_impl(const S* x, S* y, Chan w, Chan b, Chan rm, Chan rv, double* st
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
     normalise(x, y, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, ph, pa, pb, eo);
   });
+  normalise_tail();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1459,7 +1486,8 @@ bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
   const double *mean = stats, *rstd = stats + 2 * n_ch;
   const bool need_sums = train || need_wb;
   const bool fused = need_dx && need_wb && !train;  // eval: dx in the same pass as the sums
-  const double cnt = double(n_rows * g.fold * s_len);  // values per channel
+  const double cnt = double(v.n_rows * s_len);  // values per channel
+  const int64_t vw = v.width, toff = n_rows * width;  // the tail (R mod F rows, unfolded) at toff
   GradConst<A> k(n_ch);
   k.init(n_ch, w, mean, rstd);
   const bool local = g.local && need_sums;
@@ -1546,9 +1574,26 @@ bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
       const double *yg = pdy + gi * width, *xg = pdx + gi * width;
       for (int64_t u = 0; u < width; ++u) { pdy[u] += yg[u]; pdx[u] += xg[u]; }
     }
-    for (int64_t c = 0; c < n_ch; ++c) {  // per channel, over its columns in order
+    // the tail's per-column sums (and its fused dx), the constants per column of its rows
+    Scratch<double> tsum(g.tail ? 2 * vw : 0);
+    if (g.tail) {
+      Scratch<A> eh(vw), ea(vw), es(R ? vw : 0), et(R ? vw : 0);
+      for (int64_t u = 0; u < vw; ++u) {
+        const int64_t c = u / s_len;
+        eh[u] = k.hi[c], ea[u] = k.a[c];
+        if constexpr (R) es[u] = rsg[c], et[u] = rtt[c];
+      }
+      task_grad_sums<S, R>(dy + toff, x + toff, dx ? dx + toff : nullptr, vw, 0, g.tail, vw, kSumRun, eh.get(),
+                           ea.get(), tsum.get(), tsum.get() + vw, fused, nullptr, es.get(), et.get());
+    }
+    for (int64_t c = 0; c < n_ch; ++c) {  // per channel, over its columns in order (then the tail's)
       double sy, sx;
       channel_sums(pdy, pdx, c * s_len, s_len, g.fold, period, &sy, &sx);
+      if (g.tail) {
+        double ty, tx;
+        channel_sums(tsum.get(), tsum.get() + vw, c * s_len, s_len, 1, period, &ty, &tx);
+        sy += ty, sx += tx;
+      }
       finish(c, sy, sx);
     }
   }
@@ -1570,6 +1615,9 @@ bool backward_impl(const S* dy, const S* x, S* dx, Chan w, const double* stats, 
     const Span sp = span(task, 1, n_rows, width, rows, g.cw);
     grad_x<S, R>(dy, x, dx, width, sp.r0, sp.r1, 0, width, s_len, 0, n_ch, pa, ph, p2, p0, train, stream, ps, pt);
   });
+  if (g.tail)  // (its constants per channel, or per column: S == 1 and C columns)
+    grad_x<S, R>(dy + toff, x + toff, dx + toff, vw, 0, g.tail, 0, vw, s_len, 0, n_ch, k.a, k.hi, k.k2, k.k0, train,
+                 false, rsg, rtt);
   return true;
 }
 

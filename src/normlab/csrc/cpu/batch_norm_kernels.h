@@ -9,7 +9,9 @@
 //    float64); parts merged in order. P == 1: the task finishes its channel while in cache.
 //  - rows (n_rows, width): (M, C) and channels-last tensors (S = 1), and short planes (N, C*S)
 //    with channel c at columns c*S .. c*S+S. Rows narrower than fold_below are folded (F rows
-//    read as one, up to fold_width values). Statistics per column per chunk of rows by the
+//    read as one, up to fold_width values: F_max = fold_width / width, or the largest divisor
+//    of the rows from F_max / 2 up, else F_max with the last R mod F rows read unfolded as a
+//    view of their own, merged into the channels' statistics and sums). Statistics per column per chunk of rows by the
 //    shifted two passes, merged with Chan's formula in float64 in a fixed order.
 // Boundaries depend on the shape only: the same bits for any thread count. Scratch belongs to a
 // call (nothing is kept between calls) and is bounded: C * 64 partials (planes), at most
@@ -54,6 +56,7 @@ struct View {
 // The work split, from the shape alone (kernels' geometry; launch.py's before the port).
 struct Geometry {
   int64_t fold;  // rows read as one (F)
+  int64_t tail;  // the last rows, R mod F, read unfolded (as their own view of fold 1)
   int64_t cw;    // columns per task (of the folded view)
   int64_t sub;   // rows per chunk (two passes in cache)
   int64_t group; // chunks per task
