@@ -896,9 +896,12 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
     run_tasks(cdiv(n_pl, per), per * s_len, [&](int64_t t) {
       const int64_t p0 = t * per, c0 = p0 % n_ch;
       const S* xt = x + p0 * s_len;
-      streamed_runs(y + p0 * s_len, std::min(per, n_pl - p0) * s_len, s_len, [&](int64_t j, int64_t i, int64_t m) {
-        const vec<A> v = m == vlanes<S> ? vload(xt + i) : vload_n(xt + i, m);  // (normalise_run's arithmetic)
-        return (v - vset1<A>(eh[c0 + j])) * vset1<A>(ea[c0 + j]) + vset1<A>(eb[c0 + j]);
+      streamed_runs(y + p0 * s_len, std::min(per, n_pl - p0) * s_len, s_len, [&](int64_t j) {
+        return [xt, vh = vset1<A>(eh[c0 + j]), va = vset1<A>(ea[c0 + j]), vb = vset1<A>(eb[c0 + j])](int64_t i,
+                                                                                                 int64_t m) {
+          const vec<A> v = m == vlanes<S> ? vload(xt + i) : vload_n(xt + i, m);  // (normalise_run's arithmetic)
+          return (v - vh) * va + vb;
+        };
       });
     });
     return;

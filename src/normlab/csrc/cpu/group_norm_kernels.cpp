@@ -170,9 +170,11 @@ void stream_scale_shift_row(const acc_t<S>* e, S* y, int64_t n, int64_t ns, cons
                             acc_t<S> p) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
-  streamed_runs(y, n, ns, [&](int64_t j, int64_t i, int64_t m) {
-    const vec<A> z = m == L ? vload(e + i) : vload_n(e + i, m);
-    return out_act<S, Act>(z * vset1<A>(a[j]) + vset1<A>(b[j]), p);
+  streamed_runs(y, n, ns, [&](int64_t j) {
+    return [e, p, va = vset1<A>(a[j]), vb = vset1<A>(b[j])](int64_t i, int64_t m) {
+      const vec<A> z = m == L ? vload(e + i) : vload_n(e + i, m);
+      return out_act<S, Act>(z * va + vb, p);
+    };
   });
 }
 

@@ -188,9 +188,11 @@ inline void affine_row_streamed(const S* x, S* y, int64_t n, int64_t ns, acc_t<S
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const vec<A> vs = vset1<A>(shift), vm = vset1<A>(md);
-  streamed_runs(y, n, ns, [&](int64_t j, int64_t i, int64_t m) {
-    const vec<A> d = ((m == L ? vload(x + i) : vload_n(x + i, m)) - vs) - vm;
-    return out_act<S, Act>(d * vset1<A>(a[j]) + vset1<A>(bc[j]), p);
+  streamed_runs(y, n, ns, [&](int64_t j) {
+    return [x, p, vs, vm, va = vset1<A>(a[j]), vb = vset1<A>(bc[j])](int64_t i, int64_t m) {
+      const vec<A> d = ((m == L ? vload(x + i) : vload_n(x + i, m)) - vs) - vm;
+      return out_act<S, Act>(d * va + vb, p);
+    };
   });
 }
 

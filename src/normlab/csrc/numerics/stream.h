@@ -152,34 +152,39 @@ template <class S> inline Span whole_lines(const S* p, int64_t n) {
 
 // A streamed output made of runs of ns values back to back (the channels of a GroupNorm group
 // row, a sample's planes in BatchNorm), ns at least the lanes (a vector spans at most two runs):
-// y[i] for the m <= L lanes at i = f(k, i, m), k the run of value i (from 0); a vector across a
-// run's end takes the lanes of f(k + 1, i, m) from the end on (a blend of results: each lane's
-// arithmetic is its own run's, the same bits as run by run). The whole lines of y streamed, the
-// values before and after them plainly as partial vectors. For runs that do not stream alone
-// (streams_runs: short runs off whole lines) where the whole is long enough to.
-template <class S, class F> inline void streamed_runs(S* y, int64_t n, int64_t ns, const F& f) {
+// mk(k) gives run k's functor r, and y[i] for the m <= L lanes at i = r(i, m); a vector across a
+// run's end takes the lanes of run k + 1's from the end on (a blend of results: each lane's
+// arithmetic is its own run's, the same bits as run by run). The whole lines of y streamed, run by
+// run (r made once a run, its constants in registers: one functor call a vector, reloading its
+// captures past the streamed stores and testing for a run's end each vector, ran GroupNorm(99, 99)
+// 16x99x2100 float32 forward at 0.77x torch.nn where streaming each run alone ran 1.15x -- Zen 3,
+// one thread), the values before and after them plainly as partial vectors. For runs that do not
+// stream alone (streams_runs: short runs off whole lines) where the whole is long enough to.
+template <class S, class Mk> inline void streamed_runs(S* y, int64_t n, int64_t ns, const Mk& mk) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> lane;
   for (int64_t j = 0; j < L; ++j) lane[j] = A(j);
   const Span sp = whole_lines(y, n);
-  int64_t k = 0, edge = ns;  // the run of value i; where the next one starts
-  auto g = [&](int64_t i, int64_t m) {
-    if (i + m <= edge) return f(k, i, m);
-    return lane >= A(edge - i) ? f(k + 1, i, m) : f(k, i, m);
-  };
-  auto step = [&](int64_t i) {  // past value i - 1
-    if (i >= edge) ++k, edge += ns;
+  auto g = [&](int64_t i, int64_t m) {  // the m lanes at i: one run's, or a blend of two
+    const int64_t k = i / ns, edge = (k + 1) * ns;
+    if (i + m <= edge) return mk(k)(i, m);
+    return lane >= A(edge - i) ? mk(k + 1)(i, m) : mk(k)(i, m);
   };
   int64_t i = 0;
   for (; i < sp.k; i += L) {
     const int64_t m = std::min(L, sp.k - i);
-    vstore_n(y + i, g(i, m), m), step(i + m);
+    vstore_n(y + i, g(i, m), m);
   }
-  for (i = sp.k; i < sp.e; i += L) vstream(y + i, g(i, L)), step(i + L);
-  for (; i < n; i += L) {
+  for (i = sp.k; i < sp.e;) {
+    const int64_t k = i / ns, edge = std::min(sp.e, (k + 1) * ns);
+    const auto r = mk(k);
+    for (; i + L <= edge; i += L) vstream(y + i, r(i, L));
+    if (i < edge) vstream(y + i, g(i, L)), i += L;  // (across run k's end: edge < sp.e, whole lines)
+  }
+  for (i = sp.e; i < n; i += L) {
     const int64_t m = std::min(L, n - i);
-    vstore_n(y + i, g(i, m), m), step(i + m);
+    vstore_n(y + i, g(i, m), m);
   }
 }
 
