@@ -218,10 +218,12 @@ def test_batch_norm_act_relu_mask_at_its_boundary(view, dtype, frozen, zero_weig
         assert torch.equal(u.view(bits)[~nan], v.view(bits)[~nan]), (dtype, frozen, i)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
 @pytest.mark.parametrize("nan", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_group_norm_act_relu_mask_at_its_boundary(dtype, nan):
-    """GroupNorm's backward (NCHW group rows of at least 512 values a channel) reads relu's mask as
+def test_group_norm_act_relu_mask_at_its_boundary(dtype, nan, layout):
+    """GroupNorm's backward (NCHW group rows of at least 512 values a channel; channels_last: the
+    NHWC kernel, its columns of 4 channels tiled to whole vectors) reads relu's mask as
     "x * sign <= t" a sample and channel in place of z = (x - mean) * (rstd * w) + b <= 0. Oracle:
     that z computed here in the accumulation dtype, op by op, dz = dy where z > 0 (or NaN) and +0
     elsewhere, and GroupNorm's own backward over dz -- bit for bit. Channels 1 and 3 (groups of
@@ -259,12 +261,14 @@ def test_group_norm_act_relu_mask_at_its_boundary(dtype, nan):
         x[1, 0, 3] = math.nan
     x = x.reshape(n, c, side, side)
     dy = _x(x.shape, dtype, seed=3)
+    fmt = CL if layout == "channels_last" else torch.contiguous_format
+    x, dy = x.contiguous(memory_format=fmt), dy.contiguous(memory_format=fmt)
     y, mean, rstd = ops.group_norm_act_fwd(x, w, b, g, 1e-5, 1, 0.0)
     got = ops.group_norm_act_bwd(dy, x, w, b, mean, rstd, g, 1, 0.0, True)
     m, a, b2 = consts(mean, rstd)
     z = (x.reshape(n, c, -1).to(acc) - m) * a + b2
     dz = torch.where(z <= 0, torch.zeros_like(dy.reshape(n, c, -1)), dy.reshape(n, c, -1)).reshape(x.shape)
-    want = ops.group_norm_bwd(dz, x, w, mean, rstd, g, True)
+    want = ops.group_norm_bwd(dz.contiguous(memory_format=fmt), x, w, mean, rstd, g, True)  # (the same kernel)
     for i, ch in [(0, 1), (0, 3), (1, 3)] + ([] if nan else [(1, 1)]):  # z crosses 0 inside (but NaN's group)
         assert (z[i, ch] <= 0).sum() > 100 and (z[i, ch] > 0).sum() > 100, (i, ch)
     for i, (u, v) in enumerate(zip(got, want)):  # (a NaN's payload is not a result: NaN where NaN)

@@ -67,9 +67,13 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
               const std::function<void(int64_t, int64_t)>* dy_rows = nullptr, const ReluDy* relu = nullptr);
 
 // Backward of NHWC x (N, S, C), any S (S == 1: each group's Cg channels contiguous).
+// relu (GroupNormAct with ReLU, S > 1): relu->dy read as relu's dz in the sums and dx (dy unused),
+// where every (sample, channel)'s "z <= 0" is a bound on x (numerics/relu_bound.h); otherwise it
+// returns false having done nothing, and the caller writes dz and calls again without relu.
+// Without relu: dy as given, true.
 template <class S>
-void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns);
+bool bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, const ReluDy* relu = nullptr);
 
 // S == 1 with small groups (group_norm_s1_kernels.cpp): whether 2 <= Cg = C / G <= a vector's lanes;
 // then the forward of x (N, C) (statistics (N*G,) or null), and the backward (dx may be null) with dw/db

@@ -46,6 +46,7 @@
 // value).
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -56,6 +57,7 @@
 #include "cpu/group_norm_sums.h"
 #include "numerics/chunks.h"
 #include "numerics/prefetch.h"
+#include "numerics/relu_bound.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -727,16 +729,20 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 // when the runs are too few for the threads, one run at a time by chunks: the same bits either way.
 // S == 1: the sums over s are single values and each group's Cg channels are contiguous, so a
 // group's sums run as one vector loop over its channels.
-template <class S>
-void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
-              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns) {
+// R: dy read as relu's dz, rb (N * C) pairs (sg, tt): act::relu_sign_bound's for each (sample,
+// channel) -- S > 1 only.
+template <class S, bool R>
+void bwd_nhwc_as(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+                 acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, const acc_t<S>* rb) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   const int64_t cg = c / g, m_grp = cg * ns;
+  const A *rsg = rb, *rtt = R ? rb + n * c : nullptr;  // (R: (N, C) each)
   // dw/db partials: one row per kRun samples (a task's chunk is whole runs), merged in float64
   const int64_t spc = (nhwc_samples_per_chunk(n, ns, c) + kRun - 1) / kRun * kRun;
   const int64_t nrun = n_chunks(n, kRun);
   std::vector<A> pw(nrun * c, A(0)), pb(nrun * c, A(0));  // per run: sums of dy * x_hat, of dy
+  if constexpr (!R) {  // (S == 1: rows of C values, without relu only)
   if (ns == 1 && s1_packed<S>(c, g)) {  // small groups packed in vectors (group_norm_s1_kernels.cpp)
     bwd_s1_packed<S>(dy, x, w, mean, rstd, dx, pw.data(), pb.data(), n, c, g, spc, kRun);
     merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
@@ -802,6 +808,7 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
     return;
   }
+  }
   const View vw = view_of<vlanes<S>>(c, ns);
   const Blocking bk = blocking(ns, c, int64_t(sizeof(S)), vw.rep);
   const int64_t q = bk.n_chunks;
@@ -816,8 +823,9 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   const int64_t ce = vw.ce;
   // (next_rows: the rows of the next tile, whose lines of x and dy are asked for during these
   // sums, a few at each row of each block, as the forward's pass 1 does)
+  // (R: sv, tv sample i's relu constants sg, tt, tiled as mv; sc, tc untiled, as mc)
   auto tile_sums = [&](int64_t i, int64_t r0, int64_t r1, int64_t next_rows, const A* mc, const A* mv, A* wv,
-                       A* sdy, A* sdx, A* sxm) {
+                       A* sdy, A* sdx, A* sxm, const A* sv, const A* tv, const A* sc, const A* tc) {
     const S* xs = x + (i * ns + r0) * c;
     const S* gs = dy + (i * ns + r0) * c;
     const int64_t rows = r1 - r0, vr = rows / vw.rep, rr = vr * vw.rep;
@@ -828,13 +836,17 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
     channel_blocks<L>(
         ce,
         [&]<int NV>(int64_t j0) {
-          vec<A> cm[NV], o[3][NV];
+          vec<A> cm[NV], o[3][NV], rs[R ? NV : 1], rt[R ? NV : 1];
           for (int v = 0; v < NV; ++v) cm[v] = vload(mv + j0 + v * L);
+          if constexpr (R)
+            for (int v = 0; v < NV; ++v) rs[v] = vload(sv + j0 + v * L), rt[v] = vload(tv + j0 + v * L);
           col_sums_m<A, NV, 3>(vr,
                                [&](int64_t r, int v, vec<A>* t) {
                                  const int64_t o = r * ce + j0 + v * L;
-                                 t[0] = vload(gs + o);
-                                 t[2] = vload(xs + o) - cm[v];
+                                 const vec<A> xv = vload(xs + o);
+                                 if constexpr (R) t[0] = act::relu_masked<R>(vload(gs + o), xv, rs[v], rt[v]);
+                                 else t[0] = vload(gs + o);
+                                 t[2] = xv - cm[v];
                                  t[1] = t[0] * t[2];
                                },
                                o, ahead);
@@ -846,12 +858,14 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         },
         [&](int64_t j, int64_t nl) {
           const vec<A> cm = vload_n(mv + j, nl);
-          vec<A> o[3][1];
+          vec<A> o[3][1], rs{}, rt{};
+          if constexpr (R) rs = vload_n(sv + j, nl), rt = vload_n(tv + j, nl);
           col_sums3<A, 1>(vr,
                           [&](int64_t r, int, vec<A>* t) {
                             const int64_t o = r * ce + j;
-                            t[0] = vload_n(gs + o, nl);
-                            t[2] = vload_n(xs + o, nl) - cm;
+                            const vec<A> xv = vload_n(xs + o, nl);
+                            t[0] = act::relu_masked<R>(vload_n(gs + o, nl), xv, rs, rt);
+                            t[2] = xv - cm;
                             t[1] = t[0] * t[2];
                           },
                           o);
@@ -869,8 +883,10 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
       A t3[3];
       tail_sums<A, 3>(rows - rr,
                       [&](int64_t r, A* t) {
+                        const A xs1 = to_acc(xs[(rr + r) * c + j]);
                         t[0] = to_acc(gs[(rr + r) * c + j]);
-                        t[2] = to_acc(xs[(rr + r) * c + j]) - mc[j];
+                        if constexpr (R) t[0] = act::relu_masked<R>(t[0], xs1, sc[j], tc[j]);
+                        t[2] = xs1 - mc[j];
                         t[1] = t[0] * t[2];
                       },
                       t3);
@@ -882,12 +898,19 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // the same over the rows [r0, r1) of a chunk: out (3C,) = the tiles' sums added in order in float64;
   // acc (3C,) scratch; the lines of rows up to r_end (from sample i's first) asked for ahead
   auto chunk_sums = [&](int64_t i, int64_t r0, int64_t r1, int64_t r_end, const A* mc, A* acc, double* out) {
-    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
+    std::vector<A> vbuf(ce == c ? 0 : (R ? 6 : 4) * ce);
     const A* mv = mc;
-    if (ce != c) tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
+    const A *sc = R ? rsg + i * c : nullptr, *tc = R ? rtt + i * c : nullptr, *sv = sc, *tv = tc;
+    if (ce != c) {
+      tiled(mc, c, ce, vbuf.data()), mv = vbuf.data();
+      if constexpr (R) {
+        tiled(sc, c, ce, vbuf.data() + 4 * ce), tiled(tc, c, ce, vbuf.data() + 5 * ce);
+        sv = vbuf.data() + 4 * ce, tv = vbuf.data() + 5 * ce;
+      }
+    }
     for (int64_t t0 = r0; t0 < r1; t0 += bk.tile) {
       tile_sums(i, t0, std::min(r1, t0 + bk.tile), std::max<int64_t>(0, std::min(bk.tile, r_end - t0 - bk.tile)), mc,
-                mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c);
+                mv, vbuf.data() + ce, acc, acc + c, acc + 2 * c, sv, tv, sc, tc);
       for (int64_t j = 0; j < 3 * c; ++j) out[j] = t0 == r0 ? double(acc[j]) : out[j] + double(acc[j]);
     }
   };
@@ -922,14 +945,19 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // them -- a sample, or a run summed by chunks -- so they come from past L2)
   auto dx_rows = [&](int64_t i, int64_t r0, int64_t r1, bool far, const A* mc, const A* ac, const A* t2,
                      const A* t3) {
-    std::vector<A> vbuf(ce == c ? 0 : 4 * ce);
+    std::vector<A> vbuf(ce == c ? 0 : (R ? 6 : 4) * ce);
     const A *mv = mc, *av = ac, *v2p = t2, *v3p = t3;
+    const A *sc = R ? rsg + i * c : nullptr, *tc = R ? rtt + i * c : nullptr, *svp = sc, *tvp = tc;
     if (ce != c) {
       tiled(mc, c, ce, vbuf.data());
       tiled(ac, c, ce, vbuf.data() + ce);
       tiled(t2, c, ce, vbuf.data() + 2 * ce);
       tiled(t3, c, ce, vbuf.data() + 3 * ce);
       mv = vbuf.data(), av = mv + ce, v2p = av + ce, v3p = v2p + ce;
+      if constexpr (R) {
+        tiled(sc, c, ce, vbuf.data() + 4 * ce), tiled(tc, c, ce, vbuf.data() + 5 * ce);
+        svp = vbuf.data() + 4 * ce, tvp = vbuf.data() + 5 * ce;
+      }
     }
     // kOutRows rows at a time, each channel's four vectors loaded once for them, as the forward's
     // output pass
@@ -948,17 +976,23 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
             ce,
             [&](int64_t j) {
               const vec<A> va = vload(av + j), vm = vload(mv + j), v3 = vload(v3p + j), v2 = vload(v2p + j);
+              vec<A> rs{}, rt{};
+              if constexpr (R) rs = vload(svp + j), rt = vload(tvp + j);
 #pragma GCC unroll 4
               for (int64_t k = 0; k < kOutRows; ++k) {
                 const int64_t o = k * ce + j;
-                vstore(dr + o, (vload(gr + o) * va - (vload(xr + o) - vm) * v3) - v2);
+                const vec<A> xv = vload(xr + o);
+                vstore(dr + o, (act::relu_masked<R>(vload(gr + o), xv, rs, rt) * va - (xv - vm) * v3) - v2);
               }
             },
             [&](int64_t j, int64_t nl) {
               const vec<A> va = vload_n(av + j, nl), vm = vload_n(mv + j, nl), v3 = vload_n(v3p + j, nl), v2 = vload_n(v2p + j, nl);
+              vec<A> rs{}, rt{};
+              if constexpr (R) rs = vload_n(svp + j, nl), rt = vload_n(tvp + j, nl);
               for (int64_t k = 0; k < kOutRows; ++k) {
                 const int64_t o = k * ce + j;
-                vstore_n(dr + o, (vload_n(gr + o, nl) * va - (vload_n(xr + o, nl) - vm) * v3) - v2, nl);
+                const vec<A> xv = vload_n(xr + o, nl);
+                vstore_n(dr + o, (act::relu_masked<R>(vload_n(gr + o, nl), xv, rs, rt) * va - (xv - vm) * v3) - v2, nl);
               }
             });
       }
@@ -968,21 +1002,27 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
         over_channels<L>(
             ce,
             [&](int64_t j) {
-              const vec<A> v =
-                  (vload(gr + j) * vload(av + j) - (vload(xr + j) - vload(mv + j)) * vload(v3p + j)) - vload(v2p + j);
+              const vec<A> xv = vload(xr + j);
+              vec<A> gv = vload(gr + j);
+              if constexpr (R) gv = act::relu_masked<R>(gv, xv, vload(svp + j), vload(tvp + j));
+              const vec<A> v = (gv * vload(av + j) - (xv - vload(mv + j)) * vload(v3p + j)) - vload(v2p + j);
               if (dxs) vstream(dr + j, v);
               else vstore(dr + j, v);
             },
             [&](int64_t j, int64_t nl) {
-              vstore_n(dr + j,
-                       (vload_n(gr + j, nl) * vload_n(av + j, nl) - (vload_n(xr + j, nl) - vload_n(mv + j, nl)) * vload_n(v3p + j, nl)) -
-                           vload_n(v2p + j, nl),
+              const vec<A> xv = vload_n(xr + j, nl);
+              vec<A> gv = vload_n(gr + j, nl);
+              if constexpr (R) gv = act::relu_masked<R>(gv, xv, vload_n(svp + j, nl), vload_n(tvp + j, nl));
+              vstore_n(dr + j, (gv * vload_n(av + j, nl) - (xv - vload_n(mv + j, nl)) * vload_n(v3p + j, nl)) - vload_n(v2p + j, nl),
                        nl);
             });
       }
       for (int64_t o = rr * c; o < rows * c; ++o) {
         const int64_t j = o % c;
-        ds[o] = from_acc<S>((to_acc(gs[o]) * ac[j] - (to_acc(xs[o]) - mc[j]) * t3[j]) - t2[j]);
+        const A xs1 = to_acc(xs[o]);
+        A gv = to_acc(gs[o]);
+        if constexpr (R) gv = act::relu_masked<R>(gv, xs1, sc[j], tc[j]);
+        ds[o] = from_acc<S>((gv * ac[j] - (xs1 - mc[j]) * t3[j]) - t2[j]);
       }
       if (dxs) fence_streams();
     }
@@ -1060,11 +1100,32 @@ void bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   merge_partials(pw.data(), pb.data(), nrun, c, dw, db);
 }
 
+template <class S>
+bool bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
+              acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, const ReluDy* relu) {
+  using A = acc_t<S>;
+  if (relu == nullptr) {
+    bwd_nhwc_as<S, false>(dy, x, w, mean, rstd, dx, dw, db, n, c, g, ns, nullptr);
+    return true;
+  }
+  if (ns == 1) return false;  // (rows of C values: the S == 1 kernels take dz)
+  std::vector<A> rb(2 * n * c);  // sg (N, C), then tt (N, C)
+  std::atomic<bool> bounds{true};  // (a search of a few evaluations of z each: over the threads)
+  for_rows(n * c, 64, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1 && bounds.load(std::memory_order_relaxed); ++q)
+      if (!act::relu_sign_bound(A(relu->hi[q]), A(relu->a[q]), A(relu->b[q]), &rb[q], &rb[n * c + q]))
+        bounds.store(false, std::memory_order_relaxed);
+  });
+  if (!bounds.load()) return false;
+  bwd_nhwc_as<S, true>(static_cast<const S*>(relu->dy), x, w, mean, rstd, dx, dw, db, n, c, g, ns, rb.data());
+  return true;
+}
+
 #define NORMLAB_GN_NHWC(S)                                                                                      \
   template void fwd_nhwc<S>(const S*, const acc_t<S>*, const acc_t<S>*, S*, acc_t<S>*, acc_t<S>*, acc_t<S>*, \
                             int64_t, int64_t, int64_t, int64_t, double, int, double);                        \
-  template void bwd_nhwc<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
-                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t);
+  template bool bwd_nhwc<S>(const S*, const S*, const acc_t<S>*, const acc_t<S>*, const acc_t<S>*, S*,       \
+                            acc_t<S>*, acc_t<S>*, int64_t, int64_t, int64_t, int64_t, const ReluDy*);
 NORMLAB_GN_NHWC(float)
 NORMLAB_GN_NHWC(double)
 NORMLAB_GN_NHWC(bf16)

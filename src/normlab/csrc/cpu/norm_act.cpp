@@ -306,9 +306,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
                  nact::Layout{true, (r1 - r0) * cg, sh.s, (r1 - r0) * cg, 0}, int(act), act_param, false);
   };
   const group_norm::ReluDy relu{dy.const_data_ptr(), hi.data(), a.data(), b2.data()};
-  if (nhwc)  // (rows of C channels, one row of constants a sample)
+  const auto nhwc_dz = [&] {  // (rows of C channels, one row of constants a sample)
     nact::grad_z(dtn, dy.const_data_ptr(), x.const_data_ptr(), dx.data_ptr(), hi.data(), a.data(), b2.data(),
                  sh.n * sh.c, nact::Layout{false, sh.n * sh.s, sh.c, 0, sh.s}, int(act), act_param);
+  };
   at::Tensor dw = at::empty({sh.c}, x.options().dtype(acc)), db = at::empty({sh.c}, x.options().dtype(acc));
   visit_dtype(x.scalar_type(), kWhoGn, [&](auto tag) {
     using S = decltype(tag);
@@ -317,10 +318,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_act_bwd_cpu(
     S* dz = static_cast<S*>(dx.data_ptr());
     const S* px = static_cast<const S*>(x.const_data_ptr());
     const A *pm = mean.const_data_ptr<A>(), *pr = rstd.const_data_ptr<A>();
-    if (nhwc)
+    if (nhwc) {
+      // relu: its mask read beside dy and x where bwd_nhwc can (it says, before any work); else dz first
+      if (act == kActRelu && group_norm::bwd_nhwc<S>(nullptr, px, wv.data(), pm, pr, need_dx ? dz : nullptr,
+                                                      dw.data_ptr<A>(), db.data_ptr<A>(), sh.n, sh.c, g, sh.s, &relu))
+        return;
+      nhwc_dz();
       group_norm::bwd_nhwc<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
                               sh.n, sh.c, g, sh.s);
-    else  // (relu: its mask read beside dy where bwd_rows can, group_norm::ReluDy; else dz_rows)
+    } else  // (relu: its mask read beside dy where bwd_rows can, group_norm::ReluDy; else dz_rows)
       group_norm::bwd_rows<S>(dz, px, wv.data(), pm, pr, need_dx ? dz : nullptr, dw.data_ptr<A>(), db.data_ptr<A>(),
                               sh.n, sh.c, g, sh.s, false, &dz_rows, act == kActRelu ? &relu : nullptr);
   });
