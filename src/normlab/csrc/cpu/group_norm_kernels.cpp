@@ -572,7 +572,7 @@ void fwd_rows(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
 //   dw[c] = sum_{n,s} dy * x_hat,  db[c] = sum_{n,s} dy
 // ("InstanceNorm is the case G = C": fixed statistics keep term 1 only).
 // dw/db: each row writes its per-(n, c) sums into (N, C) partials, merged over n in order in float64.
-// R: dy is relu's dz read through rb, (N * C) pairs (sg, tt): act::relu_sign_bound's.
+// R: dy is relu's dz read through rb: sg (N, C), then tt (N, C) (relu_bounds).
 template <class S, bool R>
 void bwd_rows_as(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, const acc_t<S>* rstd, S* dx,
                  acc_t<S>* dw, acc_t<S>* db, int64_t n, int64_t c, int64_t g, int64_t ns, bool fixed,
@@ -615,9 +615,9 @@ void bwd_rows_as(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mea
       // e * sum dy, and (x - mean) * t3 = (x - m) * t3 - e * t3 (at a mean of 1e4 dx and dw were
       // ~1e-4 relative off without it: tests/ops/group_norm/test_group_norm_large_mean.py).
       double sx = 0.0;
-      const A* rr = R ? rb + 2 * r * cg : nullptr;  // (row r's channels: (sg, tt) pairs)
+      const A *rsg = R ? rb + r * cg : nullptr, *rtt = R ? rb + n * c + r * cg : nullptr;  // (row r's channels)
       for (int64_t k = 0; k < cg; ++k) {
-        const auto t = grad_sums3<S, R>(dyr + k * ns, xr + k * ns, ns, m, R ? rr[2 * k] : A(0), R ? rr[2 * k + 1] : A(0));
+        const auto t = grad_sums3<S, R>(dyr + k * ns, xr + k * ns, ns, m, R ? rsg[k] : A(0), R ? rtt[k] : A(0));
         sk[2 * k] = double(t.dy);
         sk[2 * k + 1] = double(t.dyx);
         sx += double(t.x);
@@ -640,7 +640,7 @@ void bwd_rows_as(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mea
       const A t3 = A(t3d);                                          // rstd^3 * mean_grp(g * (x - mean))
       for (int64_t k = 0; k < cg; ++k)
         grad_run<S, R>(dyr + k * ns, xr + k * ns, dxr + k * ns, ns, m, rs * w[gi * cg + k], t2, t3, stream,
-                       R ? rr[2 * k] : A(0), R ? rr[2 * k + 1] : A(0));
+                       R ? rsg[k] : A(0), R ? rtt[k] : A(0));
     }
     if (stream) fence_streams();
   });
@@ -657,11 +657,8 @@ void bwd_rows(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   // 1.63x the plain backward's time; 8x128x28x28 float16 1.81 -> 1.30-1.41, 16x64x56x56 float32
   // 1.71-1.89 -> 1.01-1.13)
   if (relu != nullptr && !fixed && ns <= kScratchValues && ns >= 512) {
-    std::vector<A> rb(2 * n * c);  // per (sample, channel): sg, tt
-    bool bounds = true;
-    for (int64_t q = 0; q < n * c && bounds; ++q)
-      bounds = act::relu_sign_bound(A(relu->hi[q]), A(relu->a[q]), A(relu->b[q]), &rb[2 * q], &rb[2 * q + 1]);
-    if (bounds)
+    std::vector<A> rb(2 * n * c);  // sg (N, C), then tt (N, C)
+    if (relu_bounds(relu->hi, relu->a, relu->b, n * c, rb.data(), rb.data() + n * c))
       return bwd_rows_as<S, true>(static_cast<const S*>(relu->dy), x, w, mean, rstd, dx, dw, db, n, c, g, ns, false,
                                   nullptr, rb.data());
   }

@@ -46,7 +46,6 @@
 // value).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -1110,13 +1109,7 @@ bool bwd_nhwc(const S* dy, const S* x, const acc_t<S>* w, const acc_t<S>* mean, 
   }
   if (ns == 1) return false;  // (rows of C values: the S == 1 kernels take dz)
   std::vector<A> rb(2 * n * c);  // sg (N, C), then tt (N, C)
-  std::atomic<bool> bounds{true};  // (a search of a few evaluations of z each: over the threads)
-  for_rows(n * c, 64, [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1 && bounds.load(std::memory_order_relaxed); ++q)
-      if (!act::relu_sign_bound(A(relu->hi[q]), A(relu->a[q]), A(relu->b[q]), &rb[q], &rb[n * c + q]))
-        bounds.store(false, std::memory_order_relaxed);
-  });
-  if (!bounds.load()) return false;
+  if (!relu_bounds(relu->hi, relu->a, relu->b, n * c, rb.data(), rb.data() + n * c)) return false;
   bwd_nhwc_as<S, true>(static_cast<const S*>(relu->dy), x, w, mean, rstd, dx, dw, db, n, c, g, ns, rb.data());
   return true;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -194,6 +195,20 @@ inline void affine_row_streamed(const S* x, S* y, int64_t n, int64_t ns, acc_t<S
       return out_act<S, Act>(d * va + vb, p);
     };
   });
+}
+
+// GroupNormAct's relu backward: the bound (sg[q], tt[q]) of each of nc (sample, channel) pairs of
+// z's constants hi, a, b (float64, each rounded once to A as nact's passes round them;
+// numerics/relu_bound.h), the searches (a few evaluations of z each) over the threads. False where
+// one has no bound (the caller then writes dz first).
+template <class A>
+inline bool relu_bounds(const double* hi, const double* a, const double* b, int64_t nc, A* sg, A* tt) {
+  std::atomic<bool> bounds{true};
+  for_rows(nc, 64, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1 && bounds.load(std::memory_order_relaxed); ++q)
+      if (!act::relu_sign_bound(A(hi[q]), A(a[q]), A(b[q]), sg + q, tt + q)) bounds.store(false, std::memory_order_relaxed);
+  });
+  return bounds.load();
 }
 
 // The NaNs and infinities among `runs` runs of `len` values `stride` apart, as a mask.
