@@ -565,6 +565,36 @@ def test_planes_off_lines_streamed_as_runs_of_planes_same_bits_as_a_sample_alone
     _eval_samples_then_train(x, w, b, rm, rv, torch.contiguous_format, 8.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_planes_in_cache_written_as_runs_of_planes(dtype):
+    """Planes of 17x17 values (289: vectors cross the planes' ends) whose x and y stay in the
+    caches: the evaluation forward writes them plainly in runs of consecutive planes
+    (batch_norm_kernels.cpp, forward_planes' `joined`; stream.h, write_runs), a vector across a
+    plane's end taking each lane's own channel's constants. y within 2x the rounding of a
+    float64 evaluation (float32: 8x; float64: torch.nn's to 1e-13) on 1 thread and on 2, the
+    same bits on both, at a large mean (channel means near 1e3) too."""
+    shape = (5, 6, 17, 17)
+    w, b, rm, rv = _params(6, dtype)
+    before = torch.get_num_threads()
+    try:
+        for shift in (0.5, 1e3):
+            x = _randn(shape, dtype, seed=87, scale=2.0, shift=shift)
+            rm_x = torch.full_like(rm, shift) + rm
+            got = []
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                with torch.no_grad(), normlab.use_backend("cpu"):
+                    got.append(NF.batch_norm(x, rm_x, rv, w, b, False))
+            assert torch.equal(got[0], got[1])
+            exact = TF.batch_norm(x.double(), rm_x.double(), rv.double(), w.double(), b.double(), False)
+            if dtype == torch.float64:  # no wider oracle: torch.nn's float64 to a few ulps
+                torch.testing.assert_close(got[0], exact, rtol=1e-13, atol=1e-13)
+            else:
+                assert_within_rounding(got[0], exact, 2.0 if dtype in HALF else 8.0, f"y (mean {shift})")
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_channel_tasks_same_bits_as_part_tasks(dtype):
     """Channels of 4 x 36000 values (three parts of at most part_values): with 6 channels a call

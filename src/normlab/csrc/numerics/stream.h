@@ -150,26 +150,33 @@ template <class S> inline Span whole_lines(const S* p, int64_t n) {
   return {k, k + (n - k) / line * line};
 }
 
-// A streamed output made of runs of ns values back to back (the channels of a GroupNorm group
-// row, a sample's planes in BatchNorm), ns at least the lanes (a vector spans at most two runs):
-// mk(k) gives run k's functor r, and y[i] for the m <= L lanes at i = r(i, m); a vector across a
-// run's end takes the lanes of run k + 1's from the end on (a blend of results: each lane's
-// arithmetic is its own run's, the same bits as run by run). The whole lines of y streamed, run by
-// run (r made once a run, its constants in registers: one functor call a vector, reloading its
-// captures past the streamed stores and testing for a run's end each vector, ran GroupNorm(99, 99)
-// 16x99x2100 float32 forward at 0.77x torch.nn where streaming each run alone ran 1.15x -- Zen 3,
-// one thread), the values before and after them plainly as partial vectors. For runs that do not
-// stream alone (streams_runs: short runs off whole lines) where the whole is long enough to.
-template <class S, class Mk> inline void streamed_runs(S* y, int64_t n, int64_t ns, const Mk& mk) {
+// An output made of runs of ns values back to back (the channels of a GroupNorm group row, a
+// sample's planes in BatchNorm), ns at least the lanes (a vector spans at most two runs): mk(k)
+// gives run k's functor r, and y[i] for the m <= L lanes at i = r(i, m); a vector across a run's
+// end takes the lanes of run k + 1's from the end on (a blend of results: each lane's arithmetic
+// is its own run's, the same bits as run by run). r is made once a run (its constants in
+// registers: one functor call a vector, reloading its captures past the streamed stores and
+// testing for a run's end each vector, ran GroupNorm(99, 99) 16x99x2100 float32 forward at 0.77x
+// torch.nn where streaming each run alone ran 1.15x -- Zen 3, one thread). Stream: the whole lines
+// of y streamed and the values before and after them plain, as partial vectors -- for runs that
+// do not stream alone (streams_runs: short runs off whole lines) where the whole is long enough
+// to. Not Stream: every vector stored plainly, the last partial -- short runs in cache, where a
+// run's own partial last vector and its set-up cost as much as a quarter of its time (BatchNorm2d
+// planes of 289 float16 values).
+template <bool Stream, class S, class Mk> inline void write_runs(S* y, int64_t n, int64_t ns, const Mk& mk) {
   using A = acc_t<S>;
   constexpr int64_t L = vlanes<S>;
   vec<A> lane;
   for (int64_t j = 0; j < L; ++j) lane[j] = A(j);
-  const Span sp = whole_lines(y, n);
+  const Span sp = Stream ? whole_lines(y, n) : Span{0, n / L * L};
   auto g = [&](int64_t i, int64_t m) {  // the m lanes at i: one run's, or a blend of two
     const int64_t k = i / ns, edge = (k + 1) * ns;
     if (i + m <= edge) return mk(k)(i, m);
     return lane >= A(edge - i) ? mk(k + 1)(i, m) : mk(k)(i, m);
+  };
+  auto put = [&](int64_t i, vec<A> v) {
+    if constexpr (Stream) vstream(y + i, v);
+    else vstore(y + i, v);
   };
   int64_t i = 0;
   for (; i < sp.k; i += L) {
@@ -179,13 +186,16 @@ template <class S, class Mk> inline void streamed_runs(S* y, int64_t n, int64_t 
   for (i = sp.k; i < sp.e;) {
     const int64_t k = i / ns, edge = std::min(sp.e, (k + 1) * ns);
     const auto r = mk(k);
-    for (; i + L <= edge; i += L) vstream(y + i, r(i, L));
-    if (i < edge) vstream(y + i, g(i, L)), i += L;  // (across run k's end: edge < sp.e, whole lines)
+    for (; i + L <= edge; i += L) put(i, r(i, L));
+    if (i < edge) put(i, g(i, L)), i += L;  // (across run k's end: edge < sp.e, whole vectors)
   }
   for (i = sp.e; i < n; i += L) {
     const int64_t m = std::min(L, n - i);
     vstore_n(y + i, g(i, m), m);
   }
+}
+template <class S, class Mk> inline void streamed_runs(S* y, int64_t n, int64_t ns, const Mk& mk) {
+  write_runs<true>(y, n, ns, mk);
 }
 
 // A streamed output whose rows are not whole cache lines: y = out((x - h[j]) * a[j] + b[j]) over
