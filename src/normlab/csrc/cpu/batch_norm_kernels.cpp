@@ -888,10 +888,11 @@ void forward_planes(const S* x, S* y, const Chan& w, const Chan& b, const Chan& 
   }
   k.set(0, n_ch, mean, var, eps, w, b, rstd);
   if (!y) return;
-  // Planes in cache (not streamed) shorter than a task: runs of consecutive planes too, stored
-  // plainly -- plane by plane, each plane's set-up and partial last vector took a quarter of the
-  // time (BatchNorm2d(128) 46x128x17x17 float16 eval forward 0.80x torch.nn, Zen 3). Not
-  // bfloat16, whose output goes in even/odd pairs (normalise_run).
+  // Planes shorter than a task that do not stream (x and y in cache; float16 planes shorter than
+  // kChannelOrderRun at any size): runs of consecutive planes too, stored plainly -- plane by
+  // plane, each plane's set-up and partial last vector took a quarter of the time (BatchNorm2d(128)
+  // 46x128x17x17 float16 eval forward 0.80x torch.nn, Zen 3). Not bfloat16, whose output goes in
+  // even/odd pairs (normalise_run).
   const bool joined = stream_planes || (!stream && !std::is_same_v<S, bf16> && s_len >= vlanes<S> &&
                                         s_len < constants().phase1_values);
   if (joined) {  // tasks of `per` consecutive planes, each a run (stream.h, write_runs)
