@@ -47,6 +47,7 @@
 #include "numerics/moments.h"
 #include "numerics/prefetch.h"
 #include "numerics/relu_bound.h"
+#include "numerics/scratch.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -129,31 +130,6 @@ Geometry geometry(int64_t n_rows, int64_t width, int64_t s_len, int64_t local_el
 }
 
 namespace {
-
-// A call's scratch array of n values of T, freed when the call returns: nothing is kept between
-// calls, and no array grows with the largest call ever seen. Up to `Inline` values live in the
-// object itself (no allocation on a small call); a larger array is uninitialised heap memory
-// (pages are touched only where written). An allocation that fails raises what torch's CPU
-// allocator raises, a std::runtime_error (Python: RuntimeError) naming the size.
-template <class T, int64_t Inline = 256> class Scratch {
- public:
-  explicit Scratch(int64_t n) : p_(local_) {
-    if (n <= Inline) return;
-    heap_.reset(static_cast<T*>(std::malloc(size_t(n) * sizeof(T))));
-    if (!heap_)
-      throw std::runtime_error("DefaultCPUAllocator: can't allocate memory: you tried to allocate " +
-                               std::to_string(n * int64_t(sizeof(T))) + " bytes (normlab batch_norm scratch).");
-    p_ = heap_.get();
-  }
-  T* get() const { return p_; }
-  T& operator[](int64_t i) const { return p_[i]; }
-
- private:
-  struct Free { void operator()(T* q) const { std::free(q); } };
-  T local_[Inline];
-  std::unique_ptr<T, Free> heap_;
-  T* p_;
-};
 
 template <class A> inline A acc_cast(double v) { return A(v); }
 

@@ -57,6 +57,7 @@
 #include "numerics/chunks.h"
 #include "numerics/prefetch.h"
 #include "numerics/relu_bound.h"
+#include "numerics/scratch.h"
 #include "numerics/stream.h"
 #include "numerics/vec.h"
 
@@ -321,7 +322,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   const int64_t cg = c / g;
   const int64_t ce = vw.ce;
   std::vector<A> vbuf(ce == c ? 0 : 4 * ce);  // the view's shift, ct and two sums
-  std::vector<A> ebuf(2 * c + g);             // the tile's shift and second sums per channel; per group
+  Scratch<A> ebuf(2 * c + g);  // the tile's shift and second sums per channel; per group (each written first)
   A *cvc = ebuf.data(), *s2c = cvc + c, *gs2 = s2c + c;
   A* cvv = ce == c ? cvc : vbuf.data();
   A* ctv = ce == c ? ctc : vbuf.data() + ce;
@@ -620,12 +621,12 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   // tests/ops/group_norm/test_group_norm_large_mean.py)
   auto channels = [&](const A* gch, const A* glo, const double* grsd, A* ch, A* ac, A* bb) {
     spread(gch, g, cg, ch);
-    for (int64_t j = 0; j < c; ++j) {
-      const int64_t gi = j / cg;
-      const double a = grsd[gi] * double(w[j]);
-      ac[j] = A(a);
-      bb[j] = A(double(b[j]) - double(glo[gi]) * a);
-    }
+    for (int64_t gi = 0; gi < g; ++gi)  // group by group: no integer division a channel
+      for (int64_t j = gi * cg; j < (gi + 1) * cg; ++j) {
+        const double a = grsd[gi] * double(w[j]);
+        ac[j] = A(a);
+        bb[j] = A(double(b[j]) - double(glo[gi]) * a);
+      }
   };
   // the output pass streams y past the caches when x and y together take more than the forward's
   // share of the last level (stream.h, streams_forward: half on one thread, three quarters on more; a
@@ -649,7 +650,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   };
   if (bk.n_chunks == 1 || balanced(n)) {  // whole samples a task
     for_rows(n, ns * c, [&](int64_t i0, int64_t i1) {
-      std::vector<A> buf(5 * c + 4 * g);
+      Scratch<A> buf(5 * c + 4 * g);  // each written before it is read
       A *sh = buf.data(), *ch = sh + c, *ac = ch + c, *acc = ac + c, *bb = acc + c;
       A *gsh = bb + c, *gch = gsh + g, *glo = gch + g, *grs = glo + g;
       std::vector<double> dbuf(7 * g);
@@ -680,7 +681,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   A *gsh_all = st.data(), *gch_all = gsh_all + n * g, *glo_all = gch_all + n * g, *grs_all = glo_all + n * g;
   for (int64_t i = 0; i < n; ++i) shifts(i, gsh_all + i * g);
   for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
-    std::vector<A> buf(3 * c + g);
+    Scratch<A> buf(3 * c + g);
     A *sh = buf.data(), *acc = sh + c, *tct = acc + c, *gs = tct + c;
     std::vector<double> tm(2 * g);
     for (int64_t u = u0; u < u1; ++u) {
@@ -705,7 +706,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
     finish(i, gsh_all + i * g, mo, gch_all + i * g, glo_all + i * g, grs_all + i * g, rsd_all.data() + i * g);
   }
   for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
-    std::vector<A> buf(3 * c);
+    Scratch<A> buf(3 * c);
     A *ch = buf.data(), *ac = ch + c, *bb = ac + c;
     int64_t cur = -1;
     for (int64_t u = u0; u < u1; ++u) {
