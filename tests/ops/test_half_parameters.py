@@ -39,8 +39,8 @@ for fmt in ("rows", "channels_last"):
     torch.testing.assert_close(y[0, fin, 0], w[fin], rtol=0, atol=0)
     torch.testing.assert_close(y[0, fin, 1], -w[fin], rtol=0, atol=0)
     assert w.isnan().sum() == 2046 and y[0, w.isnan()].isnan().all()  # NaN weights: NaN
-    sub = w[(w != 0) & (w.abs() < 2 ** -14)]  # the subnormals: where a bit-moving conversion goes wrong first
-    assert sub.numel() == 2 * 1023 and torch.equal(y[0, (w != 0) & (w.abs() < 2 ** -14), 0], sub)
+    # among the finite ones, the subnormals: where a bit-moving conversion goes wrong first
+    assert ((w != 0) & (w.abs() < 2 ** -14)).sum() == 2 * 1023
 print("ok")
 """
 

@@ -323,7 +323,7 @@ void chunk_moments(const S* x, int64_t r0, int64_t r1, int64_t r_end, int64_t ti
   const int64_t ce = vw.ce;
   std::vector<A> vbuf(ce == c ? 0 : 4 * ce);  // the view's shift, ct and two sums
   Scratch<A> ebuf(2 * c + g);  // the tile's shift and second sums per channel; per group (each written first)
-  A *cvc = ebuf.data(), *s2c = cvc + c, *gs2 = s2c + c;
+  A *cvc = ebuf.get(), *s2c = cvc + c, *gs2 = s2c + c;
   A* cvv = ce == c ? cvc : vbuf.data();
   A* ctv = ce == c ? ctc : vbuf.data() + ce;
   A* accv = ce == c ? acc : vbuf.data() + 2 * ce;
@@ -651,7 +651,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   if (bk.n_chunks == 1 || balanced(n)) {  // whole samples a task
     for_rows(n, ns * c, [&](int64_t i0, int64_t i1) {
       Scratch<A> buf(5 * c + 4 * g);  // each written before it is read
-      A *sh = buf.data(), *ch = sh + c, *ac = ch + c, *acc = ac + c, *bb = acc + c;
+      A *sh = buf.get(), *ch = sh + c, *ac = ch + c, *acc = ac + c, *bb = acc + c;
       A *gsh = bb + c, *gch = gsh + g, *glo = gch + g, *grs = glo + g;
       std::vector<double> dbuf(7 * g);
       double* grsd = dbuf.data() + 6 * g;
@@ -682,7 +682,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   for (int64_t i = 0; i < n; ++i) shifts(i, gsh_all + i * g);
   for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
     Scratch<A> buf(3 * c + g);
-    A *sh = buf.data(), *acc = sh + c, *tct = acc + c, *gs = tct + c;
+    A *sh = buf.get(), *acc = sh + c, *tct = acc + c, *gs = tct + c;
     std::vector<double> tm(2 * g);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i = u / q, r0 = (u % q) * bk.chunk;
@@ -707,7 +707,7 @@ void fwd_nhwc(const S* x, const acc_t<S>* w, const acc_t<S>* b, S* y, acc_t<S>* 
   }
   for_rows(n * q, bk.chunk * c, [&](int64_t u0, int64_t u1) {
     Scratch<A> buf(3 * c);
-    A *ch = buf.data(), *ac = ch + c, *bb = ac + c;
+    A *ch = buf.get(), *ac = ch + c, *bb = ac + c;
     int64_t cur = -1;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i = u / q, r0 = (u % q) * bk.chunk;

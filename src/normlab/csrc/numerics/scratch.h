@@ -29,7 +29,6 @@ template <class T, int64_t Inline = 256> class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   T* get() const { return p_; }
-  T* data() const { return p_; }
   T& operator[](int64_t i) const { return p_[i]; }
 
  private:
